@@ -1,0 +1,1 @@
+"""mlpack.codegen: the compiler (IR, ONNX frontend, passes, targets)."""

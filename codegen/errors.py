@@ -1,0 +1,41 @@
+"""Errors raised by the compiler: bad models, unsupported ops, malformed IR."""
+
+from ..spec.errors import Error
+
+
+class ModelError(Error):
+    """The ONNX model is malformed, truncated or inconsistent (names the file, node or value)."""
+
+
+class UnsupportedOpError(Error):
+    """An op, attribute value or dtype mlpack cannot import yet.
+
+    Carries the op type, its domain and opset, the node name and what exactly is missing.
+    """
+
+    def __init__(self, op_type: str, domain: str = "", opset: int | None = None,
+                 node: str = "", detail: str = ""):
+        self.op_type, self.domain, self.opset, self.node, self.detail = op_type, domain, opset, node, detail
+        where = f"node {node!r}" if node else "an unnamed node"
+        dom = domain or "ai.onnx"
+        version = f" opset {opset}" if opset is not None else ""
+        msg = f"unsupported op {op_type} (domain {dom},{version}) at {where}"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+
+class IRParseError(Error):
+    """The IR text form does not parse (names the line and column)."""
+
+
+class VerifyError(Error):
+    """A graph breaks an IR invariant (names the op and what is wrong)."""
+
+
+class ShapeError(Error):
+    """Shapes do not agree (names the node, input and dimension)."""
+
+
+class InterpError(Error):
+    """The reference interpreter met a value it cannot evaluate (out-of-range read, bad size)."""

@@ -1,0 +1,21 @@
+"""The mlpack IR: named-dimension tensor types, comprehensions and procedures.
+
+The IR is given four ways that agree: its data structures (graph.py, expr.py), its text form
+(printer.py, parser.py), its verifier (verify.py) and its NumPy meaning (interp.py).
+"""
+
+from . import dtypes
+from .expr import Expr, cast, const, read, select, sym, var
+from .graph import (Comprehension, Constant, For, Graph, If, Let, Port, Procedure, SetSize,
+                    Store, TensorType, While)
+from .interp import run_graph
+from .parser import parse_expr, parse_graph
+from .printer import format_expr, format_graph
+from .verify import verify
+
+__all__ = [
+    "Comprehension", "Constant", "Expr", "For", "Graph", "If", "Let", "Port", "Procedure",
+    "SetSize", "Store", "TensorType", "While", "cast", "const", "dtypes", "format_expr",
+    "format_graph", "parse_expr", "parse_graph", "read", "run_graph", "select", "sym", "var",
+    "verify",
+]

@@ -1,0 +1,288 @@
+"""ONNX -> IR: load a model, walk its nodes, and build one IR graph.
+
+Each node goes to its importer in ops/ (looked up in the registry); a node with no importer
+whose schema defines it as a function (LayerNormalization, Gelu, ...) is expanded into that
+function's body and imported node by node, so every op ONNX defines by composition works
+without code of its own. Graph inputs keep their symbolic dims (``dim_param`` becomes a
+symbol ``$name``; an unnamed dynamic dim a fresh one).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ...spec.errors import Error
+from ..errors import ModelError, UnsupportedOpError
+from ..ir import dtypes as dt
+from ..ir import expr as ex
+from ..ir.graph import Graph, Port, TensorType
+from . import ops as _ops  # noqa: F401  (registers the importers)
+from .builder import Builder, NeedsValue, Node, _ident
+from .registry import lookup
+from .values import Value, tensor_value
+
+MIN_OPSET = 1
+MAX_OPSET = onnx.defs.onnx_opset_version()
+
+# ONNX TensorProto element types -> IR dtypes
+ONNX_DTYPES = {
+    onnx.TensorProto.FLOAT: "f32", onnx.TensorProto.DOUBLE: "f64", onnx.TensorProto.FLOAT16: "f16",
+    onnx.TensorProto.BFLOAT16: "bf16", onnx.TensorProto.INT8: "i8", onnx.TensorProto.INT16: "i16",
+    onnx.TensorProto.INT32: "i32", onnx.TensorProto.INT64: "i64", onnx.TensorProto.UINT8: "u8",
+    onnx.TensorProto.UINT16: "u16", onnx.TensorProto.UINT32: "u32", onnx.TensorProto.UINT64: "u64",
+    onnx.TensorProto.BOOL: "bool",
+}
+
+
+def onnx_dtype(elem_type: int, where: str) -> str:
+    try:
+        return ONNX_DTYPES[elem_type]
+    except KeyError:
+        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
+        raise UnsupportedOpError("(tensor)", detail=f"{where} has element type {name}, "
+                                 "which mlpack does not support") from None
+
+
+def load_model(model: Any) -> onnx.ModelProto:
+    """A ModelProto from a path, bytes or a ModelProto; a clear ModelError if it is malformed."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    where = "the model bytes"
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            m = onnx.load_model_from_string(bytes(model))
+        else:
+            where = os.fspath(model)
+            if not os.path.exists(where):
+                raise ModelError(f"{where}: no such file")
+            m = onnx.load(where)
+    except Error:
+        raise
+    except Exception as e:  # protobuf decode errors, truncated files, missing external data
+        raise ModelError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    if not m.graph.node and not m.graph.output:
+        raise ModelError(f"{where}: not an ONNX model (the graph is empty; is the file truncated?)")
+    return m
+
+
+class _Importer:
+    def __init__(self, model: onnx.ModelProto, specialize: dict[str, np.ndarray] | None):
+        self.model = model
+        self.specialize = specialize or {}
+        self.opsets = {(o.domain or ""): o.version for o in model.opset_import}
+        if "ai.onnx" in self.opsets:
+            self.opsets[""] = self.opsets.pop("ai.onnx")
+        self.graph = Graph(model.graph.name or "model")
+        self.b = Builder(self.graph)
+        self.env: dict[str, Value] = {}
+        self._sym_counter = 0
+
+    # -------------------------------------------------------------- graph boundary
+    def _input(self, vi: onnx.ValueInfoProto) -> None:
+        where = f"graph input {vi.name!r}"
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedOpError("(graph input)", detail=f"{where} is not a tensor "
+                                     "(sequences, maps and optionals are not supported)")
+        tt = vi.type.tensor_type
+        dtype = onnx_dtype(tt.elem_type, where)
+        if vi.name in self.specialize:
+            data = np.asarray(self.specialize[vi.name]).astype(dt.to_numpy(dtype))
+            self.env[vi.name] = self.b.constant(data, name=vi.name)
+            return
+        if not tt.HasField("shape"):
+            raise UnsupportedOpError("(graph input)", detail=f"{where} has no rank; mlpack needs "
+                                     "the rank of every input")
+        names, dims = [], []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                size = ex.const(int(d.dim_value))
+                names.append(f"d{i}")
+            else:
+                param = _ident(d.dim_param) if d.dim_param else None
+                if param is None:
+                    param = f"{_ident(vi.name)}_{i}"
+                size = ex.sym(param)
+                names.append(param)
+            dims.append(size)
+        names = list(Builder.dim_names(names, len(dims)))
+        ty = TensorType(dtype, dict(zip(names, dims)))
+        self.b.reserve(vi.name)
+        self.graph.add_input(vi.name, ty, names)
+        self.env[vi.name] = tensor_value(vi.name, dtype, list(zip(names, dims)))
+
+    def _initializer(self, t: onnx.TensorProto) -> None:
+        try:
+            data = numpy_helper.to_array(t, base_dir=getattr(self, "base_dir", ""))
+        except Exception as e:
+            raise ModelError(f"initializer {t.name!r} cannot be read: {e}") from None
+        onnx_dtype(t.data_type, f"initializer {t.name!r}")
+        self.env[t.name] = self.b.constant(np.asarray(data), name=t.name)
+
+    def _output(self, vi: onnx.ValueInfoProto) -> None:
+        v = self.env.get(vi.name)
+        if v is None:
+            raise ModelError(f"graph output {vi.name!r} is not produced by any node")
+        v = self.b.materialize(v, name=vi.name) if v.tensor != vi.name else v
+        if v.tensor != vi.name:
+            # the name is taken by an earlier tensor: copy under the output's name
+            v = self.b.materialize(self.b.map(v.dtype, v.shape, v.at, v.names, hint=vi.name), name=vi.name)
+        self.graph.outputs.append(Port(v.tensor, self._layout_of(v)))
+
+    def _layout_of(self, v: Value) -> tuple[str, ...]:
+        if v.tensor in self.graph.constants:
+            return tuple(self.graph.constants[v.tensor].layout)
+        return tuple(v.names)
+
+    # -------------------------------------------------------------- nodes
+    def run(self) -> Graph:
+        g = self.model.graph
+        inits = {t.name for t in g.initializer}
+        for vi in g.input:
+            if vi.name not in inits:
+                self._input(vi)
+        for t in g.initializer:
+            if t.name in self.specialize:
+                continue
+            self._initializer(t)
+        for sp in getattr(g, "sparse_initializer", []):
+            raise UnsupportedOpError("(sparse initializer)", detail=f"{sp.values.name!r} is sparse")
+        self.import_nodes(list(g.node), self.opsets)
+        for vi in g.output:
+            self._output(vi)
+        return self.graph
+
+    def import_nodes(self, nodes: list[onnx.NodeProto], opsets: dict[str, int]) -> None:
+        for proto in nodes:
+            self.import_node(proto, opsets)
+
+    def import_node(self, proto: onnx.NodeProto, opsets: dict[str, int]) -> None:
+        domain = "" if proto.domain in ("", "ai.onnx") else proto.domain
+        opset = opsets.get(domain)
+        if opset is None:
+            raise ModelError(f"node {proto.name or proto.op_type!r} uses domain {domain!r}, "
+                             "which the model does not import")
+        inputs: list[Value | None] = []
+        for name in proto.input:
+            if not name:
+                inputs.append(None)
+                continue
+            if name not in self.env:
+                raise ModelError(f"{proto.op_type} node {proto.name!r} reads {name!r}, which no "
+                                 "earlier node, input or initializer defines")
+            inputs.append(self.env[name])
+        node = Node(proto, opset, inputs)
+        fn = lookup(domain, proto.op_type)
+        if fn is None:
+            if self._expand_function(proto, domain, opset, inputs):
+                return
+            if domain not in ("", "ai.onnx.ml"):
+                raise node.fail(f"domain {domain!r} is not supported")
+            raise node.fail("mlpack has no importer for this op")
+        self.b.node = node
+        try:
+            results = fn(self.b, node)
+        except (Error, NeedsValue):
+            raise
+        except Exception as e:  # an importer bug must still name the node
+            raise UnsupportedOpError(proto.op_type, domain, opset, node.name,
+                                     f"import failed ({type(e).__name__}: {e})") from e
+        finally:
+            self.b.node = None
+        if not isinstance(results, (list, tuple)):
+            results = [results]
+        for name, v in zip(proto.output, results):
+            if name and v is not None:
+                self.env[name] = v
+        for name in list(proto.output)[len(results):]:
+            if name:
+                raise node.fail(f"output {name!r} is not supported")
+
+    def _expand_function(self, proto, domain, opset, inputs) -> bool:
+        """Import a node through its schema's function body, if it has one."""
+        try:
+            schema = onnx.defs.get_schema(proto.op_type, opset, domain)
+        except onnx.defs.SchemaError:
+            return False
+        body = None
+        if schema.has_context_dependent_function:
+            versions = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+            if versions:
+                types = []
+                for v in inputs:
+                    elem = {d: k for k, d in ONNX_DTYPES.items()}.get(v.dtype, 0) if v else 0
+                    types.append(onnx.helper.make_tensor_type_proto(elem, [None] * (v.rank if v else 0)).SerializeToString())
+                try:
+                    raw = schema.get_context_dependent_function_with_opset_version(
+                        max(versions), proto.SerializeToString(), types)
+                except Exception:
+                    raw = None
+                if raw:
+                    body = onnx.FunctionProto()
+                    body.ParseFromString(raw)
+        if body is None and schema.has_function:
+            versions = [v for v in schema.function_opset_versions if v <= opset]
+            if versions:
+                body = onnx.FunctionProto()
+                body.ParseFromString(schema.get_function_with_opset_version(max(versions)))
+        if body is None:
+            return False
+        prefix = self.b.fresh(f"{proto.name or proto.op_type}.fn")
+        rename = {}
+        for formal, actual in zip(body.input, list(proto.input) + [""] * len(body.input)):
+            rename[formal] = actual
+        for formal, actual in zip(body.output, proto.output):
+            rename[formal] = actual
+        attrs = {a.name: a for a in proto.attribute}
+        nodes = []
+        for n in body.node:
+            n2 = onnx.NodeProto()
+            n2.CopyFrom(n)
+            del n2.input[:]
+            del n2.output[:]
+            n2.input.extend(rename.get(x, f"{prefix}/{x}") if x else "" for x in n.input)
+            n2.output.extend(rename.get(x, f"{prefix}/{x}") if x else "" for x in n.output)
+            del n2.attribute[:]
+            for a in n.attribute:
+                if a.ref_attr_name:
+                    if a.ref_attr_name in attrs:
+                        a2 = onnx.AttributeProto()
+                        a2.CopyFrom(attrs[a.ref_attr_name])
+                        a2.name = a.name
+                        n2.attribute.append(a2)
+                else:
+                    n2.attribute.append(a)
+            n2.name = f"{prefix}/{n.name or n.op_type}"
+            nodes.append(n2)
+        fn_opsets = dict(self.opsets)
+        for o in body.opset_import:
+            fn_opsets["" if o.domain in ("", "ai.onnx") else o.domain] = o.version
+        self.import_nodes(nodes, fn_opsets)
+        return True
+
+
+def import_model(model: Any, specialize: dict[str, np.ndarray] | None = None) -> Graph:
+    """Import an ONNX model (path, bytes or ModelProto) into an IR graph.
+
+    ``specialize`` binds named graph inputs to constant values (used when an input decides a
+    shape, e.g. a Reshape target given as a graph input).
+    Raises ``UnsupportedOpError`` or ``ModelError``; ``NeedsValue`` when an input must be
+    specialized.
+    """
+    base_dir = os.path.dirname(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else ""
+    m = load_model(model)
+    opset = {(o.domain or ""): o.version for o in m.opset_import}.get("", None)
+    if opset is not None and opset > MAX_OPSET:
+        raise ModelError(f"the model uses opset {opset}; this mlpack knows opsets up to {MAX_OPSET}")
+    if m.functions:
+        try:
+            m = onnx.inliner.inline_local_functions(m)
+        except Exception as e:
+            raise ModelError(f"the model's local functions cannot be inlined: {e}") from None
+    imp = _Importer(m, specialize)
+    imp.base_dir = base_dir
+    return imp.run()

@@ -1,0 +1,43 @@
+"""The pass pipeline: the passes, in order, in one place.
+
+Each pass is ``fn(graph) -> graph``; ``MLPACK_DEBUG`` logs its name and time (1) and the IR
+after it when it changed something (2). The verifier runs after every pass, so a pass that
+breaks an invariant is named at once. A pass is switched off with MLPACK_DISABLE_PASSES=name,...
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .. import debug
+from ..ir.graph import Graph
+from ..ir.printer import format_graph
+from ..ir.verify import verify
+from .dce import eliminate_dead_code
+
+PASSES = [
+    ("dce", eliminate_dead_code),
+]
+
+
+def run_pipeline(g: Graph, passes=None) -> Graph:
+    disabled = set(filter(None, os.environ.get("MLPACK_DISABLE_PASSES", "").split(",")))
+    verify(g)
+    before = format_graph(g) if debug.level() >= 2 else None
+    if before is not None:
+        debug.log(f"IR after import:\n{before}", 2)
+    for name, fn in passes or PASSES:
+        if name in disabled:
+            debug.log(f"pass {name}: disabled")
+            continue
+        t0 = time.perf_counter()
+        g = fn(g)
+        verify(g)
+        debug.log(f"pass {name}: {1e3 * (time.perf_counter() - t0):.2f} ms")
+        if before is not None:
+            after = format_graph(g)
+            if after != before:
+                debug.log(f"IR after {name}:\n{after}", 2)
+            before = after
+    return g
