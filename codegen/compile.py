@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
+from . import debug
 from .ir.graph import Graph
 from .onnx.importer import import_model
 from .passes.pipeline import run_pipeline
@@ -13,4 +15,7 @@ from .passes.pipeline import run_pipeline
 
 def compile_onnx(model: Any, specialize: dict[str, np.ndarray] | None = None) -> Graph:
     """Import ``model`` and run the pass pipeline over it."""
-    return run_pipeline(import_model(model, specialize))
+    t0 = time.perf_counter()
+    g = import_model(model, specialize)
+    debug.log(f"import: {1e3 * (time.perf_counter() - t0):.2f} ms, {len(g.ops)} ops")
+    return run_pipeline(g)

@@ -132,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--json", help="write {case: [op, verdict, detail]} here")
     ap.add_argument("--verbose", "-v", action="store_true", help="print each failure")
+    ap.add_argument("--update-floor", metavar="FILE",
+                    help="add the cases that now pass to the floor FILE (it only ever rises)")
     args = ap.parse_args(argv)
     t0 = time.time()
     results = run_suite(args.filter, args.jobs)
@@ -140,7 +142,32 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=0, sort_keys=True)
+    if args.update_floor:
+        floor = read_floor(args.update_floor)
+        lost = sorted(n for n in floor if results.get(n, ("", "fail"))[1] != "pass")
+        if lost:
+            print(f"not updating the floor: {len(lost)} floor cases fail now: {lost[:10]}")
+            return 1
+        passing = {n for n, (_, v, _) in results.items() if v == "pass"}
+        write_floor(args.update_floor, floor | passing)
+        print(f"floor: {len(floor)} -> {len(floor | passing)} cases")
     return 0
+
+
+def read_floor(path: str) -> set[str]:
+    """The recorded floor: case names that must keep passing."""
+    if not os.path.exists(path):
+        return set()
+    with open(path) as f:
+        return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+def write_floor(path: str, names: set[str]) -> None:
+    with open(path, "w") as f:
+        f.write("# ONNX node cases mlpack must keep passing (python -m mlpack.conformance "
+                "--update-floor FILE adds new passes)\n")
+        for n in sorted(names):
+            f.write(n + "\n")
 
 
 if __name__ == "__main__":

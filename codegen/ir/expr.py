@@ -267,14 +267,18 @@ def substitute(e: Expr, mapping: dict[str, Expr], kind: str = "var") -> Expr:
     return rebuild(e, args)
 
 
-def rename_tensor(e: Expr, old: str, new: str) -> Expr:
-    if e.op == "read":
-        args = tuple(rename_tensor(a, old, new) for a in e.args)
-        t, dims, pad = e.arg
-        return Expr("read", args, (new if t == old else t, dims, pad), e.dtype)
-    if not e.args:
+def rename_tensors(e: Expr, mapping: dict[str, str]) -> Expr:
+    """``e`` with reads of each tensor in ``mapping`` redirected to its new name."""
+    if not e.args and e.op != "read":
         return e
-    return Expr(e.op, tuple(rename_tensor(a, old, new) for a in e.args), e.arg, e.dtype)
+    args = tuple(rename_tensors(a, mapping) for a in e.args)
+    if e.op == "read":
+        t, dims, pad = e.arg
+        if t in mapping:
+            return Expr("read", args, (mapping[t], dims, pad), e.dtype)
+    if args == e.args:
+        return e
+    return Expr(e.op, args, e.arg, e.dtype)
 
 
 def rebuild(e: Expr, args: tuple[Expr, ...]) -> Expr:

@@ -22,7 +22,7 @@ from typing import Union
 import numpy as np
 
 from . import expr as ex
-from .expr import Expr
+from .expr import Expr, walk
 
 REDUCTIONS = ("sum", "prod", "max", "min", "argmax", "argmin", "argmax_last", "argmin_last")
 
@@ -223,3 +223,35 @@ class Graph:
     def __str__(self) -> str:
         from .printer import format_graph
         return format_graph(self)
+
+
+def _stmt_reads(stmts, out: set[str]) -> None:
+    for s in stmts:
+        exprs = []
+        if isinstance(s, (Let, SetSize)):
+            exprs = [s.value]
+        elif isinstance(s, Store):
+            exprs = [s.value, *s.index.values()]
+        elif isinstance(s, For):
+            exprs = [s.extent]
+            _stmt_reads(s.body, out)
+        elif isinstance(s, While):
+            exprs = [s.cond]
+            _stmt_reads(s.body, out)
+        elif isinstance(s, If):
+            exprs = [s.cond]
+            _stmt_reads(s.then, out)
+            _stmt_reads(s.orelse, out)
+        for e in exprs:
+            out.update(n.arg[0] for n in walk(e) if n.op == "read")
+
+
+def tensors_read(op) -> set[str]:
+    """Names of the tensors an op reads."""
+    out: set[str] = set()
+    if isinstance(op, Comprehension):
+        out.update(n.arg[0] for n in walk(op.body) if n.op == "read")
+    else:
+        _stmt_reads(op.body, out)
+        out -= set(op.results) | set(op.locals_)
+    return out

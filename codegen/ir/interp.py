@@ -17,7 +17,7 @@ import numpy as np
 from . import dtypes as dt
 from .expr import Expr
 from .graph import (Comprehension, For, Graph, If, Let, Procedure, SetSize, Store, TensorType,
-                    While)
+                    While, tensors_read)
 from .expr import index_value
 from ..errors import InterpError
 
@@ -250,7 +250,9 @@ class _Comprehension:
         data = np.transpose(data, [labels.index(d) for d in out_dims])
         data = np.broadcast_to(data, [self.extent[d] for d in out_dims])
         with np.errstate(all="ignore"):
-            return np.ascontiguousarray(data.astype(np_dtype, copy=False))
+            data = data.astype(np_dtype, copy=False)
+            # ascontiguousarray makes 0-d arrays 1-d: keep the shape
+            return np.ascontiguousarray(data).reshape(data.shape)
 
     def _factors(self, e: Expr) -> list[Expr]:
         if e.op == "mul" and e.dtype == self.op.type.dtype:
@@ -411,6 +413,18 @@ def bind_symbols(g: Graph, inputs: dict[str, np.ndarray]) -> dict[str, int]:
     return syms
 
 
+def _last_uses(g: Graph) -> dict[int, list[str]]:
+    """For each op index, the tensors no later op reads (freed after it: peak memory stays low)."""
+    last: dict[str, int] = {}
+    for i, op in enumerate(g.ops):
+        for name in tensors_read(op):
+            last[name] = i
+    out: dict[int, list[str]] = {}
+    for name, i in last.items():
+        out.setdefault(i, []).append(name)
+    return out
+
+
 def run_graph(g: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Evaluate ``g`` on NumPy inputs (arrays in each input's layout); outputs in theirs."""
     tensors = _Tensors()
@@ -422,13 +436,19 @@ def run_graph(g: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     syms = bind_symbols(g, {p.name: tensors.data[p.name] for p in g.inputs})
     for c in g.constants.values():
         tensors.put(c.name, c.data, c.layout)
-    for op in g.ops:
+    last_use = _last_uses(g)
+    keep = {p.name for p in g.outputs}
+    for i, op in enumerate(g.ops):
         if isinstance(op, Comprehension):
             tensors.put(op.out, _Comprehension(op, tensors, syms).run(), tuple(op.type.dims))
         else:
             _Procedure(op, tensors, syms).run()
+        for name in last_use.get(i, ()):
+            if name not in keep and name not in g.constants:
+                tensors.data.pop(name, None)
     out = {}
     for port in g.outputs:
         data, layout = tensors.data[port.name], tensors.layout[port.name]
-        out[port.name] = np.ascontiguousarray(np.transpose(data, [layout.index(d) for d in port.layout]))
+        data = np.transpose(data, [layout.index(d) for d in port.layout])
+        out[port.name] = np.ascontiguousarray(data).reshape(data.shape)
     return out

@@ -252,7 +252,7 @@ class Builder:
         name = name if name and name not in self.graph.types else self.fresh(name or "const")
         self.reserve(name)
         ty = TensorType(dtype, {d: ex.const(int(n)) for d, n in zip(dnames, data.shape)})
-        self.graph.add_constant(Constant(name, ty, dnames, np.ascontiguousarray(data)))
+        self.graph.add_constant(Constant(name, ty, dnames, np.ascontiguousarray(data).reshape(data.shape)))
         v = tensor_value(name, dtype, [(d, ex.const(int(n))) for d, n in zip(dnames, data.shape)],
                          data=data)
         if (dt.is_int(dtype) or dtype == "bool") and data.size <= KNOWN_LIMIT:

@@ -67,6 +67,9 @@ def load_model(model: Any) -> onnx.ModelProto:
         raise ModelError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
     if not m.graph.node and not m.graph.output:
         raise ModelError(f"{where}: not an ONNX model (the graph is empty; is the file truncated?)")
+    if m.graph.node and not m.opset_import and m.ir_version >= 3:
+        # opset_import is serialized after the graph: a file cut just there parses without it
+        raise ModelError(f"{where}: the model imports no opset (is the file truncated?)")
     return m
 
 

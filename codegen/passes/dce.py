@@ -2,40 +2,7 @@
 
 from __future__ import annotations
 
-from ..ir.expr import walk
-from ..ir.graph import Comprehension, For, Graph, If, Let, Procedure, SetSize, Store, While
-
-
-def _stmt_reads(stmts, out: set[str]) -> None:
-    for s in stmts:
-        exprs = []
-        if isinstance(s, (Let, SetSize)):
-            exprs = [s.value]
-        elif isinstance(s, Store):
-            exprs = [s.value, *s.index.values()]
-        elif isinstance(s, For):
-            exprs = [s.extent]
-            _stmt_reads(s.body, out)
-        elif isinstance(s, While):
-            exprs = [s.cond]
-            _stmt_reads(s.body, out)
-        elif isinstance(s, If):
-            exprs = [s.cond]
-            _stmt_reads(s.then, out)
-            _stmt_reads(s.orelse, out)
-        for e in exprs:
-            out.update(n.arg[0] for n in walk(e) if n.op == "read")
-
-
-def tensors_read(op) -> set[str]:
-    """Names of the tensors an op reads."""
-    out: set[str] = set()
-    if isinstance(op, Comprehension):
-        out.update(n.arg[0] for n in walk(op.body) if n.op == "read")
-    else:
-        _stmt_reads(op.body, out)
-        out -= set(op.results) | set(op.locals_)
-    return out
+from ..ir.graph import Graph, Procedure, tensors_read
 
 
 def eliminate_dead_code(g: Graph) -> Graph:

@@ -14,9 +14,14 @@ from .. import debug
 from ..ir.graph import Graph
 from ..ir.printer import format_graph
 from ..ir.verify import verify
+from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
+from .fuse import fuse_elementwise
 
 PASSES = [
+    ("dce", eliminate_dead_code),
+    ("cse", eliminate_common_subexpressions),
+    ("fuse", fuse_elementwise),
     ("dce", eliminate_dead_code),
 ]
 

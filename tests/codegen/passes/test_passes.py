@@ -1,0 +1,135 @@
+"""Pass tests: IR text in, IR text out, and the meaning unchanged (checked by the interpreter)."""
+
+import textwrap
+
+import numpy as np
+
+from mlpack.codegen.ir import format_graph, parse_graph, run_graph, verify
+from mlpack.codegen.passes.cse import eliminate_common_subexpressions
+from mlpack.codegen.passes.dce import eliminate_dead_code
+from mlpack.codegen.passes.fuse import fuse_elementwise
+from mlpack.codegen.passes.pipeline import run_pipeline
+
+
+def _ir(text):
+    return parse_graph(textwrap.dedent(text))
+
+
+def _check(before_text, fn, after_text, inputs):
+    before = _ir(before_text)
+    expected = run_graph(before, inputs)
+    after = fn(_ir(before_text))
+    verify(after)
+    assert format_graph(after) == textwrap.dedent(after_text)
+    got = run_graph(after, inputs)
+    for k in expected:
+        np.testing.assert_allclose(got[k], expected[k], rtol=1e-6)
+
+
+X = {"x": np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)}
+
+
+def test_fuse_inlines_single_use_map_into_its_consumer():
+    _check("""\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %a: f32{n=3, k=4} = %x[n=n, k=k] * 2.0
+          %b: f32{n=3} = sum{k=4} exp(%a[n=n, k=k])
+          out %b (n)
+        }
+        """, fuse_elementwise, """\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %b: f32{n=3} = sum{k=4} exp(%x[n=n, k=k] * 2.0)
+          out %b (n)
+        }
+        """, X)
+
+
+def test_fuse_keeps_a_map_read_twice_and_one_read_with_padding():
+    text = """\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %a: f32{n=3, k=4} = exp(%x[n=n, k=k])
+          %b: f32{n=3, k=4} = %a[n=n, k=k] + %a[n=n, k=3 - k]
+          %c: f32{n=3, k=4} = tanh(%x[n=n, k=k])
+          %d: f32{n=3, k=4} = %c[n=n, k=k + 1; pad=0.0] + %b[n=n, k=k]
+          out %d (n, k)
+        }
+        """
+    _check(text, fuse_elementwise, textwrap.dedent(text).replace(
+        "  %b: f32{n=3, k=4} = %a[n=n, k=k] + %a[n=n, k=3 - k]\n", "").replace(
+        "+ %b[n=n, k=k]", "+ (%a[n=n, k=k] + %a[n=n, k=3 - k])"), X)
+
+
+def test_fuse_inlines_copies_even_when_read_twice():
+    _check("""\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %t: f32{a=4, b=3} = %x[n=b, k=a]
+          %y: f32{a=4, b=3} = %t[a=a, b=b] * %t[a=3 - a, b=b]
+          out %y (b, a)
+        }
+        """, fuse_elementwise, """\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %y: f32{a=4, b=3} = %x[n=b, k=a] * %x[n=b, k=3 - a]
+          out %y (b, a)
+        }
+        """, X)
+
+
+def test_cse_merges_identical_ops():
+    _check("""\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %a: f32{n=3} = max{k=4} %x[n=n, k=k]
+          %b: f32{n=3} = max{k=4} %x[n=n, k=k]
+          %c: f32{n=3} = %a[n=n] - %b[n=n]
+          out %c (n)
+        }
+        """, eliminate_common_subexpressions, """\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %a: f32{n=3} = max{k=4} %x[n=n, k=k]
+          %c: f32{n=3} = %a[n=n] - %a[n=n]
+          out %c (n)
+        }
+        """, X)
+
+
+def test_dce_drops_unused_ops_and_constants():
+    _check("""\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          const %w: f32{k=4} (k) = [1.0, 2.0, 3.0, 4.0]
+          %dead: f32{n=3, k=4} = %x[n=n, k=k] * %w[k=k]
+          %y: f32{n=3, k=4} = neg(%x[n=n, k=k])
+          out %y (n, k)
+        }
+        """, eliminate_dead_code, """\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %y: f32{n=3, k=4} = neg(%x[n=n, k=k])
+          out %y (n, k)
+        }
+        """, X)
+
+
+def test_pipeline_logs_passes_at_debug_1_and_ir_at_2(monkeypatch, capsys):
+    g = _ir("""\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %a: f32{n=3, k=4} = exp(%x[n=n, k=k])
+          %b: f32{n=3, k=4} = neg(%a[n=n, k=k])
+          out %b (n, k)
+        }
+        """)
+    monkeypatch.setenv("MLPACK_DEBUG", "1")
+    run_pipeline(g)
+    err = capsys.readouterr().err
+    assert "pass fuse:" in err and "ms" in err and "IR after" not in err
+    monkeypatch.setenv("MLPACK_DEBUG", "2")
+    run_pipeline(_ir(format_graph(g)))
+    err = capsys.readouterr().err
+    assert "IR after import" in err

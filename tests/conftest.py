@@ -1,0 +1,52 @@
+"""Shared test set-up: hypothesis profiles and small ONNX model builders.
+
+Tests are grouped by what they need; everything under tests/ runs on a plain CPU machine in a
+few minutes. Hypothesis writes no example database (``database=None``), so a run leaves the
+checkout clean; set ``HYPOTHESIS_PROFILE=thorough`` for more examples.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, settings
+from onnx import TensorProto, helper, numpy_helper
+
+settings.register_profile("default", database=None, deadline=None, max_examples=60,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", database=None, deadline=None, max_examples=1000,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opsets=(("", 17),), name="test"):
+    """A ModelProto from nodes and (name, elem_type, shape) triples for inputs and outputs."""
+    def info(spec):
+        n, t, shape = spec
+        return helper.make_tensor_value_info(n, t, shape)
+
+    graph = helper.make_graph(list(nodes), name, [info(i) for i in inputs],
+                              [info(o) for o in outputs], list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+
+
+@pytest.fixture
+def tiny_model_path(tmp_path):
+    """``y = relu(x + b)`` with a dynamic ``batch`` dim, saved to a file; returns its path."""
+    b = numpy_helper.from_array(np.arange(4, dtype=np.float32), "b")
+    nodes = [helper.make_node("Add", ["x", "b"], ["t"], name="add"),
+             helper.make_node("Relu", ["t"], ["y"], name="relu")]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, ["batch", 4])],
+                       [("y", TensorProto.FLOAT, ["batch", 4])], [b], name="tiny")
+    path = tmp_path / "tiny.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture
+def onnx_model():
+    """The ``make_model`` builder, for tests that assemble their own models."""
+    return make_model
