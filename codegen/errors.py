@@ -13,9 +13,12 @@ class UnsupportedOpError(Error):
     Carries the op type, its domain and opset, the node name and what exactly is missing.
     """
 
-    def __init__(self, op_type: str, domain: str = "", opset: int | None = None,
+    def __init__(self, op_type: str | None, domain: str = "", opset: int | None = None,
                  node: str = "", detail: str = ""):
         self.op_type, self.domain, self.opset, self.node, self.detail = op_type, domain, opset, node, detail
+        if op_type is None:  # not about one op: an input's or initializer's element type
+            super().__init__(f"unsupported: {detail}")
+            return
         where = f"node {node!r}" if node else "an unnamed node"
         dom = domain or "ai.onnx"
         version = f" opset {opset}" if opset is not None else ""

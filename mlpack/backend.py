@@ -3,7 +3,8 @@
 Like ``onnxruntime.backend``: ``prepare(model)`` compiles and returns a rep whose ``run(inputs)``
 gives the outputs. Every result is computed through mlpack's IR. When a model needs an input's
 *value* at compile time (a Reshape whose target shape is a graph input), compilation waits for
-``run`` and specializes on the values of the integer inputs it is given (cached per value).
+``run`` and specializes on the values of the integer (and scalar) inputs it is given, cached
+per value.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from .codegen.compile import compile_onnx
@@ -35,7 +37,9 @@ class MlpackRep(BackendRep):
     def _graph_for(self, feeds: dict[str, np.ndarray]):
         if self.graph is not None:
             return self.graph
-        fixed = {k: v for k, v in feeds.items() if np.asarray(v).dtype.kind in "iub"}
+        # the inputs that can decide a shape: integer/bool tensors and scalars of any type
+        fixed = {k: v for k, v in feeds.items()
+                 if np.asarray(v).dtype.kind in "iub" or np.ndim(v) == 0}
         key = b"".join(k.encode() + np.asarray(v).tobytes() + str(np.shape(v)).encode()
                        for k, v in sorted(fixed.items()))
         if key not in self._specialized:
@@ -46,9 +50,11 @@ class MlpackRep(BackendRep):
         if isinstance(inputs, dict):
             feeds = dict(inputs)
         else:
-            if isinstance(inputs, np.ndarray):
+            if isinstance(inputs, (np.ndarray, onnx.TensorProto)):
                 inputs = [inputs]
             feeds = dict(zip(self.input_names, inputs))
+        feeds = {k: numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v
+                 for k, v in feeds.items()}
         graph = self._graph_for(feeds)
         wanted = {p.name for p in graph.inputs}
         outs = run_graph(graph, {k: np.asarray(v) for k, v in feeds.items() if k in wanted})

@@ -54,6 +54,8 @@ def _alarm(signum, frame):
 def run_case(case) -> tuple[str, str]:
     """('pass'|'fail'|'error', detail) for one case."""
     import numpy as np
+    import onnx
+    from onnx import numpy_helper
     from onnx.backend.test.runner import Runner
 
     from . import backend
@@ -68,6 +70,7 @@ def run_case(case) -> tuple[str, str]:
                 rep = backend.prepare(case.model)
                 for inputs, ref in case.data_sets:
                     outs = rep.run(inputs)
+                    ref = [numpy_helper.to_array(r) if isinstance(r, onnx.TensorProto) else r for r in ref]
                     Runner.assert_similar_outputs(ref, outs, rtol=case.rtol, atol=case.atol)
         return "pass", ""
     except _Timeout:

@@ -41,10 +41,9 @@ EXIT_INTERNAL = 1
 
 
 def _debug_level() -> int:
-    try:
-        return int(os.environ.get("MLPACK_DEBUG", "0") or 0)
-    except ValueError:
-        return 0
+    from ..codegen import debug  # the one registry of flags; imports nothing heavy
+
+    return debug.level()
 
 
 def one_paragraph(text: str) -> str:
@@ -219,6 +218,8 @@ def conformance_cmd(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="worker processes"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="print each failure"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write {case: [op, verdict, detail]}"),
+    update_floor: Optional[Path] = typer.Option(
+        None, "--update-floor", help="add the cases that now pass to this floor file (it only rises)"),
 ) -> None:
     """Run ONNX's backend node suite through mlpack: pass/fail per operator and in total."""
     import json
@@ -240,6 +241,20 @@ def conformance_cmd(
     typer.echo(f"({time.time() - t0:.0f}s)")
     if json_out is not None:
         json_out.write_text(json.dumps(results, indent=0, sort_keys=True))
+    if update_floor is not None:
+        _update_floor(conformance, results, update_floor)
+
+
+def _update_floor(conformance, results, path: Path) -> None:
+    """Add the passing cases to the floor file; refuse (exit 1) if a floor case fails now."""
+    floor = conformance.read_floor(str(path))
+    lost = sorted(n for n in floor if results.get(n, ("", "fail"))[1] != "pass")
+    if lost:
+        typer.echo(f"not updating the floor: {len(lost)} floor cases fail now: {lost[:10]}", err=True)
+        raise typer.Exit(1)
+    passing = {n for n, (_, verdict, _) in results.items() if verdict == "pass"}
+    conformance.write_floor(str(path), floor | passing)
+    typer.echo(f"floor: {len(floor)} -> {len(floor | passing)} cases")
 
 
 @app.callback()

@@ -135,6 +135,21 @@ def test_conformance_command_reports_per_operator(monkeypatch):
     assert "1 of 2 node cases pass" in result.stdout
 
 
+def test_conformance_update_floor_only_rises(monkeypatch, tmp_path):
+    import mlpack.conformance as conf
+
+    floor = tmp_path / "floor.txt"
+    floor.write_text("test_a\n")
+    results = {"test_a": ("A", "pass", ""), "test_b": ("B", "pass", ""), "test_c": ("C", "fail", "x")}
+    monkeypatch.setattr(conf, "run_suite", lambda pattern, jobs: results)
+    assert invoke("conformance", "--update-floor", floor).exit_code == 0
+    assert conf.read_floor(str(floor)) == {"test_a", "test_b"}
+    results["test_a"] = ("A", "fail", "regressed")
+    result = invoke("conformance", "--update-floor", floor)
+    assert result.exit_code == 1 and "test_a" in result.stderr
+    assert conf.read_floor(str(floor)) == {"test_a", "test_b"}
+
+
 def test_conformance_bad_filter_exit_2():
     _assert_one_paragraph_error(invoke("conformance", "--filter", "(("), "--filter")
 

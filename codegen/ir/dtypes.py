@@ -19,13 +19,22 @@ _NUMPY: dict[str, object] = {
     "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
     "f16": np.float16, "f32": np.float32, "f64": np.float64,
 }
+# Narrow types (storage and quantization formats): computed on by converting, never natively.
+_NARROW_FLOATS = {
+    "f8e4m3fn": "float8_e4m3fn", "f8e4m3fnuz": "float8_e4m3fnuz", "f8e5m2": "float8_e5m2",
+    "f8e5m2fnuz": "float8_e5m2fnuz", "f8e8m0": "float8_e8m0fnu", "f4e2m1": "float4_e2m1fn",
+}
+_NARROW_INTS = {"i4": "int4", "u4": "uint4", "i2": "int2", "u2": "uint2"}
 if _mld is not None:
     _NUMPY["bf16"] = _mld.bfloat16
+    for _name, _attr in {**_NARROW_FLOATS, **_NARROW_INTS}.items():
+        if hasattr(_mld, _attr):
+            _NUMPY[_name] = getattr(_mld, _attr)
 
 DTYPES: tuple[str, ...] = tuple(_NUMPY)
-FLOATS = frozenset({"f16", "bf16", "f32", "f64"})
-SIGNED = frozenset({"i8", "i16", "i32", "i64"})
-UNSIGNED = frozenset({"u8", "u16", "u32", "u64"})
+FLOATS = frozenset({"f16", "bf16", "f32", "f64"} | (set(_NARROW_FLOATS) & set(_NUMPY)))
+SIGNED = frozenset({"i8", "i16", "i32", "i64", "i4", "i2"} & set(_NUMPY))
+UNSIGNED = frozenset({"u8", "u16", "u32", "u64", "u4", "u2"} & set(_NUMPY))
 INTS = SIGNED | UNSIGNED
 # The dtype of index arithmetic: loop variables, symbols and sizes.
 INDEX = "i64"
@@ -53,8 +62,19 @@ def is_int(dtype: str) -> bool:
     return dtype in INTS
 
 
+_BITS = {"i4": 4, "u4": 4, "i2": 2, "u2": 2, "f4e2m1": 4}
+
+
 def bits(dtype: str) -> int:
-    return 8 if dtype == "bool" else to_numpy(dtype).itemsize * 8
+    return 8 if dtype == "bool" else _BITS.get(dtype, to_numpy(dtype).itemsize * 8)
+
+
+def finite_range(dtype: str) -> tuple[float, float]:
+    """The smallest and largest finite values of a numeric dtype (saturating casts clamp to it)."""
+    np_dtype = to_numpy(dtype)
+    info = (_mld.iinfo(np_dtype) if is_int(dtype) else _mld.finfo(np_dtype)) if _mld else \
+        (np.iinfo(np_dtype) if is_int(dtype) else np.finfo(np_dtype))
+    return float(info.min), float(info.max)
 
 
 def lowest(dtype: str):
@@ -63,7 +83,7 @@ def lowest(dtype: str):
         return False
     if is_float(dtype):
         return -np.inf
-    return np.iinfo(to_numpy(dtype)).min
+    return int(finite_range(dtype)[0])
 
 
 def highest(dtype: str):
@@ -72,7 +92,7 @@ def highest(dtype: str):
         return True
     if is_float(dtype):
         return np.inf
-    return np.iinfo(to_numpy(dtype)).max
+    return int(finite_range(dtype)[1])
 
 
 def promote(a: str, b: str) -> str:

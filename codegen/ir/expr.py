@@ -98,8 +98,14 @@ def _normalize(value, dtype: str):
     if dt.is_int(dtype):
         return int(value)
     import numpy as np
-    v = float(np.asarray(value).astype(dt.to_numpy(dtype)).astype(np.float64))
-    return v
+    with np.errstate(over="ignore"):  # a literal too big for its dtype is +-inf
+        v = float(np.asarray(value).astype(dt.to_numpy(dtype)).astype(np.float64))
+    return _NAN if math.isnan(v) else v
+
+
+# Every nan constant holds this one object: nan != nan, but tuples (so Exprs) compare
+# identical members equal, so a nan constant equals itself after a print -> parse round trip.
+_NAN = float("nan")
 
 
 def var(name: str, dtype: str = dt.INDEX) -> Expr:

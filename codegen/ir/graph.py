@@ -21,6 +21,7 @@ from typing import Union
 
 import numpy as np
 
+from . import dtypes as dt
 from . import expr as ex
 from .expr import Expr, walk
 
@@ -73,7 +74,7 @@ class Constant:
         return (isinstance(other, Constant) and self.name == other.name and self.type == other.type
                 and self.layout == other.layout and self.data.dtype == other.data.dtype
                 and self.data.shape == other.data.shape
-                and np.array_equal(self.data, other.data, equal_nan=self.data.dtype.kind in "fc"))
+                and np.array_equal(self.data, other.data, equal_nan=dt.is_float(self.type.dtype)))
 
 
 @dataclass
@@ -83,6 +84,9 @@ class Comprehension:
     body: Expr
     reduce: str | None = None          # one of REDUCTIONS, or None for a map
     rdims: dict[str, Expr] = field(default_factory=dict)  # reduction variables and their extents
+
+    def __post_init__(self):
+        self.rdims = {d: ex.as_expr(s) for d, s in self.rdims.items()}
 
     @property
     def outs(self) -> list[str]:

@@ -201,39 +201,40 @@ class _Parser:
         if kind == "tensor":
             return self.read()
         if kind == "name":
+            at = self.t.i  # errors about a call point at its name
             self.t.next()
             if text == "cast" and self.t.peek()[1] == "<":
                 self.t.expect("<")
                 to = self.dtype()
                 self.t.expect(">")
-                (x,) = self._arity(self.args(), 1, text)
+                (x,) = self._arity(self.args(), 1, text, at)
                 return Expr("cast", (x,), None, to)
             if self.t.peek()[1] == "(":
-                return self.call(text, self.args())
+                return self.call(text, self.args(), at)
             if self.t.peek()[1] == ":" and self.t.peek(1)[1] in dt.DTYPES:
                 self.t.next()
                 return Expr("var", (), text, self.dtype())
             return Expr("var", (), text, dt.INDEX)
         raise self.t.error("expected an expression")
 
-    def _arity(self, args, n, op):
+    def _arity(self, args, n, op, at: int):
         if len(args) != n:
-            self.t.i -= 1
+            self.t.i = at
             raise self.t.error(f"{op} takes {n} operand(s), got {len(args)}")
         return args
 
-    def call(self, op: str, args: list[Expr]) -> Expr:
+    def call(self, op: str, args: list[Expr], at: int) -> Expr:
         if op in UNARY:
-            (x,) = self._arity(args, 1, op)
+            (x,) = self._arity(args, 1, op, at)
             return Expr(op, (x,), None, "bool" if op in UNARY_PREDICATES else x.dtype)
         if op in BINARY:
-            a, b = self._arity(args, 2, op)
+            a, b = self._arity(args, 2, op, at)
             out = "bool" if op in COMPARISONS or op in LOGICAL else dt.promote(a.dtype, b.dtype)
             return Expr(op, (a, b), None, out)
         if op == "select":
-            c, a, b = self._arity(args, 3, op)
+            c, a, b = self._arity(args, 3, op, at)
             return Expr("select", (c, a, b), None, dt.promote(a.dtype, b.dtype))
-        self.t.i -= 1
+        self.t.i = at
         raise self.t.error(f"unknown operation {op!r}")
 
     def read(self) -> Expr:

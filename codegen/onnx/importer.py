@@ -36,16 +36,26 @@ ONNX_DTYPES = {
     onnx.TensorProto.INT32: "i32", onnx.TensorProto.INT64: "i64", onnx.TensorProto.UINT8: "u8",
     onnx.TensorProto.UINT16: "u16", onnx.TensorProto.UINT32: "u32", onnx.TensorProto.UINT64: "u64",
     onnx.TensorProto.BOOL: "bool",
+    onnx.TensorProto.FLOAT8E4M3FN: "f8e4m3fn", onnx.TensorProto.FLOAT8E4M3FNUZ: "f8e4m3fnuz",
+    onnx.TensorProto.FLOAT8E5M2: "f8e5m2", onnx.TensorProto.FLOAT8E5M2FNUZ: "f8e5m2fnuz",
+    onnx.TensorProto.INT4: "i4", onnx.TensorProto.UINT4: "u4",
 }
+for _proto, _name in (("FLOAT4E2M1", "f4e2m1"), ("INT2", "i2"), ("UINT2", "u2"), ("FLOAT8E8M0", "f8e8m0")):
+    if hasattr(onnx.TensorProto, _proto) and _name in dt.DTYPES:
+        ONNX_DTYPES[getattr(onnx.TensorProto, _proto)] = _name
 
 
-def onnx_dtype(elem_type: int, where: str) -> str:
+def onnx_dtype(elem_type: int, where: str, node=None) -> str:
+    """The IR dtype of an ONNX element type; UnsupportedOpError naming ``where`` if it has none."""
     try:
         return ONNX_DTYPES[elem_type]
     except KeyError:
-        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
-        raise UnsupportedOpError("(tensor)", detail=f"{where} has element type {name}, "
-                                 "which mlpack does not support") from None
+        known = elem_type in onnx.TensorProto.DataType.values()
+        name = onnx.TensorProto.DataType.Name(elem_type) if known else str(elem_type)
+        detail = f"{where} has element type {name}, which mlpack does not support"
+        if node is not None:
+            raise node.fail(detail) from None
+        raise UnsupportedOpError(None, detail=detail) from None
 
 
 def load_model(model: Any) -> onnx.ModelProto:
@@ -89,7 +99,7 @@ class _Importer:
     def _input(self, vi: onnx.ValueInfoProto) -> None:
         where = f"graph input {vi.name!r}"
         if not vi.type.HasField("tensor_type"):
-            raise UnsupportedOpError("(graph input)", detail=f"{where} is not a tensor "
+            raise UnsupportedOpError(None, detail=f"{where} is not a tensor "
                                      "(sequences, maps and optionals are not supported)")
         tt = vi.type.tensor_type
         dtype = onnx_dtype(tt.elem_type, where)
@@ -98,7 +108,7 @@ class _Importer:
             self.env[vi.name] = self.b.constant(data, name=vi.name)
             return
         if not tt.HasField("shape"):
-            raise UnsupportedOpError("(graph input)", detail=f"{where} has no rank; mlpack needs "
+            raise UnsupportedOpError(None, detail=f"{where} has no rank; mlpack needs "
                                      "the rank of every input")
         names, dims = [], []
         for i, d in enumerate(tt.shape.dim):
@@ -153,7 +163,7 @@ class _Importer:
                 continue
             self._initializer(t)
         for sp in getattr(g, "sparse_initializer", []):
-            raise UnsupportedOpError("(sparse initializer)", detail=f"{sp.values.name!r} is sparse")
+            raise UnsupportedOpError(None, detail=f"initializer {sp.values.name!r} is sparse")
         self.import_nodes(list(g.node), self.opsets)
         for vi in g.output:
             self._output(vi)

@@ -220,7 +220,7 @@ def bit_shift(b, n):
         ok = ex.binary("and", ex.binary("ge", c, _c(0, c.dtype)),
                        ex.binary("lt", c, _c(width, c.dtype)))
         out = _c(0, x.dtype)
-        if name == "shr" and dt.is_int(x.dtype) and x.dtype in dt.SIGNED:
+        if name == "shr" and x.dtype in dt.SIGNED:
             out = ex.select(_lt0(a), _c(-1, x.dtype), out)
         return ex.select(ok, ex.binary(name, a, c), out)
 

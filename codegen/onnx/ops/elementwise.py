@@ -58,12 +58,31 @@ def identity(b, n):
     return [n.inputs[0]]
 
 
+_SATURATING = {"f8e4m3fn", "f8e4m3fnuz", "f8e5m2", "f8e5m2fnuz"}
+
+
+def cast_to(b, n, x, to: str):
+    """x cast to ``to``; casts into 8-bit floats saturate unless saturate=0 (opset 19+)."""
+    if to == "f8e8m0":
+        raise n.fail("casting to FLOAT8E8M0 (round_mode) is not supported")
+    saturate = n.attr("saturate", 1) if n.opset >= 19 else 1
+    if to in _SATURATING and saturate and dt.is_float(x.dtype):
+        lo, hi = dt.finite_range(to)
+        return b.elementwise(to, [x], lambda a: ex.cast(
+            ex.minimum(ex.maximum(a, ex.const(lo, a.dtype)), ex.const(hi, a.dtype)), to))
+    return b.elementwise(to, [x], lambda a: ex.cast(a, to))
+
+
 @op("Cast")
 def cast(b, n):
     from ..importer import onnx_dtype
-    to = onnx_dtype(n.attr("to"), f"{n!r} attribute 'to'")
-    x = n.inputs[0]
-    return [b.elementwise(to, [x], lambda a: ex.cast(a, to))]
+    to = onnx_dtype(n.attr("to"), "attribute 'to'", n)
+    return [cast_to(b, n, n.inputs[0], to)]
+
+
+@op("CastLike")
+def cast_like(b, n):
+    return [cast_to(b, n, n.inputs[0], n.inputs[1].dtype)]
 
 
 @op("Constant")

@@ -122,6 +122,19 @@ def gather_nd(b, n):
     return [b.map(data.dtype, shape, fn, names)]
 
 
+@op("ArrayFeatureExtractor", domain="ai.onnx.ml")
+def array_feature_extractor(b, n):
+    """x[..., y]: a gather on the last axis by the flattened indices (a 1-D x reads as 1 row)."""
+    x, ind = n.inputs[0], n.inputs[1]
+    count = ind.numel()
+    lead = x.shape[:-1] if x.rank > 1 else (ex.const(1),)
+
+    def fn(idx):
+        i = norm_index(ind.at(unflatten(idx[-1], ind.shape)), x.shape[-1])
+        return x.at((idx[:-1] if x.rank > 1 else []) + [i])
+    return [b.map(x.dtype, lead + (count,), fn, x.names[:-1] + ("feature",))]
+
+
 @op("OneHot")
 def one_hot(b, n):
     ind, depth, values = n.inputs
@@ -230,6 +243,29 @@ def tensor_scatter(b, n):
         src[axis] = ex.minimum(ex.maximum(rel, ex.const(0)), seq - 1)
         return ex.select(ok, upd.at(src), past.at(idx))
     return [b.map(past.dtype, past.shape, fn, past.names)]
+
+
+@op("MaxUnpool")
+def max_unpool(b, n):
+    """Zeros, then each input value stored at its flat index into the whole output."""
+    x, ind, oshape = n.input(0), n.input(1), n.input(2)
+    k = n.attr("kernel_shape")
+    sp = len(k)
+    strides = n.attr("strides") or [1] * sp
+    pads = n.attr("pads") or [0] * (2 * sp)
+    inferred = list(x.shape[:2]) + [ex.simplify_size((x.shape[2 + i] - 1) * strides[i] + k[i]
+                                                     - pads[i] - pads[sp + i]) for i in range(sp)]
+    # Indices are flat offsets into the inferred shape; a larger output_shape pads at the end.
+    shape = b.ints(oshape, "MaxUnpool output_shape") if oshape is not None else inferred
+    name, ty, dims = result(b, n.output_names[0] or "unpool", x.dtype, x.names, shape)
+    zero = loops(shape, "c", lambda v: [
+        Store(name, {d: i for (d, _), i in zip(dims, v)}, ex.cast(ex.const(0), x.dtype))])
+
+    def place(v):
+        at = unflatten(ex.cast(ind.at(v), "i64"), inferred)
+        return [Store(name, {d: i for (d, _), i in zip(dims, at)}, ex.cast(x.at(v), x.dtype))]
+    b.procedure({name: ty}, zero + loops(list(x.shape), "u", place))
+    return [tensor_value(name, x.dtype, dims)]
 
 
 # ---------------------------------------------------------------- Compress

@@ -27,7 +27,12 @@ def batch_index(shape, idx):
     return [ex.const(0) if (s.is_const and s.value == 1) else idx[off + j] for j, s in enumerate(shape)]
 
 
-def matmul(b, n, x: Value, y: Value, dtype: str) -> Value:
+def tmp_hint(n, what: str) -> str:
+    """A name for an intermediate result, leaving the node's output name to its last one."""
+    return f"{n.output_names[0] if n.output_names else n.op_type}_{what}"
+
+
+def matmul(b, n, x: Value, y: Value, dtype: str, hint: str | None = None) -> Value:
     """numpy.matmul semantics: 1-D operands are promoted and the added dim dropped again."""
     if x.rank == 0 or y.rank == 0:
         raise n.shape_error("MatMul operands must not be scalars")
@@ -52,7 +57,7 @@ def matmul(b, n, x: Value, y: Value, dtype: str) -> Value:
         w = y.at(batch_index(yb, bi) + [r[0]] + c)
         return a * w
 
-    return b.reduce("sum", dtype, shape, (k,), body, names, ("k",))
+    return b.reduce("sum", dtype, shape, (k,), body, names, ("k",), hint)
 
 
 @op("MatMul")
@@ -78,28 +83,34 @@ def gemm(b, n):
     dtype = a.dtype
     if a.rank != 2 or w.rank != 2:
         raise n.shape_error("Gemm operands must be 2-D")
-    ab = matmul(b, n, a, w, dtype)
-    # alpha and beta scale separately, so the contraction stays a pure product of reads
-    if alpha != 1.0:
-        ab = b.elementwise(dtype, [ab], lambda v: v * ex.const(alpha, dtype))
-    if c is None or beta == 0.0:
-        return [ab]
-    scaled = (lambda v: v) if beta == 1.0 else (lambda v: v * ex.const(beta, dtype))
-    return [b.elementwise(dtype, [ab, c], lambda p, q: p + scaled(ex.cast(q, dtype)))]
+    # alpha and beta scale outside the sum, so the contraction stays a pure product of reads
+    has_c = c is not None and beta != 0.0
+    if alpha == 1.0 and not has_c:
+        return [matmul(b, n, a, w, dtype)]
+    ab = matmul(b, n, a, w, dtype, tmp_hint(n, "mm"))
+
+    def scale(v, f):
+        return v if f == 1.0 else v * ex.const(f, dtype)
+
+    if not has_c:
+        return [b.elementwise(dtype, [ab], lambda p: scale(p, alpha))]
+    return [b.elementwise(dtype, [ab, c], lambda p, q: scale(p, alpha) + scale(ex.cast(q, dtype), beta))]
 
 
 def _shift(b, v: Value, zp: Value | None, axis: int | None) -> Value:
     """``cast<i32>(v) - zero_point``: the zero point is a scalar, or a vector along ``axis``."""
+    hint = tmp_hint(b.node, "shifted")
     if zp is None:
-        return b.elementwise("i32", [v], lambda a: ex.cast(a, "i32"))
+        return b.map("i32", v.shape, lambda i: ex.cast(v.at(i), "i32"), v.names, hint)
     if zp.rank == 0 or (zp.rank == 1 and zp.shape[0].is_const and zp.shape[0].value == 1):
         z = zp.at([ex.const(0)] * zp.rank)
-        return b.elementwise("i32", [v], lambda a: ex.cast(a, "i32") - ex.cast(z, "i32"))
+        return b.map("i32", v.shape, lambda i: ex.cast(v.at(i), "i32") - ex.cast(z, "i32"),
+                     v.names, hint)
     if zp.rank != 1 or axis is None:
         raise b.node.fail(f"zero point of shape {zp.shape} is not supported")
     ax = axis % v.rank
     return b.map("i32", v.shape, lambda i: ex.cast(v.at(i), "i32") - ex.cast(zp.at([i[ax]]), "i32"),
-                 v.names)
+                 v.names, hint)
 
 
 @op("MatMulInteger")

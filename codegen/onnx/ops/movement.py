@@ -277,3 +277,25 @@ def dropout(b, n):
         one = ex.const(True) if mask_dtype == "bool" else ex.const(1, mask_dtype)
         outs.append(b.map(mask_dtype, x.shape, lambda idx: one, x.names))
     return outs
+
+
+@op("CenterCropPad")
+def center_crop_pad(b, n):
+    x = n.inputs[0]
+    target = b.ints(n.input(1), "shape")
+    axes = n.attr("axes", None)
+    axes = list(range(x.rank)) if axes is None else [norm_axis(n, a, x.rank) for a in axes]
+    if len(target) != len(axes):
+        raise n.shape_error(f"{len(target)} target sizes for {len(axes)} axes")
+    shape, offset = list(x.shape), [ex.const(0)] * x.rank
+    for a, t in zip(axes, target):
+        d = x.shape[a]
+        if not (d.is_const and t.is_const):
+            raise n.fail("symbolic crop/pad sizes are not supported")
+        # crop takes the floor-centred window; padding puts the smaller half before
+        diff = d.value - t.value
+        offset[a] = ex.const(diff // 2 if diff >= 0 else -((-diff) // 2))
+        shape[a] = t
+    zero = ex.const(0, x.dtype)
+    return [view(b, x, shape, lambda idx: guarded(x, [i + o for i, o in zip(idx, offset)], zero),
+                 x.names)]

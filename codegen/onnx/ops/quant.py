@@ -4,9 +4,9 @@ QLinearConv.
 Scales and zero points are per tensor (a scalar or a one-element vector), per axis (a vector
 along ``axis``) or blocked (opset 21: same rank as the input, ``block_size`` elements of
 ``axis`` share one entry); ``_param`` reads either kind at an element's index, so every op
-stays one comprehension. Integer outputs (u8, i8, u16, i16, i32) are supported; float8, int4
-and int2 tensors are not IR dtypes, so models using them are refused (at the graph boundary,
-or here when only ``output_dtype`` asks for one).
+stays one comprehension. Outputs may be 8/16-bit integers, the narrow integers (int4, int2)
+and the narrow floats (float8 variants, float4e2m1); narrow values are computed in f32 and
+converted by one cast at the end.
 
 Arithmetic follows the ONNX reference: quantize divides in the input's float type, rounds half
 to even, adds the zero point and saturates; dequantize subtracts in f32 and scales; the QLinear
@@ -21,7 +21,8 @@ from ...ir import dtypes as dt
 from ...ir import expr as ex
 from ..registry import op
 
-_QUANT_OUT = ("u8", "i8", "u16", "i16", "i32")
+_QUANT_OUT = ("u8", "i8", "u16", "i16", "i32", "u4", "i4", "u2", "i2", "f8e4m3fn", "f8e4m3fnuz",
+              "f8e5m2", "f8e5m2fnuz", "f4e2m1")
 
 
 def _param(v, rank: int, axis: int, block: int, idx):
@@ -39,14 +40,20 @@ def _axis(n, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
-def _saturate(q, zp, out: str):
-    """round(q) + zp, clipped to ``out``'s range and cast (q is already divided by the scale)."""
+def _saturate(q, zp, out: str, saturate: bool = True):
+    """Quantize ``q`` (already divided by the scale) to ``out``.
+
+    Integers: round half to even, add the zero point, clip to the range. Narrow floats: the
+    value itself (clipped to the finite range when ``saturate``), plus the zero point for fp4
+    as the reference does; float8 zero points are zero by definition.
+    """
     acc = "f64" if q.dtype == "f64" else "f32"
-    q = ex.cast(ex.unary("round", q), acc)
-    if zp is not None:
+    lo, hi = dt.finite_range(out)
+    q = ex.cast(ex.unary("round", q) if dt.is_int(out) else q, acc)
+    if zp is not None and (dt.is_int(out) or out == "f4e2m1"):
         q = q + ex.cast(zp, acc)
-    info = np.iinfo(dt.to_numpy(out))
-    q = ex.minimum(ex.maximum(q, ex.const(float(info.min), acc)), ex.const(float(info.max), acc))
+    if saturate or dt.is_int(out):
+        q = ex.minimum(ex.maximum(q, ex.const(lo, acc)), ex.const(hi, acc))
     return ex.cast(q, out)
 
 
@@ -77,7 +84,7 @@ def quantize_linear(b, n):
         s = ex.cast(_param(scale, x.rank, axis, block, idx), calc)
         q = ex.binary("div", ex.cast(x.at(idx), calc), s)
         z = _param(zp, x.rank, axis, block, idx) if zp is not None else None
-        return _saturate(q, z, out)
+        return _saturate(q, z, out, bool(n.attr("saturate", 1)))
 
     return [b.map(out, x.shape, fn, x.names)]
 
@@ -86,8 +93,8 @@ def quantize_linear(b, n):
 def dequantize_linear(b, n):
     from ..importer import onnx_dtype
     x, scale, zp = n.input(0), n.input(1), n.input(2)
-    if not dt.is_int(x.dtype):
-        raise n.fail(f"dequantizing {x.dtype} is not supported (integer inputs only)")
+    if not (dt.is_int(x.dtype) or dt.is_float(x.dtype)):
+        raise n.fail(f"dequantizing {x.dtype} is not supported")
     out = scale.dtype
     if n.attr("output_dtype", 0):
         out = onnx_dtype(n.attr("output_dtype"), f"{n!r} attribute 'output_dtype'")
@@ -96,7 +103,7 @@ def dequantize_linear(b, n):
 
     def fn(idx):
         d = ex.cast(x.at(idx), "f32")
-        if zp is not None:
+        if zp is not None and dt.is_int(x.dtype):  # float8/fp4 zero points are zero
             d = d - ex.cast(_param(zp, x.rank, axis, block, idx), "f32")
         return ex.cast(ex.cast(d, acc) * ex.cast(_param(scale, x.rank, axis, block, idx), acc), out)
 

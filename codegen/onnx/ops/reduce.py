@@ -40,8 +40,7 @@ def reduce_axes(b, n, rank: int) -> list[int] | None:
         axes = n.attr("axes")
         if not axes:
             return None
-    out = sorted({norm_axis(n, a, rank) for a in axes})
-    return out
+    return sorted({norm_axis(n, a, rank) for a in axes})
 
 
 def tmp(b, what: str) -> str:
@@ -84,6 +83,24 @@ def count(x, axes) -> ex.Expr:
     return ex.product([x.shape[i] for i in axes])
 
 
+def _insert_zeros(idx, axes, rank):
+    it = iter(idx)
+    return [ex.const(0) if a in axes else next(it) for a in range(rank)]
+
+
+def reduce_indexed(b, kind, x, axes, keep, fn, hint=None, dtype=None):
+    """Like reduce_over, but fn gets the full input index (to read other tensors too)."""
+    class _V:  # a stand-in whose at() hands fn the index instead of reading x
+        rank, shape, names = x.rank, x.shape, x.names
+        at = staticmethod(fn)
+    return reduce_over(b, kind, _V, axes, keep, dtype=dtype or x.dtype, hint=hint)
+
+
+def bcast_reduced(r, axes):
+    """Read a keepdims reduction result at a full input index."""
+    return lambda i: r.at([ex.const(0) if a in axes else j for a, j in enumerate(i)])
+
+
 # ---------------------------------------------------------------- Reduce*
 
 
@@ -100,8 +117,8 @@ def _log_sum_exp(b, x, axes, keep):
     m = reduce_over(b, "max", x, axes, True, hint=tmp(b, "max"))
     m0 = b.map(x.dtype, m.shape, lambda i: ex.select(
         ex.unary("isinf", m.at(i)), _c(0, x.dtype), m.at(i)), m.names, hint=tmp(b, "shift"))
-    shift = _bcast_reduced(m0, axes)
-    s = _reduce_indexed(b, "sum", x, axes, keep, lambda i: ex.unary("exp", x.at(i) - shift(i)),
+    shift = bcast_reduced(m0, axes)
+    s = reduce_indexed(b, "sum", x, axes, keep, lambda i: ex.unary("exp", x.at(i) - shift(i)),
                         hint=tmp(b, "sum"))
 
     def out(i):  # i indexes s; m0 has every reduced axis kept
@@ -111,29 +128,11 @@ def _log_sum_exp(b, x, axes, keep):
     return b.map(x.dtype, s.shape, out, s.names)
 
 
-def _insert_zeros(idx, axes, rank):
-    it = iter(idx)
-    return [ex.const(0) if a in axes else next(it) for a in range(rank)]
-
-
-def _reduce_indexed(b, kind, x, axes, keep, fn, hint=None):
-    """Like reduce_over, but fn gets the full input index (to read other tensors too)."""
-    class _V:  # a stand-in whose at() hands fn the index instead of reading x
-        rank, shape, names, dtype = x.rank, x.shape, x.names, x.dtype
-        at = staticmethod(fn)
-    return reduce_over(b, kind, _V, axes, keep, dtype=x.dtype, hint=hint)
-
-
-def _bcast_reduced(r, axes):
-    """Read a keepdims reduction result at a full input index."""
-    return lambda i: r.at([ex.const(0) if a in axes else j for a, j in enumerate(i)])
-
-
 def _sq(v):
     return v * v
 
 
-# name -> (reduction kind, pre, post(b, reduced value, x, axes))
+# name -> (reduction kind, pre(element), post(reduced value, x, axes) or None)
 _REDUCE = {
     "ReduceSum": ("sum", None, None),
     "ReduceMax": ("max", None, None),
@@ -193,8 +192,8 @@ def softmax(b, n):
     if x.rank == 0:
         raise n.fail("a scalar input")
     axes = _softmax_axes(n, x.rank)
-    m = _bcast_reduced(reduce_over(b, "max", x, axes, True, hint=tmp(b, "max")), axes)
-    s = _bcast_reduced(_reduce_indexed(b, "sum", x, axes, True,
+    m = bcast_reduced(reduce_over(b, "max", x, axes, True, hint=tmp(b, "max")), axes)
+    s = bcast_reduced(reduce_indexed(b, "sum", x, axes, True,
                                        lambda i: ex.unary("exp", x.at(i) - m(i)),
                                        hint=tmp(b, "sum")), axes)
     if n.op_type == "Softmax":
@@ -217,13 +216,14 @@ def hardmax(b, n):
     axes = _softmax_axes(n, x.rank)
     shape = [x.shape[a] for a in axes]
     if len(axes) == 1:
-        first = _bcast_reduced(reduce_over(b, "argmax", x, axes, True, dtype="i64",
+        first = bcast_reduced(reduce_over(b, "argmax", x, axes, True, dtype="i64",
                                            hint=tmp(b, "argmax")), axes)
     else:  # the first (row-major) position of the max over several axes
-        m = _bcast_reduced(reduce_over(b, "max", x, axes, True, hint=tmp(b, "max")), axes)
+        m = bcast_reduced(reduce_over(b, "max", x, axes, True, hint=tmp(b, "max")), axes)
         big = ex.product(shape)
-        first = _bcast_reduced(_reduce_indexed(b, "min", x, axes, True, lambda i: ex.select(
-            ex.binary("eq", x.at(i), m(i)), _flat([i[a] for a in axes], shape), big), hint=tmp(b, "first")), axes)
+        pos = lambda i: ex.select(ex.binary("eq", x.at(i), m(i)),  # noqa: E731
+                                  _flat([i[a] for a in axes], shape), big)
+        first = bcast_reduced(reduce_indexed(b, "min", x, axes, True, pos, tmp(b, "first")), axes)
     one, zero = _c(1, x.dtype), _c(0, x.dtype)
     return [b.map(x.dtype, x.shape, lambda i: ex.select(
         ex.binary("eq", ex.cast(first(i), "i64"), _flat([i[a] for a in axes], shape)), one, zero),

@@ -185,9 +185,10 @@ def unsqueeze(b, n):
     if axes is None:
         raise n.fail("axes is missing")
     rank = x.rank + len(axes)
-    axes = sorted({norm_axis(n, a, rank) for a in axes})
-    if len(axes) != len(set(axes)) or len(axes) + x.rank != rank:
+    normed = sorted({norm_axis(n, a, rank) for a in axes})
+    if len(normed) != len(axes):
         raise n.shape_error(f"repeated axes {axes}")
+    axes = normed
     keep = [i for i in range(rank) if i not in axes]
     shape, names = [ex.const(1)] * rank, [f"u{i}" for i in range(rank)]
     for k, s, nm in zip(keep, x.shape, x.names):
