@@ -37,9 +37,11 @@ class MlpackRep(BackendRep):
     def _graph_for(self, feeds: dict[str, np.ndarray]):
         if self.graph is not None:
             return self.graph
-        # the inputs that can decide a shape: integer/bool tensors and scalars of any type
+        # the inputs that can decide a shape: integer/bool tensors, scalars of any type and
+        # short float vectors (Resize's scales and roi)
         fixed = {k: v for k, v in feeds.items()
-                 if np.asarray(v).dtype.kind in "iub" or np.ndim(v) == 0}
+                 if np.asarray(v).dtype.kind in "iub" or np.ndim(v) == 0
+                 or (np.ndim(v) == 1 and np.size(v) <= 8)}
         key = b"".join(k.encode() + np.asarray(v).tobytes() + str(np.shape(v)).encode()
                        for k, v in sorted(fixed.items()))
         if key not in self._specialized:

@@ -110,6 +110,9 @@ class Builder:
         self._names: set[str] = set()
         self._counter = itertools.count()
         self.node: Node | None = None   # the node being imported, for messages
+        # import_subgraph(graph, inputs) -> outputs: import an ONNX subgraph (If/Loop/Scan
+        # bodies) with its inputs bound to the given Values; set by the importer
+        self.import_subgraph: Callable[[onnx.GraphProto, list[Value]], list[Value]] | None = None
 
     # -------------------------------------------------------------- names
     def fresh(self, hint: str = "t") -> str:

@@ -21,6 +21,7 @@ from ..errors import ModelError, UnsupportedOpError
 from ..ir import dtypes as dt
 from ..ir import expr as ex
 from ..ir.graph import Graph, Port, TensorType
+from ..passes.rename import rename_in_graph
 from . import ops as _ops  # noqa: F401  (registers the importers)
 from .builder import Builder, NeedsValue, Node, _ident
 from .registry import lookup
@@ -94,6 +95,8 @@ class _Importer:
         self.b = Builder(self.graph)
         self.env: dict[str, Value] = {}
         self._sym_counter = 0
+        self._scope_opsets = self.opsets   # the opsets of the nodes being imported
+        self.b.import_subgraph = self.import_subgraph
 
     # -------------------------------------------------------------- graph boundary
     def _input(self, vi: onnx.ValueInfoProto) -> None:
@@ -136,15 +139,25 @@ class _Importer:
         onnx_dtype(t.data_type, f"initializer {t.name!r}")
         self.env[t.name] = self.b.constant(np.asarray(data), name=t.name)
 
-    def _output(self, vi: onnx.ValueInfoProto) -> None:
-        v = self.env.get(vi.name)
-        if v is None:
-            raise ModelError(f"graph output {vi.name!r} is not produced by any node")
-        v = self.b.materialize(v, name=vi.name) if v.tensor != vi.name else v
-        if v.tensor != vi.name:
-            # the name is taken by an earlier tensor: copy under the output's name
-            v = self.b.materialize(self.b.map(v.dtype, v.shape, v.at, v.names, hint=vi.name), name=vi.name)
-        self.graph.outputs.append(Port(v.tensor, self._layout_of(v)))
+    def _outputs(self, outputs) -> None:
+        """Bind each graph output to a tensor of the output's own name.
+
+        An output that is a view, or a tensor already named otherwise, is copied into a
+        comprehension; if an intermediate tensor took the output's name, it is renamed.
+        """
+        renames: dict[str, str] = {}
+        for vi in outputs:
+            v = self.env.get(vi.name)
+            if v is None:
+                raise ModelError(f"graph output {vi.name!r} is not produced by any node")
+            if v.tensor != vi.name or vi.name in renames.values():
+                v = self.b.materialize(self.b.map(v.dtype, v.shape, v.at, v.names, hint=vi.name))
+                renames[v.tensor] = vi.name
+            self.graph.outputs.append(Port(v.tensor, self._layout_of(v)))
+        taken = {new for old, new in renames.items() if old != new and new in self.graph.types}
+        mapping = {name: self.b.fresh(name + ".t") for name in taken}
+        mapping.update({old: new for old, new in renames.items() if old != new})
+        rename_in_graph(self.graph, mapping)
 
     def _layout_of(self, v: Value) -> tuple[str, ...]:
         if v.tensor in self.graph.constants:
@@ -165,13 +178,42 @@ class _Importer:
         for sp in getattr(g, "sparse_initializer", []):
             raise UnsupportedOpError(None, detail=f"initializer {sp.values.name!r} is sparse")
         self.import_nodes(list(g.node), self.opsets)
-        for vi in g.output:
-            self._output(vi)
+        self._outputs(g.output)
         return self.graph
 
     def import_nodes(self, nodes: list[onnx.NodeProto], opsets: dict[str, int]) -> None:
-        for proto in nodes:
-            self.import_node(proto, opsets)
+        outer, self._scope_opsets = self._scope_opsets, opsets
+        try:
+            for proto in nodes:
+                self.import_node(proto, opsets)
+        finally:
+            self._scope_opsets = outer
+
+    def import_subgraph(self, graph: onnx.GraphProto, inputs: list[Value]) -> list[Value]:
+        """Import a subgraph (an If branch, a Loop or Scan body) with its formal inputs bound
+        to ``inputs``; returns the Values of its outputs.
+
+        The subgraph sees the enclosing scope (ONNX subgraphs may read outer values) through a
+        copy of the env that is dropped afterwards, so its names never leak out and importing
+        one body many times (unrolled iterations) never collides; IR tensor names are fresh.
+        """
+        if len(inputs) != len(graph.input):
+            raise ModelError(f"subgraph {graph.name!r} takes {len(graph.input)} inputs, "
+                             f"given {len(inputs)}")
+        saved, node = self.env, self.b.node
+        self.env = dict(saved)
+        try:
+            for vi, v in zip(graph.input, inputs):
+                self.env[vi.name] = v
+            for t in graph.initializer:
+                self._initializer(t)
+            self.import_nodes(list(graph.node), self._scope_opsets)
+            missing = [vi.name for vi in graph.output if vi.name not in self.env]
+            if missing:
+                raise ModelError(f"subgraph {graph.name!r} output {missing[0]!r} is not produced")
+            return [self.env[vi.name] for vi in graph.output]
+        finally:
+            self.env, self.b.node = saved, node
 
     def import_node(self, proto: onnx.NodeProto, opsets: dict[str, int]) -> None:
         domain = "" if proto.domain in ("", "ai.onnx") else proto.domain
@@ -268,7 +310,7 @@ class _Importer:
                         a2.name = a.name
                         n2.attribute.append(a2)
                 else:
-                    n2.attribute.append(a)
+                    n2.attribute.append(_rename_captured(a, lambda x: rename.get(x, f"{prefix}/{x}")))
             n2.name = f"{prefix}/{n.name or n.op_type}"
             nodes.append(n2)
         fn_opsets = dict(self.opsets)
@@ -276,6 +318,31 @@ class _Importer:
             fn_opsets["" if o.domain in ("", "ai.onnx") else o.domain] = o.version
         self.import_nodes(nodes, fn_opsets)
         return True
+
+
+def _rename_captured(a: onnx.AttributeProto, rename) -> onnx.AttributeProto:
+    """A copy of attribute ``a`` whose subgraphs read outer values under their new names
+    (a function body's values are renamed when it is expanded; its subgraphs must follow)."""
+    if not a.HasField("g") and not a.graphs:
+        return a
+    a2 = onnx.AttributeProto()
+    a2.CopyFrom(a)
+    for g in ([a2.g] if a2.HasField("g") else []) + list(a2.graphs):
+        _rename_outer_refs(g, rename, set())
+    return a2
+
+
+def _rename_outer_refs(g: onnx.GraphProto, rename, local: set[str]) -> None:
+    local = local | {v.name for v in g.input} | {t.name for t in g.initializer}
+    local |= {o for n in g.node for o in n.output}
+    for n in g.node:
+        n.input[:] = [rename(x) if x and x not in local else x for x in n.input]
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _rename_outer_refs(sub, rename, local)
+    for o in g.output:
+        if o.name not in local:
+            o.name = rename(o.name)
 
 
 def import_model(model: Any, specialize: dict[str, np.ndarray] | None = None) -> Graph:

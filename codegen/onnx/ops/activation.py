@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ...ir import dtypes as dt
 from ...ir import expr as ex
 from ..registry import op
@@ -170,7 +172,6 @@ def clip(b, n):
 
 
 def _scalar(v, dtype):
-    import numpy as np
     return np.asarray(v, dtype=dt.to_numpy(dtype))
 
 

@@ -35,10 +35,17 @@ def _out_hint(b, n, i: int, what: str) -> str:
     return names[i] if i < len(names) and names[i] else tmp(b, what)
 
 
+def _inv_count(n, dtype):
+    """1/n as a scalar of ``dtype`` (folded when the count is static)."""
+    if n.is_const and n.value:
+        return _c(1 / n.value, dtype)
+    return ex.binary("div", _c(1, dtype), ex.cast(n, dtype))
+
+
 def _mean(b, x, axes, dtype, hint, fn=None):
     """The mean over ``axes`` (keepdims) of fn(full index), default x itself, in ``dtype``."""
     fn = fn or (lambda i: ex.cast(x.at(i), dtype))
-    inv_n = ex.binary("div", _c(1, dtype), ex.cast(count(x, axes), dtype))
+    inv_n = _inv_count(count(x, axes), dtype)
     return reduce_indexed(b, "sum", x, axes, True, lambda i: fn(i) * inv_n, hint, dtype)
 
 
@@ -188,7 +195,7 @@ def group_norm(b, n):
         raise n.shape_error(f"{chans.value} channels do not split into {groups} groups")
     cpg = ex.floordiv(chans, groups)
     rshape = [cpg, *x.shape[2:]]
-    inv_n = ex.binary("div", _c(1, dtype), ex.cast(ex.product(rshape), dtype))
+    inv_n = _inv_count(ex.product(rshape), dtype)
 
     def xs(o, r):  # x at batch o[0], group o[1], channel r[0] of the group, position r[1:]
         return ex.cast(x.at([o[0], o[1] * cpg + r[0], *r[1:]]), dtype)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from ...ir import dtypes as dt
 from ...ir import expr as ex
+from ...ir.graph import For, Store, TensorType
 from ..registry import op
-from ..values import Value
+from ..values import Value, tensor_value
 from .conv import guarded, spatial_names, window
 from .linalg import tmp_hint
 
@@ -188,3 +189,45 @@ def global_lp_pool(b, n):
     names = ("n", "c") + spatial_names(x.rank - 2)
     return [_lp(b, n, lambda fn, hint: _global(b, n, "sum", fn, hint), x.dtype, n.attr("p"),
                 shape, names)]
+
+
+# ---------------------------------------------------------------- MaxUnpool
+
+
+@op("MaxUnpool")
+def max_unpool(b, n):
+    """Scatter x to the flat positions I names in a zero tensor: a procedure, since where each
+    value lands is data."""
+    x, ind, shape_in = n.inputs[0], n.inputs[1], n.input(2)
+    if shape_in is not None:
+        full = b.ints(shape_in, "output_shape")
+    else:
+        kernel = [int(v) for v in n.attr("kernel_shape")]
+        k = len(kernel)
+        strides = n.attr("strides", None) or [1] * k
+        pads = n.attr("pads", None) or [0] * (2 * k)
+        full = list(x.shape[:2]) + [ex.simplify_size((size - 1) * s + kk - pads[i] - pads[i + k])
+                                    for i, (size, s, kk) in enumerate(zip(x.shape[2:], strides, kernel))]
+    names = ("n", "c") + spatial_names(x.rank - 2)
+    name = b.fresh(n.output_names[0])
+    ty = TensorType(x.dtype, dict(zip(names, full)))
+
+    def loops(prefix, sizes, inner):
+        vs = [ex.var(f"{prefix}{i}") for i in range(len(sizes))]
+        body = inner(vs)
+        for i in reversed(range(len(sizes))):
+            body = [For(f"{prefix}{i}", sizes[i], body)]
+        return body
+
+    def scatter(vs):
+        # decompose the flat index into the output's named dims, row-major
+        flat = ex.cast(ind.at(vs), "i64")
+        index, rest = {}, flat
+        for d, size in reversed(list(zip(names, full))):
+            index[d] = rest % size
+            rest = rest // size
+        return [Store(name, index, x.at(vs))]
+
+    zero = loops("o", full, lambda vs: [Store(name, dict(zip(names, vs)), ex.const(0, x.dtype))])
+    b.procedure({name: ty}, zero + loops("i", list(x.shape), scatter))
+    return [tensor_value(name, x.dtype, list(zip(names, full)))]
