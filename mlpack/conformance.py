@@ -114,7 +114,8 @@ def run_suite(pattern: str | None = None, jobs: int | None = None) -> dict[str, 
     return dict(sorted(results.items()))
 
 
-def report(results, verbose: bool = False, out=sys.stdout) -> None:
+def report(results, verbose: bool = False, out=None) -> None:
+    out = out or sys.stdout
     per_op = collections.defaultdict(lambda: [0, 0])
     for name, (op, verdict, detail) in results.items():
         per_op[op][0 if verdict == "pass" else 1] += 1

@@ -18,3 +18,40 @@ class InputError(Error):
 
 class FormatError(Error):
     """A container or file is malformed, truncated, tampered with or of a newer major version."""
+
+
+# ---- container format errors (spec/container.py); the conformance corpus names these classes
+
+
+class NotAContainerError(FormatError):
+    """The file is empty or is not a tar archive at all."""
+
+
+class TarError(FormatError):
+    """The tar structure is broken or unsafe: bad header checksum, bad field, duplicate member,
+    ``..`` or absolute member name, link/device member, missing end-of-archive marker."""
+
+
+class TruncatedError(TarError):
+    """The file ends before a member's data or the end-of-archive marker."""
+
+
+class MissingBlobError(FormatError):
+    """A required member (``oci-layout``, ``index.json``) or a referenced blob is not in the tar."""
+
+
+class DigestError(FormatError):
+    """A blob's bytes do not match its descriptor: wrong sha256, or a size other than declared."""
+
+
+class VersionError(FormatError):
+    """The container's format major version is newer than this reader understands."""
+
+
+class MediaTypeError(FormatError):
+    """A document or descriptor has a media type other than the one the format requires."""
+
+
+class ManifestError(FormatError):
+    """A JSON document (index, manifest, config) is malformed or lacks a required field, or the
+    container holds no artifact."""

@@ -81,6 +81,20 @@ class Expr:
         return format_expr(self)
 
 
+def result_dtype(op: str, arg_dtypes: list[str]) -> str:
+    """The dtype an op gives for operands of the given dtypes (casts name theirs explicitly)."""
+    n = len(arg_dtypes)
+    if op in UNARY and n == 1:
+        return "bool" if op in UNARY_PREDICATES else arg_dtypes[0]
+    if op in BINARY and n == 2:
+        if op in COMPARISONS or op in LOGICAL:
+            return "bool"
+        return dt.promote(*arg_dtypes)
+    if op == "select" and n == 3:
+        return dt.promote(arg_dtypes[1], arg_dtypes[2])
+    raise ValueError(f"unknown operation {op!r} with {n} operand(s)")
+
+
 # ---------------------------------------------------------------- leaves
 
 

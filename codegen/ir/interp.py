@@ -384,7 +384,8 @@ class _Procedure:
         self.exec(op.body)
         for name, ty in op.results.items():
             shape = tuple(index_value(ty.dims[d], self.syms) for d in ty.dims)
-            self.tensors.data[name] = np.ascontiguousarray(self.tensors.data[name][tuple(slice(0, n) for n in shape)])
+            trimmed = self.tensors.data[name][tuple(slice(0, n) for n in shape)]
+            self.tensors.data[name] = np.ascontiguousarray(trimmed).reshape(trimmed.shape)
         for name in op.locals_:
             del self.tensors.data[name]
 

@@ -13,7 +13,7 @@ import re
 import numpy as np
 
 from . import dtypes as dt
-from .expr import BINARY, COMPARISONS, LOGICAL, UNARY, UNARY_PREDICATES, Expr
+from .expr import BINARY, UNARY, Expr, result_dtype
 from .graph import (REDUCTIONS, Comprehension, Constant, For, Graph, If, Let, Port, Procedure,
                     SetSize, Store, TensorType, While)
 from ..errors import IRParseError
@@ -224,18 +224,12 @@ class _Parser:
         return args
 
     def call(self, op: str, args: list[Expr], at: int) -> Expr:
-        if op in UNARY:
-            (x,) = self._arity(args, 1, op, at)
-            return Expr(op, (x,), None, "bool" if op in UNARY_PREDICATES else x.dtype)
-        if op in BINARY:
-            a, b = self._arity(args, 2, op, at)
-            out = "bool" if op in COMPARISONS or op in LOGICAL else dt.promote(a.dtype, b.dtype)
-            return Expr(op, (a, b), None, out)
-        if op == "select":
-            c, a, b = self._arity(args, 3, op, at)
-            return Expr("select", (c, a, b), None, dt.promote(a.dtype, b.dtype))
-        self.t.i = at
-        raise self.t.error(f"unknown operation {op!r}")
+        arity = 1 if op in UNARY else 2 if op in BINARY else 3 if op == "select" else None
+        if arity is None:
+            self.t.i = at
+            raise self.t.error(f"unknown operation {op!r}")
+        args = self._arity(args, arity, op, at)
+        return Expr(op, tuple(args), None, result_dtype(op, [a.dtype for a in args]))
 
     def read(self) -> Expr:
         name = self.tensor_name()

@@ -114,8 +114,16 @@ def _attr(node: onnx.NodeProto, key: str, default):
     return default
 
 
+def _normal(rng, shape, std: float) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+
+
+def _uniform(rng, shape, low: float, high: float) -> np.ndarray:
+    return rng.random(shape, dtype=np.float32) * np.float32(high - low) + np.float32(low)
+
+
 def _he_normal(rng, shape, fan_in: int) -> np.ndarray:
-    return rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
+    return _normal(rng, shape, np.sqrt(2.0 / fan_in))
 
 
 def _random_weight(rng, shape: tuple[int, ...], node: onnx.NodeProto, i: int) -> np.ndarray:
@@ -124,14 +132,15 @@ def _random_weight(rng, shape: tuple[int, ...], node: onnx.NodeProto, i: int) ->
     if role == ("Conv", 1):
         return _he_normal(rng, shape, int(np.prod(shape[1:])))
     if role == ("Gemm", 1):
-        fan_in = int(np.prod(shape[1:])) if _attr(node, "transB", 0) else shape[0]
+        # B is (N, K) with transB, else (K, N); a weight reshaped on the way may have more dims
+        fan_in = shape[-1] if _attr(node, "transB", 0) else int(np.prod(shape)) // shape[-1]
         return _he_normal(rng, shape, fan_in)
     if role in (("BatchNormalization", 1), ("BatchNormalization", 4)) or node.op_type == "Mul":
-        return rng.uniform(0.5, 1.5, shape)   # scale, variance, or an explicit scale layer
+        return _uniform(rng, shape, 0.5, 1.5)  # scale, variance, or an explicit scale layer
     if role in (("Conv", 2), ("Gemm", 2), ("BatchNormalization", 2), ("BatchNormalization", 3)):
-        return rng.normal(0.0, 0.1, shape)    # bias, or mean
+        return _normal(rng, shape, 0.1)        # bias, or mean
     if node.op_type == "Add":
-        return rng.normal(0.0, 0.1, shape)    # an explicit bias layer
+        return _normal(rng, shape, 0.1)        # an explicit bias layer
     raise ValueError(f"no rule for a weight feeding input {i} of {node.op_type} {node.name!r}")
 
 
@@ -207,7 +216,9 @@ class _NodeRunner:
             [onnx.helper.make_empty_tensor_value_info(o) for o in one.output])
         m = onnx.helper.make_model(graph, opset_imports=self.model.opset_import,
                                    ir_version=self.model.ir_version)
-        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()  # one thread: hundreds of sessions, no thread pools
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        return ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def calibrate_batchnorm(model: onnx.ModelProto, seed: int) -> None:
@@ -241,8 +252,8 @@ def calibrate_batchnorm(model: onnx.ModelProto, seed: int) -> None:
 
 def _bn_stats(node: onnx.NodeProto, x: np.ndarray, rng) -> dict[str, np.ndarray]:
     """Running mean and variance for a BatchNorm that sees ``x``: its statistics, perturbed."""
-    axes = (0,) + tuple(range(2, x.ndim))
-    mean, var = x.mean(axis=axes, dtype=np.float64), x.var(axis=axes, dtype=np.float64)
+    per_channel = np.moveaxis(x, 1, 0).reshape(x.shape[1], -1).astype(np.float64)
+    mean, var = per_channel.mean(axis=1), per_channel.var(axis=1)
     mean = mean + rng.normal(0.0, 0.1, mean.shape) * np.sqrt(var)
     var = var * rng.uniform(0.5, 1.5, var.shape)
     return {node.input[3]: _round_sig(mean, 4), node.input[4]: _round_sig(var, 4)}

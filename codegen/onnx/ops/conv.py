@@ -186,7 +186,8 @@ def _transpose_geometry(n, in_sizes, kernel, strides, dilations):
     full = [s * (i - 1) + op_ + (kk - 1) * d + 1
             for i, s, op_, kk, d in zip(in_sizes, strides, out_pad, kernel, dilations)]
     if pads is None and auto_pad in ("SAME_UPPER", "SAME_LOWER") or (pads is None and out_shape):
-        outs = [ex.as_expr(o) for o in out_shape] if out_shape else [i * s for i, s in zip(in_sizes, strides)]
+        outs = ([ex.as_expr(o) for o in out_shape] if out_shape
+                else [i * s for i, s in zip(in_sizes, strides)])
         begins = []
         for f, o in zip(full, outs):
             total = f - o
@@ -235,5 +236,115 @@ def conv_transpose(b, n):
     if group > 1:
         inner = out
         out = view(inner, (x.shape[0], mg * group, *outs),
+                   lambda i: inner.at([i[0], i[1] // mg, i[1] % mg] + list(i[2:])), ("n", "co") + sp)
+    return [add_bias(b, out, bias)]
+
+
+# ---------------------------------------------------------------- CausalConvWithState
+
+
+@op("CausalConvWithState")
+def causal_conv_with_state(b, n):
+    """Depthwise causal 1-D conv over [past_state, input]; the last k-1 positions are the new
+    state. The concatenation is one small tensor, so the conv stays a product of reads."""
+    x, w, bias, past = n.inputs[0], n.inputs[1], n.input(2), n.input(3)
+    act = n.attr("activation", "none") or "none"
+    if act not in ("none", "silu", "swish"):
+        raise n.fail(f"activation={act!r} is not supported")
+    if x.rank != 3 or w.rank != 3:
+        raise n.shape_error("input and weight must be rank 3")
+    k = _static(n, w.shape[2], "the kernel length")
+    bsz, ch, length = x.shape
+    names = ("n", "c", "t")
+    read_x = guarded(b, x, 0)
+    read_p = guarded(b, past, 0) if past is not None else None
+
+    def concat(i):
+        # guarded reads give 0 outside each part, so the sum is the concatenation
+        v = read_x([i[0], i[1], i[2] - (k - 1)])
+        return v if read_p is None else read_p(i) + v
+
+    padded = b.map(x.dtype, (bsz, ch, length + (k - 1)), concat, names, tmp_hint(n, "padded"))
+    conv = b.reduce("sum", x.dtype, (bsz, ch, length), (k,),
+                    lambda o, r: padded.at([o[0], o[1], o[2] + r[0]]) * w.at([o[1], ex.const(0), r[0]]),
+                    names, ("kt",), tmp_hint(n, "conv"))
+
+    def finish(i):
+        v = conv.at(i)
+        if bias is not None:
+            v = v + ex.cast(bias.at([i[1]]), x.dtype)
+        if act == "none":
+            return v
+        f = ex.cast(v, "f32")  # the activation runs in f32, as the reference does for f16
+        return ex.cast(f * ex.unary("sigmoid", f), x.dtype)
+
+    out = b.map(x.dtype, (bsz, ch, length), finish, names)
+    state = view(padded, (bsz, ch, ex.const(k - 1)),
+                 lambda i: padded.at([i[0], i[1], i[2] + length]), names)
+    return [out, state]
+
+
+# ---------------------------------------------------------------- DeformConv
+
+
+@op("DeformConv")
+def deform_conv(b, n):
+    """Conv whose taps sit at learned fractional offsets: the taps are sampled bilinearly
+    (zero outside) into a column tensor cols[n, ci, k..., o...], then contracted with w."""
+    x, w, offset, bias, mask = (n.inputs[0], n.inputs[1], n.inputs[2], n.input(3), n.input(4))
+    k = x.rank - 2
+    kernel = _kernel_shape(n, w)
+    _, begins, _, strides, dilations, _ = window(n, x.shape[2:], kernel)
+    group, ogroups = int(n.attr("group")), int(n.attr("offset_group"))
+    outs = list(offset.shape[2:])
+    cig_off = ex.simplify_size(x.shape[1] // ogroups)
+    read_x = guarded(b, x, 0)
+    sp = spatial_names(k)
+    kn = tuple("k" + s for s in sp)
+    dtype = x.dtype
+
+    def sample(i):
+        nn, ci, kidx, o = i[0], i[1], i[2:2 + k], i[2 + k:]
+        og = ci // cig_off
+        kflat = og
+        for kk, size in zip(kidx, kernel):
+            kflat = kflat * size + kk
+        pos, floors = [], []
+        for d in range(k):
+            base = o[d] * strides[d] - begins[d] + kidx[d] * dilations[d]
+            p = ex.cast(base, dtype) + offset.at([nn, kflat * k + d] + list(o))
+            pos.append(p)
+            floors.append(ex.unary("floor", p))
+        total = None
+        for corner in range(1 << k):
+            bits = [(corner >> (k - 1 - d)) & 1 for d in range(k)]
+            idx = [ex.cast(f, "i64") + c for f, c in zip(floors, bits)]
+            term = read_x([nn, ci] + idx)
+            for p, f, c in zip(pos, floors, bits):
+                term = term * (ex.const(1.0, dtype) - ex.unary("abs", p - (f + ex.const(float(c), dtype))))
+            total = term if total is None else total + term
+        if mask is not None:
+            total = total * mask.at([nn, kflat] + list(o))
+        return total
+
+    cols = b.map(dtype, (x.shape[0], x.shape[1], *kernel, *outs), sample, ("n", "ci") + kn + sp,
+                 tmp_hint(n, "cols"))
+    cig = w.shape[1]
+    mg = ex.simplify_size(w.shape[0] // group) if group > 1 else w.shape[0]
+
+    def body(o, r):
+        g, co = (o[1], o[2]) if group > 1 else (None, o[1])
+        ci = r[0] if g is None else g * cig + r[0]
+        cw = co if g is None else g * mg + co
+        return cols.at([o[0], ci] + list(r[1:]) + list(o[-k:])) * w.at([cw, r[0]] + list(r[1:]))
+
+    chan = (ex.const(group), mg) if group > 1 else (w.shape[0],)
+    cnames = ("g", "co") if group > 1 else ("co",)
+    out = b.reduce("sum", dtype, (x.shape[0],) + chan + tuple(outs), (cig, *kernel), body,
+                   ("n",) + cnames + sp, ("ci",) + kn,
+                   None if group == 1 and bias is None else tmp_hint(n, "conv"))
+    if group > 1:
+        inner = out
+        out = view(inner, (x.shape[0], w.shape[0], *outs),
                    lambda i: inner.at([i[0], i[1] // mg, i[1] % mg] + list(i[2:])), ("n", "co") + sp)
     return [add_bias(b, out, bias)]

@@ -199,15 +199,14 @@ def max_unpool(b, n):
     """Scatter x to the flat positions I names in a zero tensor: a procedure, since where each
     value lands is data."""
     x, ind, shape_in = n.inputs[0], n.inputs[1], n.input(2)
-    if shape_in is not None:
-        full = b.ints(shape_in, "output_shape")
-    else:
-        kernel = [int(v) for v in n.attr("kernel_shape")]
-        k = len(kernel)
-        strides = n.attr("strides", None) or [1] * k
-        pads = n.attr("pads", None) or [0] * (2 * k)
-        full = list(x.shape[:2]) + [ex.simplify_size((size - 1) * s + kk - pads[i] - pads[i + k])
+    kernel = [int(v) for v in n.attr("kernel_shape")]
+    k = len(kernel)
+    strides = n.attr("strides", None) or [1] * k
+    pads = n.attr("pads", None) or [0] * (2 * k)
+    # the indices are flat in the shape the pooling input had; output_shape may only add room
+    inferred = list(x.shape[:2]) + [ex.simplify_size((size - 1) * s + kk - pads[i] - pads[i + k])
                                     for i, (size, s, kk) in enumerate(zip(x.shape[2:], strides, kernel))]
+    full = b.ints(shape_in, "output_shape") if shape_in is not None else inferred
     names = ("n", "c") + spatial_names(x.rank - 2)
     name = b.fresh(n.output_names[0])
     ty = TensorType(x.dtype, dict(zip(names, full)))
@@ -223,7 +222,7 @@ def max_unpool(b, n):
         # decompose the flat index into the output's named dims, row-major
         flat = ex.cast(ind.at(vs), "i64")
         index, rest = {}, flat
-        for d, size in reversed(list(zip(names, full))):
+        for d, size in reversed(list(zip(names, inferred))):
             index[d] = rest % size
             rest = rest // size
         return [Store(name, index, x.at(vs))]

@@ -138,17 +138,22 @@ def dynamic_quantize_linear(b, n):
     return [y, scale, zp]
 
 
+def _scalar(v):
+    """A per-tensor parameter (a scalar or a one-element vector)."""
+    return v.at([ex.const(0)] * v.rank)
+
+
 def _centered(v, zp_expr):
     """``v - zp`` in i32, the accumulator type of the QLinear ops."""
     d = ex.cast(v, "i32")
     return d - ex.cast(zp_expr, "i32") if zp_expr is not None else d
 
 
-def _requant_scale(b, n, sa, sb, sy, sa_idx, sb_idx):
-    """a_scale * b_scale / y_scale in f32 (the scales may be f16)."""
-    f = "f32"
-    return ex.binary("div", ex.cast(sa_idx(sa), f) * ex.cast(sb_idx(sb), f), ex.cast(
-        sy.at([ex.const(0)] * sy.rank), f))
+def _requant_scale(sa, sb, sy):
+    """a_scale * b_scale / y_scale, computed in the scales' own type as the reference does,
+    then widened to f64 for the product with the i32 accumulator."""
+    f = dt.promote(dt.promote(sa.dtype, sb.dtype), sy.dtype)
+    return ex.cast(ex.binary("div", ex.cast(sa, f) * ex.cast(sb, f), ex.cast(sy, f)), "f64")
 
 
 @op("QLinearMatMul")
@@ -158,7 +163,7 @@ def qlinear_matmul(b, n):
         raise n.fail("QLinearMatMul of vectors (rank 1) is not supported")
     out = zy.dtype if zy is not None else a.dtype
     m, k, nn = a.shape[-2], a.shape[-1], w.shape[-1]
-    ba = type(b).broadcast_shape(n, _Shape(a.shape[:-2]), _Shape(w.shape[:-2]))
+    ba = b.broadcast_shape(n, _Shape(a.shape[:-2]), _Shape(w.shape[:-2]))
     rank = len(ba)
 
     def row(v, i):  # a per-row (M) or per-tensor parameter
@@ -178,9 +183,9 @@ def qlinear_matmul(b, n):
 
     def fn(idx):
         i, j = idx[rank], idx[rank + 1]
-        s = _requant_scale(b, n, sa, sw, sy, lambda v: row(v, i), lambda v: col(v, j))
-        z = zy.at([ex.const(0)] * zy.rank) if zy is not None else None
-        return _saturate(ex.cast(c.at(idx), "f32") * s, z, out)
+        s = _requant_scale(row(sa, i), col(sw, j), _scalar(sy))
+        z = _scalar(zy) if zy is not None else None
+        return _saturate(ex.cast(c.at(idx), "f64") * s, z, out)
 
     return [b.map(out, c.shape, fn, names)]
 
@@ -221,7 +226,7 @@ def qlinear_conv(b, n):
     m = w.shape[0]
     m_g = ex.floordiv(m, group)
     out = zy.dtype if zy is not None else x.dtype
-    zxe = zx.at([ex.const(0)] * zx.rank) if zx is not None else None
+    zxe = _scalar(zx) if zx is not None else None
     x = b.materialize(x)  # so that the guarded read below is a plain read
 
     def acc(o, r):
@@ -248,10 +253,9 @@ def qlinear_conv(b, n):
         v = accv.at(idx)
         if bias is not None:
             v = v + ex.cast(bias.at([idx[1]]), "i32")
-        s = _requant_scale(b, n, sx, sw, sy, lambda v_: v_.at([ex.const(0)] * v_.rank),
-                           lambda v_: _param(v_, 1, 0, 0, [idx[1]]))
-        z = zy.at([ex.const(0)] * zy.rank) if zy is not None else None
-        return _saturate(ex.cast(v, "f32") * s, z, out)
+        s = _requant_scale(_scalar(sx), _param(sw, 1, 0, 0, [idx[1]]), _scalar(sy))
+        z = _scalar(zy) if zy is not None else None
+        return _saturate(ex.cast(v, "f64") * s, z, out)
 
     return [b.map(out, accv.shape, fn, names)]
 

@@ -185,7 +185,7 @@ def _gru_step(cell, s, h):
             rh = cell.b.map(cell.f, (cell.B, cell.H), lambda idx: gate(
                 1, idx[0], idx[1], cell.when(s, idx[0])[0]) * h(idx[0], idx[1]), ("b", "h"),
                 hint=f"gru_rh{cell.d}_{s}")
-            hrh = cell.product(_reader(rh), 0, cell.H, s, "hrh")
+            hrh = cell.product(_reader(rh), ex.const(2) * cell.H, cell.H, s, "hrh")
 
         def cand(bb, j, t):
             v = cell.pre(2, bb, j, t, None)
@@ -221,8 +221,8 @@ def _lstm_step(cell, s, h, c):
         return f(cell.clipped(v))
 
     def new_c(bb, j, t):
-        fg = gate(2, 2, bb, j, t, cp(bb, j))
-        ig = one - fg if coupled else gate(0, 0, bb, j, t, cp(bb, j))
+        ig = gate(0, 0, bb, j, t, cp(bb, j))
+        fg = one - ig if coupled else gate(2, 2, bb, j, t, cp(bb, j))  # coupled as onnxruntime
         cand = g(cell.clipped(cell.pre(3, bb, j, t, hr)))
         return fg * cp(bb, j) + ig * cand
 

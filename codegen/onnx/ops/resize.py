@@ -220,8 +220,10 @@ def resize(b, n, x, scales, sizes, roi, axes):
             idx, w = idx[np.arange(len(idx)), np.argmax(w, axis=1)][:, None], None
         tname = f"{names[a]}_{n.output_names[0]}"
         tables[a] = (b.constant(idx, name=f"{tname}_src"),
-                     None if w is None else b.constant(w.astype(dt.to_numpy(x.dtype)), name=f"{tname}_w"),
-                     None if outside is None or not outside.any() else b.constant(outside, name=f"{tname}_out"))
+                     None if w is None else
+                     b.constant(w.astype(dt.to_numpy(x.dtype)), name=f"{tname}_w"),
+                     None if outside is None or not outside.any() else
+                     b.constant(outside, name=f"{tname}_out"))
     taps = [a for a in tables if tables[a][1] is not None]
     masks = [a for a in tables if tables[a][2] is not None]
 

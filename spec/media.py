@@ -1,0 +1,70 @@
+"""The container's vocabulary: format version, media types, annotation keys, devices, precisions.
+
+Every string that appears in a container and that a reader matches on lives here, once, so the
+writer (packager), the readers (Python runtime, C engine) and spec/SPEC.md cannot drift apart.
+Media types follow OCI (https://github.com/opencontainers/image-spec): ``application/vnd.oci.*``
+for the layout's own documents, ``application/vnd.mlpack.*`` for what only mlpack understands.
+A reader ignores layer media types it does not know (OCI's rule), so a later minor version can add
+layers (a new code format, say) without breaking older runtimes.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- versions
+
+FORMAT_VERSION = (1, 0)  # the container format this module writes and reads (reads any 1.x)
+FORMAT_VERSION_STR = f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}"
+OCI_LAYOUT_VERSION = "1.0.0"  # the `oci-layout` file's imageLayoutVersion
+MIN_RUNTIME = "0.1.0"  # default for the config's `min_runtime`
+
+# ---------------------------------------------------------------- OCI media types
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+# ---------------------------------------------------------------- mlpack media types
+
+ARTIFACT_TYPE = "application/vnd.mlpack.artifact.v1"  # every manifest's artifactType
+CONFIG = "application/vnd.mlpack.config.v1+json"  # the config blob (signature, precision, plan)
+
+PROGRAM_PORTABLE = "application/vnd.mlpack.program.portable.v1+json"  # spec/ir/program.py
+CODE_ELF = "application/vnd.mlpack.code.elf.v1"  # a position-independent ELF shared object
+CODE_PTX = "application/vnd.mlpack.code.ptx.v1"  # PTX text, JIT-compiled by the CUDA driver
+CODE_CUBIN = "application/vnd.mlpack.code.cubin.v1"  # a cubin for one exact SM (optional)
+CODE_MEDIA_TYPES = (PROGRAM_PORTABLE, CODE_ELF, CODE_PTX, CODE_CUBIN)
+
+WEIGHTS = "application/vnd.mlpack.weights.v1"  # a tensor archive (spec/tensorfile.py)
+TESTVECTORS = "application/vnd.mlpack.testvectors.v1"  # a tensor archive of inputs and outputs
+
+# ---------------------------------------------------------------- annotation keys
+
+REF_NAME = "org.opencontainers.image.ref.name"  # the tag on index.json's single entry
+ANN_FORMAT_VERSION = "org.mlpack.format.version"  # on index.json and on the nested index
+ANN_MODEL_NAME = "org.mlpack.model.name"  # on the nested index
+
+# on each manifest descriptor of the nested index: what selection needs without reading configs
+ANN_DEVICE = "org.mlpack.device"  # cpu | cuda | portable
+ANN_PRECISION = "org.mlpack.precision"  # fp32 | fp16 | bf16 | int8
+ANN_CPU_FEATURES = "org.mlpack.cpu.features"  # comma-separated, e.g. "avx2,fma"
+ANN_CUDA_SM = "org.mlpack.cuda.sm"  # minimum compute capability as digits, e.g. "80"
+ANN_MAX_ABS_ERROR = "org.mlpack.accuracy.max_abs_error"  # vs. the fp32 reference, a JSON number
+ANN_MIN_RUNTIME = "org.mlpack.min_runtime"  # oldest runtime version that runs it, e.g. "0.1.0"
+
+# ---------------------------------------------------------------- vocabulary
+
+DEVICES = ("cpu", "cuda", "portable")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+
+# OCI platforms for the targets the compiler emits; the portable artifact has none (runs anywhere)
+PLATFORMS = {
+    "x86_64-v2": {"os": "linux", "architecture": "amd64", "variant": "v2"},
+    "x86_64-v3": {"os": "linux", "architecture": "amd64", "variant": "v3"},
+    "x86_64-v4": {"os": "linux", "architecture": "amd64", "variant": "v4"},
+    "aarch64": {"os": "linux", "architecture": "arm64", "variant": "v8"},
+}
+
+
+def platform_for(target: str) -> dict | None:
+    """The OCI platform object for a compiler target name; None where none applies (portable)."""
+    p = PLATFORMS.get(target)
+    return dict(p) if p else None
