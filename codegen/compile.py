@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import debug
-from .ir.graph import Graph
+from ..spec.ir.graph import Graph
 from .onnx.importer import import_model
 from .passes.pipeline import run_pipeline
 

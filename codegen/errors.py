@@ -1,6 +1,6 @@
 """Errors raised by the compiler: bad models, unsupported ops, malformed IR."""
 
-from ..spec.errors import Error
+from ..spec.errors import Error, InterpError, IRParseError, VerifyError  # noqa: F401 (raised by the IR)
 
 
 class ModelError(Error):
@@ -28,17 +28,6 @@ class UnsupportedOpError(Error):
         super().__init__(msg)
 
 
-class IRParseError(Error):
-    """The IR text form does not parse (names the line and column)."""
-
-
-class VerifyError(Error):
-    """A graph breaks an IR invariant (names the op and what is wrong)."""
-
-
 class ShapeError(Error):
     """Shapes do not agree (names the node, input and dimension)."""
 
-
-class InterpError(Error):
-    """The reference interpreter met a value it cannot evaluate (out-of-range read, bad size)."""

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from .codegen.compile import compile_onnx
-from .codegen.ir.interp import run_graph
+from .spec.ir.interp import run_graph
 from .codegen.onnx.builder import NeedsValue
 from .codegen.onnx.importer import load_model
 

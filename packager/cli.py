@@ -113,7 +113,7 @@ def _existing(path: Path, what: str = "model") -> Path:
 
 def format_port(graph, port) -> str:
     """``x: f32[batch=$batch, d1=784]``: a graph input/output with its dims in layout order."""
-    from ..codegen.ir.printer import format_expr
+    from ..spec.ir.printer import format_expr
 
     ty = graph.types[port.name]
     dims = ", ".join(f"{d}={format_expr(ty.dims[d])}" for d in port.layout)
@@ -130,7 +130,7 @@ def _bytes(n: int) -> str:
 
 def summary(model, graph, path: str = "") -> list[str]:
     """The lines ``mlpack import`` prints about a compiled model."""
-    from ..codegen.ir.graph import Comprehension, Procedure
+    from ..spec.ir.graph import Comprehension, Procedure
 
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
     comps = sum(isinstance(op, Comprehension) for op in graph.ops)
@@ -158,7 +158,7 @@ def import_(
 ) -> None:
     """Import and compile an ONNX model; print a summary of its IR."""
     from ..codegen.compile import compile_onnx
-    from ..codegen.ir.printer import format_graph
+    from ..spec.ir.printer import format_graph
     from ..codegen.onnx.importer import load_model
 
     proto = load_model(_existing(model))

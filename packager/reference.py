@@ -2,7 +2,7 @@
 
 ``run_reference(model, {name: array})`` compiles the model (specializing integer inputs when an
 op needs their values at compile time, as ``mlpack.backend`` does) and evaluates the IR graph
-with ``codegen.ir.interp.run_graph``. Wrong names, ranks and dtypes are ``InputError``s naming
+with ``spec.ir.interp.run_graph``. Wrong names, ranks and dtypes are ``InputError``s naming
 the input, before anything runs.
 """
 
@@ -31,7 +31,7 @@ def _signature(model) -> dict[str, tuple[str, int]]:
 
 def check_inputs(model, feeds: dict[str, np.ndarray]) -> None:
     """Raise InputError unless ``feeds`` gives each graph input once, with its dtype and rank."""
-    from ..codegen.ir import dtypes as dt
+    from ..spec.ir import dtypes as dt
 
     sig = _signature(model)
     unknown = sorted(set(feeds) - set(sig))

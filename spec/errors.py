@@ -55,3 +55,15 @@ class MediaTypeError(FormatError):
 class ManifestError(FormatError):
     """A JSON document (index, manifest, config) is malformed or lacks a required field, or the
     container holds no artifact."""
+
+
+class IRParseError(Error):
+    """The IR text form does not parse (names the line and column)."""
+
+
+class VerifyError(Error):
+    """A graph breaks an IR invariant (names the op and what is wrong)."""
+
+
+class InterpError(Error):
+    """The reference interpreter met a value it cannot evaluate (out-of-range read, bad size)."""

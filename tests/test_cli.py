@@ -41,7 +41,7 @@ def test_import_prints_summary_with_symbolic_dims(tiny_model_path):
 
 
 def test_import_print_ir_and_ir_file(tiny_model_path, tmp_path):
-    from mlpack.codegen.ir import parse_graph
+    from mlpack.spec.ir import parse_graph
 
     ir_file = tmp_path / "tiny.ir"
     result = invoke("import", tiny_model_path, "--print-ir", "--ir", ir_file)

@@ -20,10 +20,10 @@ import numpy as np
 import onnx
 
 from ..errors import ModelError, ShapeError, UnsupportedOpError
-from ..ir import dtypes as dt
-from ..ir import expr as ex
-from ..ir.expr import Expr
-from ..ir.graph import Comprehension, Constant, Graph, Port, Procedure, TensorType
+from ...spec.ir import dtypes as dt
+from ...spec.ir import expr as ex
+from ...spec.ir.expr import Expr
+from ...spec.ir.graph import Comprehension, Constant, Graph, Port, Procedure, TensorType
 from .values import Value, tensor_value
 
 KNOWN_LIMIT = 64          # fold integer tensors up to this many elements into known values
@@ -237,7 +237,7 @@ class Builder:
         for n in ex.walk(op.body):
             if n.op == "sym" or (n.op == "read" and n.arg[0] not in self.graph.constants):
                 return v
-        from ..ir.interp import run_graph
+        from ...spec.ir.interp import run_graph
         g = Graph("fold", constants={k: c for k, c in self.graph.constants.items()
                                      if any(r.op == "read" and r.arg[0] == k for r in ex.walk(op.body))},
                   ops=[op], types=dict(self.graph.types))

@@ -18,9 +18,9 @@ from onnx import numpy_helper
 
 from ...spec.errors import Error
 from ..errors import ModelError, UnsupportedOpError
-from ..ir import dtypes as dt
-from ..ir import expr as ex
-from ..ir.graph import Graph, Port, TensorType
+from ...spec.ir import dtypes as dt
+from ...spec.ir import expr as ex
+from ...spec.ir.graph import Graph, Port, TensorType
 from ..passes.rename import rename_in_graph
 from . import ops as _ops  # noqa: F401  (registers the importers)
 from .builder import Builder, NeedsValue, Node, _ident

@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..ir import expr as ex
-from ..ir.expr import Expr
+from ...spec.ir import expr as ex
+from ...spec.ir.expr import Expr
 
 
 @dataclass

@@ -6,8 +6,8 @@ earlier duplicates have been merged, so chains of duplicates collapse in one swe
 
 from __future__ import annotations
 
-from ..ir.expr import rename_tensors
-from ..ir.graph import Comprehension, Graph, Port
+from ...spec.ir.expr import rename_tensors
+from ...spec.ir.graph import Comprehension, Graph, Port
 
 
 def _key(op: Comprehension):

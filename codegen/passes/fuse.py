@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..ir.expr import Expr, rebuild, substitute, walk
-from ..ir.graph import Comprehension, Graph, Procedure, tensors_read
+from ...spec.ir.expr import Expr, rebuild, substitute, walk
+from ...spec.ir.graph import Comprehension, Graph, Procedure, tensors_read
 
 
 def _read_counts(g: Graph) -> tuple[Counter, set[str]]:

@@ -11,9 +11,9 @@ import os
 import time
 
 from .. import debug
-from ..ir.graph import Graph
-from ..ir.printer import format_graph
-from ..ir.verify import verify
+from ...spec.ir.graph import Graph
+from ...spec.ir.printer import format_graph
+from ...spec.ir.verify import verify
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fuse import fuse_elementwise

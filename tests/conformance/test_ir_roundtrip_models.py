@@ -8,8 +8,8 @@ import os
 import pytest
 
 from mlpack.codegen.compile import compile_onnx
-from mlpack.codegen.ir.parser import parse_graph
-from mlpack.codegen.ir.printer import format_graph
+from mlpack.spec.ir.parser import parse_graph
+from mlpack.spec.ir.printer import format_graph
 
 MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
 

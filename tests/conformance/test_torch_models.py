@@ -17,7 +17,7 @@ import pytest
 
 from mlpack import backend
 from mlpack.codegen.compile import compile_onnx
-from mlpack.codegen.ir import expr as ex
+from mlpack.spec.ir import expr as ex
 
 ort = pytest.importorskip("onnxruntime")
 

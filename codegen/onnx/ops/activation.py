@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from ...ir import dtypes as dt
-from ...ir import expr as ex
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
 from ..registry import op
 
 

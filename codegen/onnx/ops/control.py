@@ -26,8 +26,8 @@ import dataclasses
 import numpy as np
 import onnx
 
-from ...ir import dtypes as dt
-from ...ir import expr as ex
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
 from ..builder import NeedsValue
 from ..registry import op
 from .shape import norm_axis, view

@@ -12,7 +12,7 @@ arithmetic (output sizes, auto_pad, ceil_mode) is shared with pooling (pool.py).
 
 from __future__ import annotations
 
-from ...ir import expr as ex
+from ....spec.ir import expr as ex
 from ..registry import op
 from ..values import Value, view
 from .linalg import tmp_hint

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import numpy_helper
 
-from ...ir import dtypes as dt
-from ...ir import expr as ex
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
 from ..registry import op
 
 _UNARY = {

@@ -8,9 +8,9 @@ data-dependent output size, so it is a procedure that sets that size.
 
 from __future__ import annotations
 
-from ...ir import dtypes as dt
-from ...ir import expr as ex
-from ...ir.graph import For, If, Let, SetSize, Store, TensorType
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
+from ....spec.ir.graph import For, If, Let, SetSize, Store, TensorType
 from ..registry import op
 from ..values import tensor_value
 

@@ -7,7 +7,7 @@ several inputs and so becomes one comprehension. Sizes stay expressions (maybe s
 
 from __future__ import annotations
 
-from ...ir import expr as ex
+from ....spec.ir import expr as ex
 from ..registry import op
 from .shape import clamp, cmp, guarded, norm_axis, view
 

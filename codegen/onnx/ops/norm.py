@@ -10,8 +10,8 @@ their accuracy.
 
 from __future__ import annotations
 
-from ...ir import dtypes as dt
-from ...ir import expr as ex
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
 from ..registry import op
 from .reduce import bcast_reduced, count, norm_axis, reduce_indexed, reduce_over, tmp
 

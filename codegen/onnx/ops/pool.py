@@ -11,9 +11,9 @@ comprehension over the output's spatial dims only, so padding and ceil_mode need
 
 from __future__ import annotations
 
-from ...ir import dtypes as dt
-from ...ir import expr as ex
-from ...ir.graph import For, Store, TensorType
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
+from ....spec.ir.graph import For, Store, TensorType
 from ..registry import op
 from ..values import Value, tensor_value
 from .conv import guarded, spatial_names, window

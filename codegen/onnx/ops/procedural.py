@@ -8,8 +8,8 @@ or by counting ranks, never by calling a library sort.
 
 from __future__ import annotations
 
-from ...ir import expr as ex
-from ...ir.graph import For, If, Let, SetSize, Store, TensorType, While
+from ....spec.ir import expr as ex
+from ....spec.ir.graph import For, If, Let, SetSize, Store, TensorType, While
 from ..registry import op
 from ..values import tensor_value
 from .indexing import fresh_sym, loops, norm_axis, result, unflatten

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir import dtypes as dt
-from ...ir import expr as ex
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
 from ..registry import op
 
 _QUANT_OUT = ("u8", "i8", "u16", "i16", "i32", "u4", "i4", "u2", "i2", "f8e4m3fn", "f8e4m3fnuz",

@@ -19,7 +19,7 @@ own last element.
 
 from __future__ import annotations
 
-from ...ir import expr as ex
+from ....spec.ir import expr as ex
 from ..registry import op
 
 # Activations taking alpha/beta, and their ONNX defaults.

@@ -9,8 +9,8 @@ too: out[i] = sum over r of (r <= i ? x[r] : 0), no sequential scan needed.
 
 from __future__ import annotations
 
-from ...ir import dtypes as dt
-from ...ir import expr as ex
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
 from ..registry import op
 
 

@@ -18,8 +18,8 @@ import math
 
 import numpy as np
 
-from ...ir import dtypes as dt
-from ...ir import expr as ex
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
 from ..builder import NeedsValue
 from ..registry import op
 from .linalg import tmp_hint

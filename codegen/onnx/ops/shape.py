@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import numpy_helper
 
-from ...ir import dtypes as dt
-from ...ir import expr as ex
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
 from ..builder import FOLD_LIMIT, Builder
 from ..registry import op
 from ..values import Value, view as _plain_view

@@ -17,8 +17,8 @@ from onnx.reference import ReferenceEvaluator
 
 from mlpack import backend
 from mlpack.codegen.compile import compile_onnx
-from mlpack.codegen.ir.parser import parse_graph
-from mlpack.codegen.ir.printer import format_graph
+from mlpack.spec.ir.parser import parse_graph
+from mlpack.spec.ir.printer import format_graph
 
 RNG = np.random.default_rng(0)
 F, I64, B = TP.FLOAT, TP.INT64, TP.BOOL

@@ -16,7 +16,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from mlpack import backend
-from mlpack.codegen.ir.graph import Comprehension
+from mlpack.spec.ir.graph import Comprehension
 from mlpack.codegen.onnx.importer import import_model
 
 RNG = np.random.default_rng(0)

@@ -4,7 +4,7 @@ import textwrap
 
 import numpy as np
 
-from mlpack.codegen.ir import format_graph, parse_graph, run_graph, verify
+from mlpack.spec.ir import format_graph, parse_graph, run_graph, verify
 from mlpack.codegen.passes.cse import eliminate_common_subexpressions
 from mlpack.codegen.passes.dce import eliminate_dead_code
 from mlpack.codegen.passes.fuse import fuse_elementwise

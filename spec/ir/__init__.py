@@ -2,6 +2,10 @@
 
 The IR is given four ways that agree: its data structures (graph.py, expr.py), its text form
 (printer.py, parser.py), its verifier (verify.py) and its NumPy meaning (interp.py).
+
+It lives in ``mlpack.spec`` because the portable artifact *is* an IR program (program.py
+serializes it): the runtime, which may import only ``mlpack.spec``, must decode, verify and
+interpret it, while the compiler (``mlpack.codegen``) builds and transforms it.
 """
 
 from . import dtypes

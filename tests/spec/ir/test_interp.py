@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from mlpack.codegen.errors import VerifyError
-from mlpack.codegen.ir import (Comprehension, Constant, For, Graph, If, Let, Port, Procedure,
+from mlpack.spec.ir import (Comprehension, Constant, For, Graph, If, Let, Port, Procedure,
                                Store, TensorType, parse_graph, run_graph, verify)
-from mlpack.codegen.ir import expr as ex
+from mlpack.spec.ir import expr as ex
 
 V = ex.var
 RNG = np.random.default_rng(0)

@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlpack.codegen.errors import IRParseError
-from mlpack.codegen.ir import (Comprehension, Constant, For, Graph, If, Let, Procedure, SetSize,
+from mlpack.spec.ir import (Comprehension, Constant, For, Graph, If, Let, Procedure, SetSize,
                                Store, TensorType, While, format_expr, format_graph, parse_expr,
                                parse_graph, verify)
-from mlpack.codegen.ir import expr as ex
-from mlpack.codegen.ir.graph import REDUCTIONS
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.graph import REDUCTIONS
 
 B = ex.sym("batch")
 
@@ -36,7 +36,7 @@ def _input(g: Graph, name: str, dtype: str, dims: dict) -> None:
 
 def _const(g: Graph, name: str, data: np.ndarray, names=None) -> Constant:
     names = tuple(names or [f"c{i}" for i in range(data.ndim)])
-    from mlpack.codegen.ir.dtypes import from_numpy
+    from mlpack.spec.ir.dtypes import from_numpy
     ty = TensorType(from_numpy(data.dtype), dict(zip(names, data.shape)))
     return g.add_constant(Constant(name, ty, names, data))
 
@@ -70,7 +70,7 @@ def test_reads_with_pad_casts_and_selects():
 
 
 def g_port(name, layout):
-    from mlpack.codegen.ir import Port
+    from mlpack.spec.ir import Port
     return Port(name, tuple(layout))
 
 
@@ -131,7 +131,7 @@ def test_quoted_names_and_symbolic_sizes():
 @pytest.mark.parametrize("dtype", ["f32", "f16", "f64", "bf16", "bool", "i8", "u8", "i32", "i64", "u64"])
 @pytest.mark.parametrize("size", [1, 8, 9, 300])
 def test_constants_small_and_large(dtype, size):
-    from mlpack.codegen.ir.dtypes import to_numpy
+    from mlpack.spec.ir.dtypes import to_numpy
     rng = np.random.default_rng(size)
     raw = rng.standard_normal(size) * 50
     data = (raw > 0) if dtype == "bool" else raw.astype(to_numpy(dtype))
@@ -143,7 +143,7 @@ def test_constants_small_and_large(dtype, size):
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "f64", "bf16"])
 def test_inf_and_nan_constants(dtype):
-    from mlpack.codegen.ir.dtypes import to_numpy
+    from mlpack.spec.ir.dtypes import to_numpy
     specials = [math.inf, -math.inf, math.nan, -0.0, 1e-3]
     for n in (len(specials), 40):
         g = Graph("specials")
