@@ -3,8 +3,8 @@
 The facade. ``mlpack.Error`` and its subclasses are the failures mlpack reports to a user;
 ``mlpack.import_onnx`` turns an ONNX model into an IR graph, ``mlpack.compile_onnx`` also runs
 the pass pipeline, and ``mlpack.run_reference`` evaluates a model on the NumPy reference
-interpreter. The subpackages live in the top-level folders spec/, codegen/, packager/ and
-runtime/ (mapped in pyproject.toml).
+interpreter; ``mlpack.load`` opens a container and runs it (mlpack.runtime). The subpackages
+live in the top-level folders spec/, codegen/, packager/ and runtime/ (mapped in pyproject.toml).
 
 Only the error base classes are imported eagerly: everything from the compiler loads on first
 use (PEP 562), so ``import mlpack`` stays light and a deployment host that has the runtime alone
@@ -27,6 +27,9 @@ _LAZY = {
     "import_onnx": ("mlpack.codegen.onnx.importer", "import_model"),
     "compile_onnx": ("mlpack.codegen.compile", "compile_onnx"),
     "run_reference": ("mlpack.packager.reference", "run_reference"),
+    "load": ("mlpack.runtime.model", "load"),
+    "NoRunnableArtifactError": ("mlpack.spec.errors", "NoRunnableArtifactError"),
+    "PortableFallbackWarning": ("mlpack.spec.errors", "PortableFallbackWarning"),
 }
 
 __all__ = ["Error", "FormatError", "InputError", "__version__", *_LAZY]

@@ -1,1 +1,27 @@
-"""placeholder."""
+"""mlpack.runtime: open a container, pick the artifact this host runs best, run it.
+
+    import mlpack
+    m = mlpack.load("model.mlpack")     # FormatError for a broken file; NoRunnableArtifactError
+    y = m(x=x)                          # InputError names the input and dim at fault
+    m.artifact.reason, m.verdicts       # why this artifact, why not the others
+
+It imports only ``mlpack.spec``, NumPy and the standard library (tests/test_layering.py checks),
+so a deployment host installs the runtime without the compiler. Modules: host.py (what this
+machine can run), select.py (the selection algorithm of spec/SPEC.md section 5), portable.py
+(the portable program on the reference interpreter), model.py (load, input checks, validation).
+This Python runtime executes only the portable program; native code (ELF, PTX) is the C
+engine's, so selection here passes native artifacts over with that reason.
+"""
+
+from mlpack.spec.errors import (NoRunnableArtifactError, PortableFallbackError,
+                                PortableFallbackWarning)
+
+from .host import Host, detect_host
+from .model import ArtifactInfo, Model, OutputCheck, TensorInfo, ValidationResult, load
+from .portable import PortableExecutor
+from .select import Verdict, describe, explain, select_artifact
+
+__all__ = ["load", "Model", "TensorInfo", "ArtifactInfo", "ValidationResult", "OutputCheck",
+           "Host", "detect_host", "Verdict", "select_artifact", "describe", "explain",
+           "PortableExecutor", "NoRunnableArtifactError", "PortableFallbackError",
+           "PortableFallbackWarning"]

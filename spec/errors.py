@@ -67,3 +67,20 @@ class VerifyError(Error):
 
 class InterpError(Error):
     """The reference interpreter met a value it cannot evaluate (out-of-range read, bad size)."""
+
+
+# ---- selection and loading (runtime/select.py, runtime/model.py)
+
+
+class NoRunnableArtifactError(Error):
+    """No artifact of a container fits this host and the caller's request; the message names
+    each artifact and why it was passed over."""
+
+
+class PortableFallbackError(Error):
+    """``load(..., strict=True)`` would have fallen back to the slow portable interpreter."""
+
+
+class PortableFallbackWarning(UserWarning):
+    """``load`` runs the portable interpreter because no native artifact fits (or the container
+    has none); the message says why. ``strict=True`` makes it a ``PortableFallbackError``."""

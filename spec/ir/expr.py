@@ -185,6 +185,8 @@ def _fold_index(op: str, a: Expr, b: Expr) -> Expr | None:
         if op == "sub": return const(x - y)
         if op == "mul": return const(x * y)
         if op == "floordiv" and y != 0: return const(x // y)
+        if op == "div" and y != 0: return const(int(x / y) if abs(x) < 2**52 else x // y
+                                                if (x < 0) == (y < 0) or x % y == 0 else x // y + 1)
         if op == "mod" and y != 0: return const(x % y)
         if op == "max": return const(max(x, y))
         if op == "min": return const(min(x, y))

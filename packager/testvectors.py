@@ -1,0 +1,191 @@
+"""Reference test vectors: seeded inputs, the outputs ONNX Runtime computes for them, and the
+archive that carries them.
+
+A container carries its vectors as a tensor archive (``spec/tensorfile.py``) with tensors
+``case{i}/input/{name}`` and ``case{i}/output/{name}`` and metadata ``{"cases": N, "reference":
+"onnxruntime <version>"}``. ONNX Runtime is the oracle because it is what users compare against;
+the packager is the only part of mlpack that imports it.
+
+Inputs are drawn so that every model runs on them: floats N(0, 1), integers in [0, 10) (token ids
+and indices must stay inside an embedding table; 10 is below any vocabulary), booleans fair coins.
+Case 0 binds every size symbol to its default (1, or ``--dim NAME=SIZE``); later cases move the
+symbols the user did not bind to other sizes, so a container proves it runs at more than one
+shape. Symbols the user bound stay fixed: a model may only work at that size.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..spec.errors import Error, InputError
+from ..spec.ir import dtypes as dt
+from ..spec.ir.expr import free_syms, index_value
+from ..spec.tensorfile import write_tensors
+
+INT_HIGH = 10  # integer inputs are drawn from [0, INT_HIGH)
+DEFAULT_SIZE = 1  # a size symbol's default in case 0
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A model input as the vectors need it: name, IR dtype, dims (name, size expr) in order."""
+
+    name: str
+    dtype: str
+    dims: tuple  # ((dim name, Expr), ...) in the input's layout
+
+
+def input_specs(graph) -> list[InputSpec]:
+    """The graph's inputs, in order, with their dims in layout order."""
+    out = []
+    for port in graph.inputs:
+        ty = graph.types[port.name]
+        out.append(InputSpec(port.name, ty.dtype, tuple((d, ty.dims[d]) for d in port.layout)))
+    return out
+
+
+def input_symbols(specs: list[InputSpec]) -> list[str]:
+    """The size symbols the inputs' dims use, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for spec in specs:
+        for _, size in spec.dims:
+            for s in sorted(free_syms(size)):
+                seen.setdefault(s)
+    return list(seen)
+
+
+def case_sizes(symbols: list[str], bound: dict[str, int], cases: int) -> list[dict[str, int]]:
+    """Symbol sizes per case: case 0 at the defaults, case i with the free symbols at 1 + i."""
+    unknown = sorted(set(bound) - set(symbols))
+    if unknown:
+        have = ", ".join(symbols) if symbols else "none"
+        raise InputError(f"--dim {unknown[0]}: the model has no size symbol {unknown[0]!r} "
+                         f"(its symbols: {have})")
+    out = []
+    for i in range(cases):
+        out.append({s: bound[s] if s in bound else DEFAULT_SIZE + i for s in symbols})
+    return out
+
+
+def _random_array(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    np_dtype = dt.to_numpy(dtype)
+    if dt.is_float(dtype):
+        return rng.standard_normal(shape).astype(np_dtype)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    return rng.integers(0, INT_HIGH, size=shape).astype(np_dtype)
+
+
+def random_case(specs: list[InputSpec], sizes: dict[str, int],
+                rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Seeded inputs for one case, with the size symbols bound to ``sizes``."""
+    feeds = {}
+    for spec in specs:
+        shape = tuple(index_value(size, sizes) for _, size in spec.dims)
+        feeds[spec.name] = _random_array(rng, spec.dtype, shape)
+    return feeds
+
+
+def random_cases(graph, *, dims: dict[str, int] | None, cases: int, seed: int) -> list[dict]:
+    """``cases`` seeded input sets for ``graph`` (one when the inputs have no size symbol and
+    fewer were asked for)."""
+    if cases < 1:
+        raise InputError(f"--cases {cases}: at least one test case is needed")
+    specs = input_specs(graph)
+    sizes = case_sizes(input_symbols(specs), dict(dims or {}), cases)
+    rng = np.random.default_rng(seed)
+    return [random_case(specs, s, rng) for s in sizes]
+
+
+def load_npz(path, graph) -> list[dict]:
+    """The one case a user's ``--inputs FILE.npz`` gives (an array per input, by name)."""
+    path = os.fspath(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            feeds = {k: np.asarray(z[k]) for k in z.files}
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file (--inputs)") from None
+    except Exception as e:  # np.load raises many kinds for a bad file
+        raise InputError(f"{path}: not a readable .npz file ({e})") from None
+    specs = input_specs(graph)
+    _check_case(feeds, specs, path)
+    return [{s.name: feeds[s.name].astype(dt.to_numpy(s.dtype), copy=False) for s in specs}]
+
+
+def _check_case(feeds: dict, specs: list[InputSpec], where: str) -> None:
+    names = [s.name for s in specs]
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise InputError(f"{where}: has no array for input {missing[0]!r}; the model's inputs "
+                         f"are {names} (found {sorted(feeds)})")
+    for s in specs:
+        a = feeds[s.name]
+        if a.ndim != len(s.dims):
+            raise InputError(f"{where}: input {s.name!r} has rank {a.ndim} (shape "
+                             f"{list(a.shape)}), the model wants rank {len(s.dims)}")
+        try:
+            got = dt.from_numpy(a.dtype)
+        except KeyError:
+            got = str(a.dtype)
+        if got != s.dtype:
+            raise InputError(f"{where}: input {s.name!r} has dtype {got}, the model wants {s.dtype}")
+
+
+# ---------------------------------------------------------------- the oracle
+
+
+class OracleError(Error):
+    """ONNX Runtime (the oracle for test vectors) refuses the model or its inputs."""
+
+
+def reference_name() -> str:
+    import onnxruntime
+
+    return f"onnxruntime {onnxruntime.__version__}"
+
+
+def _ort_feeds(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Feeds for every graph input ONNX Runtime wants: ONNX lists inputs the IR may have dropped
+    (unused ones), and ORT refuses a run without them, so those get zeros of their type."""
+    from onnx import helper
+
+    inits = {t.name for t in model.graph.initializer}
+    out = dict(feeds)
+    for vi in model.graph.input:
+        if vi.name in inits or vi.name in out:
+            continue
+        tt = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else DEFAULT_SIZE for d in tt.shape.dim]
+        out[vi.name] = np.zeros(shape, helper.tensor_dtype_to_np_dtype(tt.elem_type))
+    return out
+
+
+def reference_outputs(model, cases: list[dict], output_names: list[str]) -> list[dict]:
+    """The outputs ONNX Runtime computes for each case, by output name."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3  # its warnings about unused initializers are not the user's problem
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), opts,
+                                       providers=["CPUExecutionProvider"])
+        return [dict(zip(output_names, session.run(output_names, _ort_feeds(model, c))))
+                for c in cases]
+    except Exception as e:  # ORT raises its own exception types for a model it refuses
+        raise OracleError(f"ONNX Runtime, the reference, cannot run this model: "
+                          f"{type(e).__name__}: {e}") from None
+
+
+# ---------------------------------------------------------------- the archive
+
+
+def pack(inputs: list[dict], outputs: list[dict], reference: str) -> bytes:
+    """The test-vector tensor archive (deterministic for the same arrays)."""
+    tensors = {}
+    for i, (feeds, outs) in enumerate(zip(inputs, outputs)):
+        tensors.update({f"case{i}/input/{n}": np.ascontiguousarray(a) for n, a in feeds.items()})
+        tensors.update({f"case{i}/output/{n}": np.ascontiguousarray(a) for n, a in outs.items()})
+    return write_tensors(tensors, {"cases": len(inputs), "reference": reference})

@@ -1,0 +1,122 @@
+/* mlpack.h: the C API of libmlpack, the engine that opens an mlpack container and runs it.
+ *
+ *   mlpack_options opts;
+ *   mlpack_options_init(&opts);
+ *   opts.threads = 2;
+ *   mlpack_error *err = NULL;
+ *   mlpack_model *m = mlpack_open("model.mlpack", &opts, &err);
+ *   if (!m) { fprintf(stderr, "%s\n", mlpack_error_message(err)); mlpack_error_free(err); return 1; }
+ *   mlpack_tensor in = {.name = "x", .dtype = MLPACK_F32, .rank = 2, .shape = shape, .data = buf};
+ *   mlpack_tensor out[1];
+ *   if (mlpack_run(m, &in, 1, out, 1, &err) != MLPACK_OK) { ... }
+ *   // out[0].data is owned by the model and valid until the next run or close
+ *   mlpack_close(m);
+ *
+ * Every failure is a status code plus an mlpack_error carrying a message that names what is at
+ * fault (file, blob, field, input, dim). Functions never abort or read out of bounds on bad input.
+ * libmlpack needs libc, libdl and pthreads only. A model may be run from one thread at a time.
+ */
+#ifndef MLPACK_H
+#define MLPACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MLPACK_VERSION_MAJOR 0
+#define MLPACK_VERSION_MINOR 1
+#define MLPACK_VERSION_PATCH 0
+
+typedef enum mlpack_status {
+  MLPACK_OK = 0,
+  MLPACK_ERR_ARGUMENT = 1,     /* a NULL or out-of-range argument */
+  MLPACK_ERR_IO = 2,           /* the file cannot be opened or mapped */
+  MLPACK_ERR_FORMAT = 3,       /* malformed container: tar, JSON, missing blob, bad field */
+  MLPACK_ERR_DIGEST = 4,       /* a blob does not match its sha256 digest */
+  MLPACK_ERR_VERSION = 5,      /* the container or artifact needs a newer runtime */
+  MLPACK_ERR_NO_ARTIFACT = 6,  /* no artifact this host can run (message says why for each) */
+  MLPACK_ERR_INPUT = 7,        /* inputs do not match the signature (name, dtype, dim) */
+  MLPACK_ERR_LOAD = 8,         /* a kernel library cannot be loaded */
+  MLPACK_ERR_RUNTIME = 9,      /* a kernel or the interpreter failed while running */
+  MLPACK_ERR_NOMEM = 10,
+} mlpack_status;
+
+typedef enum mlpack_dtype {
+  MLPACK_BOOL = 0, MLPACK_I8, MLPACK_I16, MLPACK_I32, MLPACK_I64,
+  MLPACK_U8, MLPACK_U16, MLPACK_U32, MLPACK_U64,
+  MLPACK_F16, MLPACK_BF16, MLPACK_F32, MLPACK_F64,
+  MLPACK_DTYPE_COUNT
+} mlpack_dtype;
+
+typedef struct mlpack_model mlpack_model;
+typedef struct mlpack_error mlpack_error;
+
+typedef struct mlpack_options {
+  int threads;               /* worker threads; 0 = MLPACK_NUM_THREADS from the environment, else the core count */
+  const char *device;        /* "cpu", "cuda", "portable" or NULL for any */
+  const char *precision;     /* "fp32", "fp16", "bf16", "int8" or NULL for any */
+  double accuracy_budget;    /* max recorded abs error accepted; < 0 for no budget */
+  int strict;                /* non-zero: refuse to fall back to the portable interpreter */
+  int verify;                /* non-zero (default): check every blob's digest when opening */
+} mlpack_options;
+
+typedef struct mlpack_tensor_info {
+  const char *name;
+  mlpack_dtype dtype;
+  size_t rank;
+  const char *const *dim_names;  /* rank entries */
+  const int64_t *dims;           /* rank entries; -1 for a symbolic size */
+  const char *const *dim_syms;   /* rank entries; the symbol's name, or NULL for a fixed size */
+} mlpack_tensor_info;
+
+typedef struct mlpack_tensor {
+  const char *name;      /* inputs: matched by name; outputs: filled in by mlpack_run */
+  mlpack_dtype dtype;
+  size_t rank;
+  const int64_t *shape;  /* inputs: caller's; outputs: owned by the model */
+  void *data;            /* inputs: caller's, row-major; outputs: owned by the model */
+  size_t nbytes;
+} mlpack_tensor;
+
+typedef struct mlpack_artifact_info {
+  size_t index;              /* position in the container's artifact list */
+  const char *device;        /* "cpu", "cuda", "portable" */
+  const char *precision;
+  const char *architecture;  /* OCI architecture ("amd64", "arm64") or "" for portable */
+  const char *variant;       /* OCI variant ("v3", "v8") or "" */
+  int runnable;              /* the host can run it */
+  int chosen;
+  const char *reason;        /* why it was chosen or passed over */
+} mlpack_artifact_info;
+
+void mlpack_options_init(mlpack_options *opts);
+
+mlpack_model *mlpack_open(const char *path, const mlpack_options *opts, mlpack_error **err);
+void mlpack_close(mlpack_model *model);
+
+size_t mlpack_input_count(const mlpack_model *model);
+size_t mlpack_output_count(const mlpack_model *model);
+mlpack_status mlpack_input_info(const mlpack_model *model, size_t i, mlpack_tensor_info *out);
+mlpack_status mlpack_output_info(const mlpack_model *model, size_t i, mlpack_tensor_info *out);
+
+size_t mlpack_artifact_count(const mlpack_model *model);
+mlpack_status mlpack_artifact_info_get(const mlpack_model *model, size_t i, mlpack_artifact_info *out);
+
+mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
+                         mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err);
+
+mlpack_status mlpack_error_code(const mlpack_error *err);
+const char *mlpack_error_message(const mlpack_error *err);
+void mlpack_error_free(mlpack_error *err);
+
+const char *mlpack_dtype_name(mlpack_dtype dtype);   /* "f32", ...: the IR's names */
+size_t mlpack_dtype_size(mlpack_dtype dtype);
+const char *mlpack_version_string(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLPACK_H */

@@ -1,0 +1,47 @@
+/* mlpack_abi.h: the ABI between a native artifact's kernel library and the engine that runs it.
+ *
+ * A cpu artifact's code layer is an ELF shared object built for one target (x86-64 v2/v3/v4,
+ * aarch64). It needs nothing at load time: no libc, no libm, no other symbol. It exports ONE
+ * symbol, MLPACK_KERNEL_TABLE_SYMBOL, a function returning its kernel table. The engine maps the
+ * library from memory (memfd), reads the table, checks abi_version, and then runs the artifact's
+ * plan (the config's "plan" object, spec/SPEC.md "Native artifacts"): an ordered list of
+ * dispatches, each naming a kernel, how many workgroups it has, and which buffers it binds.
+ *
+ * A kernel computes one comprehension (or a fused group) for the workgroups it is handed; the
+ * engine spreads workgroups 0..workgroup_count-1 over its threads, so kernels must not depend on
+ * the order workgroups run in, and two workgroups of one dispatch never write the same element.
+ * Dispatches run in plan order with a barrier between them.
+ *
+ * Versioning: abi_version changes when any type below changes incompatibly; an engine refuses a
+ * table whose version it does not know, with a message naming both versions.
+ */
+#ifndef MLPACK_ABI_H
+#define MLPACK_ABI_H
+
+#include <stdint.h>
+
+#define MLPACK_ABI_VERSION 1u
+#define MLPACK_KERNEL_TABLE_SYMBOL "mlpack_kernel_table_v1"
+
+/* What one dispatch hands its kernel. */
+typedef struct mlpack_dispatch {
+  void *const *bindings;      /* base pointers of the bound buffers, in the dispatch's "bindings" order */
+  const int64_t *push;        /* push constants: the values of the plan's "symbols", in order */
+  uint32_t workgroup_count;   /* the dispatch's workgroup count (evaluated from the plan) */
+  uint32_t reserved;
+} mlpack_dispatch;
+
+/* Run workgroup `workgroup` of dispatch `d`. Returns 0; non-zero means a bug in the artifact. */
+typedef int32_t (*mlpack_kernel_fn)(const mlpack_dispatch *d, uint32_t workgroup);
+
+typedef struct mlpack_kernel_table {
+  uint32_t abi_version;             /* MLPACK_ABI_VERSION the library was built for */
+  uint32_t kernel_count;
+  const mlpack_kernel_fn *kernels;  /* kernel_count entries; plan dispatches index this */
+  const char *const *names;         /* kernel_count NUL-terminated names, for messages and profiles */
+} mlpack_kernel_table;
+
+/* The exported symbol's type: `const mlpack_kernel_table *mlpack_kernel_table_v1(void);` */
+typedef const mlpack_kernel_table *(*mlpack_kernel_table_fn)(void);
+
+#endif /* MLPACK_ABI_H */

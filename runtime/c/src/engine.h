@@ -1,0 +1,214 @@
+/* engine.h: libmlpack's internal interfaces, one section per source file.
+ *
+ * The engine is small and flat: a container is parsed once into plain structs that point into
+ * the file's mmap; selection picks an artifact; an executor (native plan or portable
+ * interpreter) runs it. Everything that can fail returns an mlpack_status and, through
+ * `mlpack_error **err`, a message naming what is at fault. All names are mp_ (private).
+ *
+ * Ownership of files (so they can be written in parallel):
+ *   error.c      errors and messages                 json.c       JSON parser (arena, depth limit)
+ *   sha256.c     SHA-256                             container.c  strict ustar + OCI layout + configs
+ *   tensors.c    tensor archive (weights, vectors)   host.c       host detection (cpuid, HWCAP)
+ *   select.c     the selection algorithm (SPEC.md)   api_open.c   mlpack_open/close/info/options
+ *   expr.c       integer expressions (plan sizes)    api_run.c    mlpack_run: inputs, symbols, outputs
+ *   plan.c       native plan executor + arena        loader.c     kernel library from memory (memfd)
+ *   pool.c       thread pool                         portable.c   the portable program interpreter
+ */
+#ifndef MLPACK_ENGINE_H
+#define MLPACK_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mlpack.h"
+#include "mlpack_abi.h"
+
+/* ---------------------------------------------------------------- error.c */
+/* Fill *err (if err != NULL) with a new error; returns code. printf-style message. */
+mlpack_status mp_fail(mlpack_error **err, mlpack_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---------------------------------------------------------------- json.c */
+typedef enum { MP_JSON_NULL, MP_JSON_BOOL, MP_JSON_NUMBER, MP_JSON_STRING, MP_JSON_ARRAY, MP_JSON_OBJECT } mp_json_kind;
+
+typedef struct mp_json {
+  mp_json_kind kind;
+  int boolean;
+  double number;
+  int is_int;                 /* the number was written as an integer that fits int64 */
+  int64_t integer;
+  const char *string;         /* NUL-terminated (strings with NUL bytes are refused) */
+  size_t length;              /* array/object entry count, or string length */
+  struct mp_json **items;     /* array items, or object values */
+  const char **keys;          /* object keys (duplicates are refused at parse time) */
+} mp_json;
+
+typedef struct mp_json_doc mp_json_doc;   /* owns every node of one parsed document */
+/* Parse `len` bytes. Depth limit 512; refuses trailing garbage, duplicate keys, invalid UTF-8
+ * escapes, NaN/Infinity. `what` names the document in messages ("index.json"). */
+mlpack_status mp_json_parse(const char *text, size_t len, const char *what, mp_json_doc **out,
+                            mlpack_error **err);
+const mp_json *mp_json_root(const mp_json_doc *doc);
+void mp_json_free(mp_json_doc *doc);
+const mp_json *mp_json_get(const mp_json *obj, const char *key);        /* NULL if absent / not an object */
+const char *mp_json_get_string(const mp_json *obj, const char *key);    /* NULL if absent / not a string */
+
+/* ---------------------------------------------------------------- sha256.c */
+typedef struct { uint32_t h[8]; uint64_t len; uint8_t buf[64]; size_t fill; } mp_sha256;
+void mp_sha256_init(mp_sha256 *s);
+void mp_sha256_update(mp_sha256 *s, const void *data, size_t n);
+void mp_sha256_final(mp_sha256 *s, uint8_t out[32]);
+
+/* ---------------------------------------------------------------- container.c */
+typedef struct mp_blob {
+  const uint8_t *data;   /* into the mmap */
+  size_t size;
+  uint64_t offset;       /* in the file; a multiple of 512 */
+  char digest[72];       /* "sha256:<64 hex>" */
+} mp_blob;
+
+typedef struct mp_artifact {
+  size_t index;
+  const mp_json *descriptor, *manifest, *config;  /* owned by the container's JSON documents */
+  const char *device, *precision;                 /* "cpu"/"cuda"/"portable", "fp32"/... */
+  const char *os, *architecture, *variant;        /* OCI platform; "" when absent */
+  const char *cpu_features;                       /* comma list from annotations; "" if none */
+  int cuda_sm;                                    /* 0 when not cuda */
+  int min_runtime[3];                             /* MAJOR.MINOR.PATCH */
+  double max_abs_error;                           /* recorded accuracy; -1 if absent */
+  const char *code_media_type;
+  mp_blob code, weights, vectors;                 /* size 0 when the layer is absent */
+} mp_artifact;
+
+typedef struct mp_container {
+  char *path;
+  int fd;
+  const uint8_t *map;
+  size_t size;
+  int format_major, format_minor;
+  const char *name;
+  mp_artifact *artifacts;
+  size_t artifact_count;
+  mp_json_doc **docs;   /* every parsed JSON document, freed with the container */
+  size_t doc_count;
+} mp_container;
+
+/* Strict: every check of spec/container.py (the same corpus, spec/conformance, tests both).
+ * With verify, every blob's digest is checked with read(), not through the mapping. */
+mlpack_status mp_container_open(const char *path, int verify, mp_container **out, mlpack_error **err);
+void mp_container_close(mp_container *c);
+
+/* ---------------------------------------------------------------- tensors.c */
+typedef struct mp_tensor_entry {
+  const char *name;
+  mlpack_dtype dtype;
+  size_t rank;
+  int64_t shape[8];
+  const void *data;     /* into the blob */
+  size_t nbytes;
+} mp_tensor_entry;
+
+typedef struct mp_tensor_archive {
+  mp_json_doc *header;
+  mp_tensor_entry *entries;
+  size_t count;
+} mp_tensor_archive;
+
+mlpack_status mp_tensors_open(const mp_blob *blob, const char *what, mp_tensor_archive *out,
+                              mlpack_error **err);
+const mp_tensor_entry *mp_tensors_find(const mp_tensor_archive *a, const char *name);
+void mp_tensors_close(mp_tensor_archive *a);
+int mp_dtype_from_name(const char *name, mlpack_dtype *out);   /* 0 on success */
+
+/* ---------------------------------------------------------------- host.c */
+typedef struct mp_host {
+  const char *os;            /* "linux" */
+  const char *architecture;  /* "amd64", "arm64" */
+  int x86_level;             /* 1..4, 0 off x86 */
+  char features[1024];       /* comma list, lower case: "avx2,fma,avx512f,..." or "neon,dotprod,..." */
+  int cuda_sm;               /* 0: no usable CUDA driver */
+} mp_host;
+
+void mp_host_detect(mp_host *out);
+int mp_host_has_feature(const mp_host *h, const char *feature);
+
+/* ---------------------------------------------------------------- select.c */
+typedef struct mp_verdict {
+  int runnable;
+  int chosen;
+  char reason[256];
+} mp_verdict;
+
+/* Fill verdicts[artifact_count]; *chosen is the index picked. MLPACK_ERR_NO_ARTIFACT with a
+ * message listing each artifact's reason when none is runnable. `runtime_version` is ours. */
+mlpack_status mp_select(const mp_container *c, const mp_host *h, const mlpack_options *opts,
+                        mp_verdict *verdicts, size_t *chosen, mlpack_error **err);
+
+/* ---------------------------------------------------------------- expr.c */
+/* Evaluate an integer expression in the portable program's JSON encoding (spec/ir/program.py):
+ * ints, "$sym", and ["add"|"sub"|"mul"|"floordiv"|"mod"|"max"|"min"|"div", a, b],
+ * ["select", c, a, b], comparisons. Division by zero and unknown symbols are errors. */
+mlpack_status mp_expr_eval(const mp_json *e, const char *const *sym_names, const int64_t *sym_values,
+                           size_t sym_count, int64_t *out, mlpack_error **err);
+
+/* ---------------------------------------------------------------- the model (api_open.c) */
+typedef struct mp_sig {          /* one input or output of the signature (config "model") */
+  const char *name;
+  mlpack_dtype dtype;
+  size_t rank;
+  const char *dim_names[8];
+  int64_t dims[8];               /* -1 when symbolic */
+  const char *dim_syms[8];       /* symbol name or NULL */
+} mp_sig;
+
+typedef struct mp_executor mp_executor;
+typedef struct mp_pool mp_pool;
+
+typedef struct mp_run {          /* one call of mlpack_run, after inputs are checked */
+  const void *const *inputs;     /* in signature order */
+  void **outputs;                /* in signature order, allocated to their shapes */
+  const char *const *sym_names;  /* every symbol of the signature */
+  const int64_t *sym_values;
+  size_t sym_count;
+} mp_run;
+
+struct mp_executor {
+  mlpack_status (*run)(mp_executor *self, const mp_run *run, mlpack_error **err);
+  void (*destroy)(mp_executor *self);
+};
+
+struct mlpack_model {
+  mp_container *container;
+  mp_host host;
+  mlpack_options options;
+  size_t chosen;
+  mp_verdict *verdicts;
+  mp_sig *inputs, *outputs;
+  size_t input_count, output_count;
+  mp_pool *pool;
+  mp_executor *executor;
+  /* outputs of the last run (owned) */
+  void **out_data;
+  int64_t *out_shapes;           /* output_count x 8 */
+};
+
+/* ---------------------------------------------------------------- executors */
+/* plan.c + loader.c: a cpu artifact (code media type application/vnd.mlpack.code.elf.v1). */
+mlpack_status mp_native_create(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err);
+/* portable.c: the portable program (application/vnd.mlpack.program.portable.v1+json). */
+mlpack_status mp_portable_create(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err);
+
+/* loader.c: load a shared object from memory (memfd_create, dlopen of /proc/self/fd/N; no file
+ * is left behind), return its kernel table after checking abi_version. */
+typedef struct mp_library mp_library;
+mlpack_status mp_library_load(const void *elf, size_t size, const char *what, mp_library **out,
+                              const mlpack_kernel_table **table, mlpack_error **err);
+void mp_library_unload(mp_library *lib);
+
+/* pool.c: run fn(ctx, i) for i in [0, count) on the pool's threads (the caller's included). */
+mp_pool *mp_pool_create(int threads);
+int mp_pool_threads(const mp_pool *p);
+void mp_pool_run(mp_pool *p, uint32_t count, void (*fn)(void *ctx, uint32_t i), void *ctx);
+void mp_pool_destroy(mp_pool *p);
+
+#endif /* MLPACK_ENGINE_H */

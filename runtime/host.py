@@ -1,0 +1,128 @@
+"""What the host can run: OS, architecture, CPU features, x86-64 level, CUDA compute capability.
+
+Selection (select.py) matches artifacts against a ``Host``. ``detect_host`` reads the machine it
+runs on; every API that selects also takes an explicit ``Host``, so tests and ``mlpack inspect``
+can ask "what would an arm64 board pick?" without an environment-variable override.
+
+Names follow OCI: ``os`` is ``linux``/``darwin``/``windows``, ``arch`` is ``amd64``/``arm64``.
+CPU features are the Linux ``/proc/cpuinfo`` names plus the LLVM spellings of the same features
+(``sse4.1`` beside ``sse4_1``, ``neon`` beside ``asimd``), so an artifact may name either.
+
+The x86-64 levels are the psABI microarchitecture levels (v1 baseline, v2 SSE4.2/POPCNT,
+v3 AVX2/FMA/BMI, v4 AVX-512 F/BW/CD/DQ/VL); a level counts only if every feature of it and of
+the levels below is present.
+
+CUDA: ``detect_cuda_sm`` asks the driver (libcuda, through ctypes) for device 0's compute
+capability; with no driver, no GPU or any failure it returns None. It loads nothing else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import platform
+from dataclasses import dataclass
+
+# psABI x86-64 levels, as /proc/cpuinfo spells the flags (pni = SSE3, abm = LZCNT)
+X86_LEVELS = (
+    (1, frozenset({"cmov", "cx8", "fpu", "fxsr", "mmx", "sse", "sse2"})),
+    (2, frozenset({"cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"})),
+    (3, frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})),
+    (4, frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
+)
+
+# other spellings of the same feature (LLVM's, mostly), added beside the kernel's name
+_X86_ALIASES = {"pni": "sse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2", "abm": "lzcnt",
+                "lahf_lm": "sahf"}
+_ARM_ALIASES = {"asimd": "neon", "asimdhp": "fp16", "fphp": "fullfp16", "asimddp": "dotprod",
+                "asimdfhm": "fp16fml", "i8mm": "i8mm", "bf16": "bf16", "sve": "sve", "sve2": "sve2"}
+
+_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64",
+         "armv8l": "arm64", "i686": "386", "i386": "386", "riscv64": "riscv64",
+         "ppc64le": "ppc64le", "s390x": "s390x"}
+
+
+@dataclass(frozen=True)
+class Host:
+    """The machine selection matches artifacts against."""
+
+    os: str  # OCI os: "linux", "darwin", "windows"
+    arch: str  # OCI architecture: "amd64", "arm64", ...
+    cpu_features: frozenset[str] = frozenset()
+    x86_level: int | None = None  # 1..4 on amd64 (x86-64 v1..v4); None elsewhere
+    cuda_sm: int | None = None  # compute capability as digits (80 = 8.0); None: no usable GPU
+
+    def describe(self) -> str:
+        """One line: ``linux/amd64 x86-64 v4, cuda sm_90``."""
+        cpu = f"x86-64 v{self.x86_level}" if self.x86_level else self.arch
+        gpu = f"cuda sm_{self.cuda_sm}" if self.cuda_sm else "no CUDA GPU"
+        return f"{self.os}/{self.arch} {cpu}, {gpu}"
+
+
+def x86_level(flags) -> int | None:
+    """The highest psABI level whose features (and every lower level's) are all in ``flags``."""
+    level = None
+    for n, needed in X86_LEVELS:
+        if not needed <= set(flags):
+            break
+        level = n
+    return level
+
+
+def with_aliases(flags, aliases: dict[str, str]) -> frozenset[str]:
+    """``flags`` plus the other spelling of each flag that has one."""
+    flags = set(flags)
+    return frozenset(flags | {aliases[f] for f in flags if f in aliases})
+
+
+def parse_cpuinfo(text: str, arch: str) -> frozenset[str]:
+    """The CPU feature flags of the first processor in a /proc/cpuinfo text, with aliases."""
+    key = "flags" if arch == "amd64" else "features"
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip().lower() == key:
+            flags = value.split()
+            return with_aliases(flags, _X86_ALIASES if arch == "amd64" else _ARM_ALIASES)
+    return frozenset()
+
+
+def _read_cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:  # not Linux, or /proc not mounted: no features known beyond the baseline
+        return ""
+
+
+def detect_cuda_sm() -> int | None:
+    """Device 0's compute capability from the CUDA driver API, or None (no driver, no GPU)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    major, minor, dev = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    try:
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0:
+            return None
+        # attributes 75/76: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR/MINOR
+        if (cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev) != 0
+                or cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev) != 0):
+            return None
+    except AttributeError:  # a libcuda without these symbols is not one we can use
+        return None
+    return major.value * 10 + minor.value
+
+
+@functools.lru_cache(maxsize=1)
+def detect_host() -> Host:
+    """The machine this process runs on (read once, then cached)."""
+    arch = _ARCH.get(platform.machine().lower(), platform.machine().lower())
+    features = parse_cpuinfo(_read_cpuinfo(), arch)
+    level = None
+    if arch == "amd64":
+        # every x86-64 CPU has v1; a missing /proc/cpuinfo must not make the host look older
+        level = x86_level(features) or 1
+    return Host(platform.system().lower(), arch, features, level, detect_cuda_sm())
+
+
+__all__ = ["Host", "detect_host", "detect_cuda_sm", "parse_cpuinfo", "x86_level", "X86_LEVELS"]

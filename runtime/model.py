@@ -1,0 +1,354 @@
+"""``mlpack.load``: open a container, select an artifact, check inputs, run, validate.
+
+    m = mlpack.load("model.mlpack")          # verifies, selects, decodes; weights stay on disk
+    y = m(x=x)["y"]                          # or m.run({"x": x})
+    m.validate().ok                          # the bundled test vectors, on this artifact
+
+Loading copies no weights: the container is memory-mapped and the executor's constants view
+the map. Falling back to the portable interpreter is loud: ``PortableFallbackWarning`` says why
+nothing faster fit (also when the container has no native artifact at all: the reason is then
+"this container has no native artifact"); Python's warning filter shows a message once per place,
+so a loop of loads warns once. ``strict=True`` raises ``PortableFallbackError`` instead. Asking
+for ``device="portable"`` is not a fallback and does not warn.
+
+Inputs are checked against the signature before anything runs (``check_feeds``): a missing or
+unknown input, a wrong dtype (never cast silently), a wrong rank, a wrong size for a fixed dim,
+or a symbolic dim bound to two sizes is an ``InputError`` naming the input and the dim.
+
+The test-vector layer is a tensor archive with tensors ``case{i}/input/{name}`` and
+``case{i}/output/{name}`` and metadata ``{"cases": N}``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlpack.spec import media
+from mlpack.spec.container import Artifact, open_container
+from mlpack.spec.errors import (Error, FormatError, InputError, PortableFallbackError,
+                                PortableFallbackWarning)
+from mlpack.spec.ir import dtypes
+from mlpack.spec.tensorfile import read_header, read_tensors
+
+from .host import Host, detect_host
+from .portable import PortableExecutor
+from .select import Verdict, describe, select_artifact
+
+# the code this Python runtime executes itself; native code waits for the C engine
+EXECUTORS = {media.PROGRAM_PORTABLE: PortableExecutor}
+
+
+# ---------------------------------------------------------------- public records
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One input or output of the signature, in ONNX axis order."""
+
+    name: str
+    dtype: str  # the IR's name: f32, i64, ...
+    dims: tuple[str, ...]  # dim names
+    shape: tuple[int | str, ...]  # a count, or a symbol name such as "batch"
+
+    def __str__(self) -> str:
+        dims = [f"{d}={s}" if isinstance(s, int) else d if s == d else f"{d}=${s}"
+                for d, s in zip(self.dims, self.shape)]
+        return f"{self.name}: {self.dtype}[{', '.join(dims)}]"
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    """The chosen artifact, for display: where it runs and why it was chosen."""
+
+    index: int
+    device: str
+    precision: str
+    platform: str | None  # "linux/amd64/v3"; None for portable
+    target: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output over every test case: the worst errors and whether they are within tolerance."""
+
+    name: str
+    max_abs_error: float
+    max_rel_error: float
+    atol: float
+    rtol: float
+    ok: bool
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """The bundled test vectors run on one artifact."""
+
+    artifact: ArtifactInfo
+    cases: int
+    outputs: tuple[OutputCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.cases > 0 and all(o.ok for o in self.outputs)
+
+
+def _tensor_infos(sigs: list[dict]) -> list[TensorInfo]:
+    def size(s):
+        return s[1:] if isinstance(s, str) else s
+    return [TensorInfo(s["name"], s["dtype"], tuple(d["name"] for d in s["dims"]),
+                       tuple(size(d["size"]) for d in s["dims"])) for s in sigs]
+
+
+def _platform_text(art: Artifact) -> str | None:
+    p = art.platform
+    if not p:
+        return None
+    return "/".join(x for x in (p.get("os"), p.get("architecture"), p.get("variant")) if x)
+
+
+def _artifact_info(art: Artifact, reason: str) -> ArtifactInfo:
+    return ArtifactInfo(art.index, art.device, art.precision, _platform_text(art),
+                        art.config["artifact"]["target"], reason)
+
+
+# ---------------------------------------------------------------- input checks
+
+
+def _numpy_dtype(info: TensorInfo, path: str) -> np.dtype:
+    try:
+        return dtypes.to_numpy(info.dtype)
+    except KeyError:
+        raise FormatError(f"{path}: input {info.name!r} has dtype {info.dtype!r}, unknown to this "
+                          "runtime") from None
+
+
+def _check_one(info: TensorInfo, a: np.ndarray, want: np.dtype, bound: dict) -> None:
+    if a.dtype != want:
+        raise InputError(f"input {info.name!r} is {a.dtype}, the model takes {info.dtype} "
+                         f"({want}); convert it (mlpack never casts silently)")
+    if a.ndim != len(info.dims):
+        raise InputError(f"input {info.name!r} has rank {a.ndim} (shape {tuple(a.shape)}), the "
+                         f"model takes rank {len(info.dims)}: {info}")
+    for axis, (dim, size, n) in enumerate(zip(info.dims, info.shape, a.shape)):
+        if isinstance(size, int):
+            if n != size:
+                raise InputError(f"input {info.name!r} dim {dim!r} (axis {axis}) is {n}, the "
+                                 f"model takes {size}")
+        elif size in bound and bound[size][0] != n:
+            first, who = bound[size]
+            raise InputError(f"input {info.name!r} dim {size!r} (axis {axis}) is {n}, but input "
+                             f"{who!r} bound {size}={first}")
+        else:
+            bound.setdefault(size, (n, info.name))
+
+
+def check_feeds(inputs: list[TensorInfo], feeds, path: str = "") -> dict[str, np.ndarray]:
+    """``feeds`` checked against the signature (see the module docstring); arrays by name."""
+    if not isinstance(feeds, dict):
+        raise InputError(f"inputs must be a dict of name -> array, got {type(feeds).__name__}")
+    names = [i.name for i in inputs]
+    extra = [k for k in feeds if k not in names]
+    if extra:
+        raise InputError(f"unknown input {extra[0]!r}; the model's inputs are {', '.join(names)}")
+    out, bound = {}, {}
+    for info in inputs:
+        if info.name not in feeds:
+            raise InputError(f"missing input {info.name!r} ({info})")
+        a = feeds[info.name]
+        a = a if isinstance(a, np.ndarray) else np.asarray(a)
+        _check_one(info, a, _numpy_dtype(info, path), bound)
+        out[info.name] = a
+    return out
+
+
+# ---------------------------------------------------------------- the model
+
+
+def _fallback_reason(verdicts: list[Verdict]) -> str:
+    native = [v for v in verdicts if v.artifact.device != "portable"]
+    if not native:
+        return "this container has no native artifact"
+    return "no native artifact fits: " + "; ".join(
+        f"{describe(v.artifact)}: {v.reason.removeprefix('passed over: ')}" for v in native)
+
+
+class Model:
+    """A loaded model: the chosen artifact ready to run. Use ``load`` to make one."""
+
+    def __init__(self, path, *, device=None, precision=None, accuracy_budget=None, strict=False,
+                 threads=None, host: Host | None = None):
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                    or threads < 1):
+            raise Error(f"threads must be a positive integer, got {threads!r}")
+        self.threads = threads  # the portable interpreter runs on NumPy's threads; kept for the engine
+        self.host = host or detect_host()
+        self._container = open_container(path)
+        self.path = self._container.path
+        try:
+            art, self.verdicts = select_artifact(
+                self._container, self.host, device=device, precision=precision,
+                accuracy_budget=accuracy_budget, code_types=set(EXECUTORS))
+            if art.device == "portable" and device != "portable":
+                self._fall_back(strict)
+            self._art = art
+            self.artifact = _artifact_info(art, next(v.reason for v in self.verdicts if v.chosen))
+            self.inputs = _tensor_infos(art.config["model"]["inputs"])
+            self.outputs = _tensor_infos(art.config["model"]["outputs"])
+            self._executor = self._executor_for(art)
+        except BaseException:
+            self._container.close()
+            raise
+
+    def _fall_back(self, strict: bool) -> None:
+        why = _fallback_reason(self.verdicts)
+        msg = f"{self.path}: running the portable interpreter (slow): {why}"
+        if strict:
+            raise PortableFallbackError(msg + " (strict=True forbids falling back)")
+        warnings.warn(PortableFallbackWarning(msg), stacklevel=4)
+
+    def _executor_for(self, art: Artifact):
+        code = next(layer for layer in art.layers if layer.media_type in EXECUTORS)
+        return EXECUTORS[code.media_type](self._container, art)
+
+    # ---- running
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Outputs by name (in signature order), each in ONNX axis order."""
+        if self._executor is None:
+            raise Error(f"{self.path}: the model is closed")
+        checked = check_feeds(self.inputs, feeds, self.path)
+        got = self._executor.run(checked)
+        return {o.name: got[o.name] for o in self.outputs}
+
+    def __call__(self, **arrays) -> dict[str, np.ndarray]:
+        return self.run(arrays)
+
+    # ---- test vectors and validation
+
+    def test_vectors(self) -> list[tuple[dict, dict]]:
+        """The bundled (inputs, expected outputs) cases of the chosen artifact; [] if none."""
+        return _test_vectors(self._container, self._art)
+
+    def validate(self, artifact=None) -> ValidationResult:
+        """Run the bundled test vectors on ``artifact`` (an index or an Artifact;
+        None: the chosen one) and
+        compare each output with the tolerances recorded in that artifact's config."""
+        art, executor = self._art, self._executor
+        if isinstance(artifact, Artifact):
+            artifact = artifact.index
+        if artifact is not None and artifact != self._art.index:
+            art = self._runnable(artifact)
+            executor = self._executor_for(art)
+        if executor is None:
+            raise Error(f"{self.path}: the model is closed")
+        acc = art.config.get("accuracy") or {}
+        rtol, atol = float(acc.get("rtol", 1e-5)), float(acc.get("atol", 1e-6))
+        cases = _test_vectors(self._container, art)
+        worst: dict[str, list] = {o.name: [0.0, 0.0, True, ""] for o in self.outputs}
+        for feeds, want in cases:
+            got = executor.run(check_feeds(self.inputs, feeds, self.path))
+            for name, expected in want.items():
+                if name in worst:
+                    _accumulate(worst[name], got[name], expected, rtol, atol)
+        reason = next(v.reason for v in self.verdicts if v.artifact is art)
+        checks = tuple(OutputCheck(n, w[0], w[1], atol, rtol, w[2], w[3]) for n, w in worst.items())
+        return ValidationResult(_artifact_info(art, reason), len(cases), checks)
+
+    def _runnable(self, index) -> Artifact:
+        verdict = next((v for v in self.verdicts if v.artifact.index == index), None)
+        if verdict is None:
+            raise Error(f"{self.path}: there is no artifact {index!r} "
+                        f"(it has {len(self.verdicts)})")
+        if not verdict.runnable:
+            raise Error(f"{self.path}: artifact {index} cannot run here: {verdict.reason}")
+        return verdict.artifact
+
+    # ---- lifetime
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+        self._container.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<mlpack.Model {self.path!r} on {describe(self._art)}: "
+                f"{', '.join(map(str, self.inputs))} -> {', '.join(map(str, self.outputs))}>")
+
+
+def _accumulate(w: list, got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> None:
+    """Fold one case's comparison into ``w`` = [max abs, max rel, ok, note]."""
+    if got.shape != want.shape:
+        w[2], w[3] = False, f"shape {got.shape} != expected {want.shape}"
+        return
+    if not _is_float(want.dtype):
+        same = np.array_equal(got, want)
+        w[0] = max(w[0], 0.0 if same else float("inf"))
+        w[2] = w[2] and same
+        return
+    g, e = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf is nan: allclose below judges those
+        diff = np.abs(g - e)
+    keep = ~np.isnan(diff)
+    if keep.any():
+        rel = diff[keep] / np.maximum(np.abs(e[keep]), np.finfo(np.float64).tiny)
+        w[0], w[1] = max(w[0], float(diff[keep].max())), max(w[1], float(rel.max()))
+    w[2] = w[2] and bool(np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True))
+
+
+def _is_float(dt: np.dtype) -> bool:
+    try:
+        return dtypes.is_float(dtypes.from_numpy(dt))
+    except KeyError:
+        return False
+
+
+def _test_vectors(container, art: Artifact) -> list[tuple[dict, dict]]:
+    layer = art.layer(media.TESTVECTORS)
+    if layer is None:
+        return []
+    blob = container.blob(layer.digest)
+    meta = read_header(blob).get("metadata") or {}
+    tensors = read_tensors(blob)
+    n = meta.get("cases")
+    if not isinstance(n, int):  # no count recorded: as many as the names say
+        n = len({k.split("/", 1)[0] for k in tensors if k.startswith("case")})
+    cases = []
+    for i in range(n):
+        ins = _case_part(tensors, f"case{i}/input/")
+        outs = _case_part(tensors, f"case{i}/output/")
+        cases.append((ins, outs))
+    return cases
+
+
+def _case_part(tensors: dict, prefix: str) -> dict:
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def load(path, *, device=None, precision=None, accuracy_budget=None, strict=False, threads=None,
+         host: Host | None = None) -> Model:
+    """Open ``path``, select the artifact this host runs best, and make it ready to run.
+
+    ``device`` (cpu, cuda, portable) and ``precision`` (fp32, fp16, bf16, int8) restrict the
+    choice; ``accuracy_budget`` picks the fastest artifact whose recorded max_abs_error is within
+    it; ``strict`` forbids the portable fallback; ``host`` overrides detection (for "what would
+    that machine pick"). Raises a FormatError subclass for a broken container and
+    NoRunnableArtifactError when nothing fits.
+    """
+    return Model(path, device=device, precision=precision, accuracy_budget=accuracy_budget,
+                 strict=strict, threads=threads, host=host)
+
+
+__all__ = ["load", "Model", "TensorInfo", "ArtifactInfo", "ValidationResult", "OutputCheck",
+           "check_feeds"]
