@@ -1,5 +1,10 @@
 """The ``mlpack`` command line (typer).
 
+    mlpack build MODEL.onnx -o OUT.mlpack [--target T]... [--precision P]... [--inputs FILE.npz]
+                 [--dim NAME=SIZE]... [--seed N] [--cases N] [--name NAME] [--quiet]
+    mlpack inspect FILE.mlpack [--host] [--json]
+    mlpack validate FILE.mlpack
+    mlpack run FILE.mlpack --input NAME=FILE.npy ... --output DIR [--device D] [--precision P]
     mlpack import MODEL.onnx [--ir FILE] [--print-ir]
     mlpack run-reference MODEL.onnx --input NAME=FILE.npy ... --output DIR
     mlpack conformance [--filter REGEX] [--jobs N] [-v]
@@ -8,8 +13,8 @@ Every command body runs under ``_errors``: an ``mlpack.Error`` (a user's mistake
 unsupported model) prints as one paragraph ``error: ...`` on stderr and exits 2, never with a
 traceback; anything else is an mlpack bug and prints ``internal error: ...`` with a hint to
 rerun with ``MLPACK_DEBUG=1`` (which shows the traceback), exit 1. The compiler is imported
-inside the commands, so ``mlpack --help`` stays quick. A later command (build, inspect,
-validate, run) is one more ``@command`` function here.
+inside the commands, so ``mlpack --help`` stays quick. The container commands (build, inspect,
+validate, run) are at the end; each is one ``@command`` function.
 """
 
 from __future__ import annotations
@@ -255,6 +260,291 @@ def _update_floor(conformance, results, path: Path) -> None:
     passing = {n for n, (_, verdict, _) in results.items() if verdict == "pass"}
     conformance.write_floor(str(path), floor | passing)
     typer.echo(f"floor: {len(floor)} -> {len(floor | passing)} cases")
+
+
+# ---------------------------------------------------------------- container commands
+
+
+def _key_int(items: list[str], flag: str) -> dict[str, int]:
+    """``NAME=SIZE`` pairs -> {name: size}."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value.strip().isdigit() or int(value) < 1:
+            raise InputError(f"{flag} {item!r}: expected NAME=SIZE with a positive integer size")
+        out[name] = int(value)
+    return out
+
+
+def _progress(quiet: bool):
+    """Progress lines on stderr for a person watching (a terminal), nothing for logs or pipes."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    return lambda line: typer.echo(f"  {line}", err=True)
+
+
+def _err(value) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+@command("build")
+def build_cmd(
+    model: Path = typer.Argument(..., help="the ONNX model file"),
+    output: Path = typer.Option(..., "--output", "-o", help="the container to write (.mlpack)"),
+    target: list[str] = typer.Option([], "--target", "-t",
+                                     help="target to build, repeatable (default: all implemented)"),
+    precision: list[str] = typer.Option([], "--precision", "-p",
+                                        help="precision to build, repeatable (default: all implemented)"),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", help="test inputs: FILE.npz, an array per input"),
+    dim: list[str] = typer.Option([], "--dim", help="NAME=SIZE: a size symbol in the test inputs (default 1)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the random test inputs"),
+    cases: int = typer.Option(2, "--cases", help="how many random test cases"),
+    name: Optional[str] = typer.Option(None, "--name", help="model name (default: the file's stem)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing but errors"),
+) -> None:
+    """Compile a model into one container, with reference test vectors, validated before writing."""
+    from .build import build
+
+    report = build(_existing(model), output, targets=target, precisions=precision,
+                   inputs=_existing(inputs, "test inputs") if inputs else None,
+                   dims=_key_int(dim, "--dim"), seed=seed, cases=cases, name=name,
+                   progress=_progress(quiet))
+    if quiet:
+        return
+    secs = sum(report.timings.values())
+    typer.echo(f"wrote {report.path} ({_bytes(report.size)}) in {secs:.1f}s: model {report.name}, "
+               f"{len(report.artifacts)} artifact{'s' * (len(report.artifacts) != 1)}, "
+               f"{report.cases} test case{'s' * (report.cases != 1)} ({report.reference})")
+    for a in report.artifacts:
+        state = (f"validated on {a.cases} cases, max abs err {_err(a.max_abs_error)}, "
+                 f"max rel err {_err(a.max_rel_error)}" if a.validated else "not runnable here")
+        typer.echo(f"  {a.target} {a.precision}: {state}")
+
+
+# ---- inspect
+
+
+def _layer_sizes(container) -> dict[str, int]:
+    """Bytes of code, weights and test vectors, each distinct blob counted once."""
+    from ..spec import media
+
+    kinds = {media.WEIGHTS: "weights", media.TESTVECTORS: "vectors"}
+    kinds.update({m: "code" for m in media.CODE_MEDIA_TYPES})
+    sizes, seen = {"code": 0, "weights": 0, "vectors": 0, "other": 0}, set()
+    for art in container.artifacts:
+        for layer in art.layers:
+            if layer.digest not in seen:
+                seen.add(layer.digest)
+                sizes[kinds.get(layer.media_type, "other")] += layer.size
+    return sizes
+
+
+def _sig_text(sig: dict) -> str:
+    dims = ", ".join(f"{d['name']}={d['size']}" for d in sig["dims"])
+    return f"{sig['name']}: {sig['dtype']}[{dims}]"
+
+
+def _artifact_doc(art) -> dict:
+    cfg = art.config
+    return {"index": art.index, "device": art.device, "precision": art.precision,
+            "target": cfg["artifact"]["target"], "platform": art.platform,
+            "cpu_features": cfg["artifact"].get("cpu_features") or [],
+            "cuda_sm": cfg["artifact"].get("cuda_sm"), "accuracy": cfg.get("accuracy") or {},
+            "min_runtime": cfg.get("min_runtime"),
+            "layers": [{"media_type": layer.media_type, "digest": layer.digest, "size": layer.size}
+                       for layer in art.layers]}
+
+
+def _host_doc(container) -> dict:
+    """This host and, per artifact, whether this runtime would pick it and why."""
+    from ..runtime import detect_host
+    from ..runtime.model import EXECUTORS
+    from ..runtime.select import host_fault, select_artifact
+    from ..spec.errors import NoRunnableArtifactError
+
+    host = detect_host()
+    try:
+        _, verdicts = select_artifact(container, host, code_types=set(EXECUTORS))
+        rows = [{"index": v.artifact.index, "runnable": v.runnable, "chosen": v.chosen,
+                 "reason": v.reason} for v in verdicts]
+    except NoRunnableArtifactError:
+        rows = []
+        for art in container.artifacts:
+            fault = host_fault(art, host, set(EXECUTORS))
+            rows.append({"index": art.index, "runnable": fault is None, "chosen": False,
+                         "reason": f"passed over: {fault}" if fault else "runnable"})
+    return {"host": host.describe(), "verdicts": rows}
+
+
+def inspect_doc(container, host: bool) -> dict:
+    """Everything ``mlpack inspect`` shows, as one JSON-able document."""
+    model = container.artifacts[0].config["model"]
+    doc = {"file": container.path, "size": container.file_size,
+           "format_version": ".".join(map(str, container.format_version)),
+           "model": container.name, "tag": container.tag, "sizes": _layer_sizes(container),
+           "inputs": model["inputs"], "outputs": model["outputs"],
+           "artifacts": [_artifact_doc(a) for a in container.artifacts]}
+    if host:
+        doc.update(_host_doc(container))
+    return doc
+
+
+def _inspect_lines(doc: dict) -> list[str]:
+    sizes = doc["sizes"]
+    lines = [f"file:       {doc['file']} ({_bytes(doc['size'])})",
+             f"format:     {doc['format_version']}",
+             f"model:      {doc['model']} (tag {doc['tag']})",
+             f"contents:   code {_bytes(sizes['code'])}, weights {_bytes(sizes['weights'])}, "
+             f"test vectors {_bytes(sizes['vectors'])}"]
+    lines += [f"input:      {_sig_text(s)}" for s in doc["inputs"]]
+    lines += [f"output:     {_sig_text(s)}" for s in doc["outputs"]]
+    lines.append(f"artifacts:  {len(doc['artifacts'])}")
+    for a in doc["artifacts"]:
+        acc = a["accuracy"]
+        lines.append(f"  [{a['index']}] {a['device']:<8} {a['target']:<10} {a['precision']:<5} "
+                     f"platform {_platform_doc(a['platform'])}, max abs err "
+                     f"{_err(acc.get('max_abs_error'))} vs {acc.get('reference', '?')}, "
+                     f"min runtime {a['min_runtime']}")
+    if "host" in doc:
+        lines.append(f"host:       {doc['host']}")
+        lines += [f"  [{v['index']}] {v['reason']}" for v in doc["verdicts"]]
+    return lines
+
+
+def _platform_doc(p) -> str:
+    return "/".join(p.get(k) for k in ("os", "architecture", "variant") if p.get(k)) if p else "any"
+
+
+def _open(path: Path):
+    from ..spec.container import open_container
+
+    return open_container(_existing(path, "container"))
+
+
+@command("inspect")
+def inspect_cmd(
+    file: Path = typer.Argument(..., help="the container (.mlpack)"),
+    host: bool = typer.Option(False, "--host", help="say which artifact this host would run, and why"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Show what a container holds: signature, artifacts, sizes; with --host, the selection."""
+    import json
+
+    with _open(file) as container:
+        doc = inspect_doc(container, host)
+    if json_out:
+        typer.echo(json.dumps(doc, indent=1, sort_keys=True))
+        return
+    for line in _inspect_lines(doc):
+        typer.echo(line)
+
+
+# ---- validate
+
+
+class ValidationFailed(Error):
+    """An artifact of the container misses its bundled test vectors."""
+
+
+def _validate_rows(path: str) -> list[dict]:
+    """One row per artifact: the vectors run where this host can, the reason where not."""
+    import warnings
+
+    from ..runtime import load
+    from ..spec.errors import PortableFallbackWarning
+
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PortableFallbackWarning)
+        with load(path) as model:
+            for v in model.verdicts:
+                art = v.artifact
+                row = {"index": art.index, "device": art.device, "precision": art.precision,
+                       "target": art.config["artifact"]["target"], "cases": 0,
+                       "max_abs": None, "max_rel": None}
+                if not v.runnable:
+                    rows.append({**row, "verdict": "skipped", "detail": v.reason})
+                    continue
+                rows.append({**row, **_validate_one(model, art.index)})
+    return rows
+
+
+def _validate_one(model, index: int) -> dict:
+    result = model.validate(index)
+    out = {"cases": result.cases,
+           "max_abs": max((o.max_abs_error for o in result.outputs), default=0.0),
+           "max_rel": max((o.max_rel_error for o in result.outputs), default=0.0)}
+    if result.cases == 0:  # another writer's container may carry none: nothing to hold it to
+        return {**out, "verdict": "no vectors", "detail": "the artifact carries no test vectors"}
+    bad = [o for o in result.outputs if not o.ok]
+    if not bad:
+        return {**out, "verdict": "ok", "detail": ""}
+    detail = "; ".join(f"output {o.name!r} max abs err {o.max_abs_error:.3g} (atol {o.atol:g}, "
+                       f"rtol {o.rtol:g}){' ' + o.note if o.note else ''}" for o in bad)
+    return {**out, "verdict": "FAIL", "detail": detail}
+
+
+def _table(rows: list[dict]) -> list[str]:
+    head = ("artifact", "device", "target", "precision", "cases", "max abs err", "max rel err",
+            "verdict")
+    body = [(str(r["index"]), r["device"], r["target"], r["precision"], str(r["cases"]),
+             _err(r["max_abs"]), _err(r["max_rel"]), r["verdict"]) for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    return ["  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in (head, *body)]
+
+
+@command("validate")
+def validate_cmd(file: Path = typer.Argument(..., help="the container (.mlpack)")) -> None:
+    """Check structure and every digest, then run the bundled test vectors on every artifact this
+    host can run; exit 2 on any failure (usable as a CI step)."""
+    with _open(file):  # structure and every blob's digest, before running anything
+        pass
+    rows = _validate_rows(str(file))
+    for line in _table(rows):
+        typer.echo(line)
+    for r in rows:
+        if r["verdict"] != "ok" and r["detail"]:
+            typer.echo(f"  [{r['index']}] {r['verdict']}: {r['detail']}")
+    failed = [r for r in rows if r["verdict"] == "FAIL"]
+    if failed:
+        names = ", ".join(f"{r['index']} ({r['target']} {r['precision']})" for r in failed)
+        raise ValidationFailed(f"{file}: {len(failed)} of {len(rows)} artifacts fail their test "
+                               f"vectors: {names}")
+
+
+# ---- run
+
+
+@command("run")
+def run_cmd(
+    file: Path = typer.Argument(..., help="the container (.mlpack)"),
+    inputs: list[str] = typer.Option([], "--input", "-i", help="NAME=FILE.npy, once per input"),
+    output: Path = typer.Option(..., "--output", "-o", help="folder to write NAME.npy per output"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or portable"),
+    precision: Optional[str] = typer.Option(None, "--precision", help="fp32, fp16, bf16 or int8"),
+) -> None:
+    """Run a container on this host; write each output as NAME.npy."""
+    import warnings
+
+    import numpy as np
+
+    from ..runtime import load
+    from ..spec.errors import PortableFallbackWarning
+
+    feeds = parse_inputs(inputs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PortableFallbackWarning)
+        model = load(_existing(file, "container"), device=device, precision=precision)
+    for w in caught:  # one line for a person, not Python's warning format with file and line
+        if isinstance(w.message, PortableFallbackWarning):
+            typer.echo(f"note: {one_paragraph(w.message)}", err=True)
+    with model:
+        results = model.run(feeds)
+    output.mkdir(parents=True, exist_ok=True)
+    for name, value in results.items():
+        target = output / f"{name.replace('/', '_').replace(os.sep, '_')}.npy"
+        np.save(target, value)
+        typer.echo(f"{name}: {value.dtype}{list(value.shape)} -> {target}")
 
 
 @app.callback()

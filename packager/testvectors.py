@@ -110,9 +110,16 @@ def load_npz(path, graph) -> list[dict]:
         raise InputError(f"{path}: no such file (--inputs)") from None
     except Exception as e:  # np.load raises many kinds for a bad file
         raise InputError(f"{path}: not a readable .npz file ({e})") from None
+    return user_case(feeds, graph, path)
+
+
+def user_case(feeds: dict, graph, where: str) -> list[dict]:
+    """A user's inputs as the one test case, checked against the graph's inputs (names, ranks,
+    dtypes); arrays it has beyond the inputs are ignored."""
     specs = input_specs(graph)
-    _check_case(feeds, specs, path)
-    return [{s.name: feeds[s.name].astype(dt.to_numpy(s.dtype), copy=False) for s in specs}]
+    feeds = {k: np.asarray(v) for k, v in feeds.items()}
+    _check_case(feeds, specs, where)
+    return [{s.name: feeds[s.name] for s in specs}]
 
 
 def _check_case(feeds: dict, specs: list[InputSpec], where: str) -> None:

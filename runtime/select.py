@@ -223,7 +223,9 @@ def rank_key(art: Artifact, budget) -> tuple:
 # ---------------------------------------------------------------- step 3: explain
 
 
-def _chosen_reason(art: Artifact, host: Host, budget, others: int) -> str:
+def _chosen_reason(art: Artifact, device, budget, others: int) -> str:
+    if device == "portable":
+        return "chosen: the portable artifact was requested"
     if budget is not None:
         return (f"chosen: {describe(art)} is the fastest artifact within the accuracy budget "
                 f"{budget:g} (max_abs_error {max_abs_error(art):g})")
@@ -277,7 +279,7 @@ def select_artifact(container, host: Host, *, device=None, precision=None, accur
     for v in verdicts:
         if v.artifact is winner:
             v.chosen = True
-            v.reason = _chosen_reason(winner, host, accuracy_budget, runnable - 1)
+            v.reason = _chosen_reason(winner, device, accuracy_budget, runnable - 1)
         elif not v.reason:
             v.reason = _loser_reason(v.artifact, winner, accuracy_budget)
     return winner, verdicts

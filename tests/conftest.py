@@ -8,12 +8,15 @@ checkout clean; set ``HYPOTHESIS_PROFILE=thorough`` for more examples.
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import onnx
 import pytest
 from hypothesis import HealthCheck, settings
 from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # so tests can import support
 
 settings.register_profile("default", database=None, deadline=None, max_examples=60,
                           suppress_health_check=[HealthCheck.too_slow])

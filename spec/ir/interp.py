@@ -16,8 +16,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .expr import Expr
-from .graph import (Comprehension, For, Graph, If, Let, Procedure, SetSize, Store, TensorType,
-                    While, tensors_read)
+from .graph import (Comprehension, For, Graph, If, Let, Procedure, SetSize, Store, While, tensors_read)
 from .expr import index_value
 from ..errors import InterpError
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
@@ -10,19 +9,14 @@ import pytest
 from mlpack.codegen.compile import compile_onnx
 from mlpack.spec.ir.parser import parse_graph
 from mlpack.spec.ir.printer import format_graph
+import support
 
 MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
 
 
-def _load_light():
-    spec = importlib.util.spec_from_file_location("mlpack_test_light",
-                                                  os.path.join(MODELS_DIR, "light.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-light = _load_light()
+light = support.load_light()
 
 
 @pytest.mark.parametrize("name", light.NAMES)

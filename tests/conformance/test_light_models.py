@@ -9,7 +9,6 @@ compiled graph on the reference interpreter; ONNX Runtime is only the oracle.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import warnings
 
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from mlpack import backend
+import support
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -24,15 +24,9 @@ MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mod
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def _load_light():
-    spec = importlib.util.spec_from_file_location("mlpack_test_light",
-                                                  os.path.join(MODELS_DIR, "light.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-light = _load_light()
+light = support.load_light()
 
 
 def _mlpack(model, feeds: dict[str, np.ndarray]) -> np.ndarray:

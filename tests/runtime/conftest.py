@@ -1,110 +1,11 @@
-"""Synthetic containers for the runtime tests: a tiny valid portable program plus fake native
-artifacts (their code is never executed: selection reads only descriptors and configs).
-
-``tiny``: y = relu(x + b), x f32[batch, 4]. ``two``: three inputs sharing symbolic dims, an
-output whose program layout differs from the signature's order (the runtime must transpose).
-"""
+"""Fixtures of the runtime tests: the IR graphs of runtime_helpers.py, parsed."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from runtime_helpers import TINY, TWO
 
-from mlpack.runtime import Host
-from mlpack.spec import container as c
-from mlpack.spec import media
-from mlpack.spec.ir import parse_graph, run_graph
-from mlpack.spec.ir.program import dumps_program
-from mlpack.spec.tensorfile import write_tensors
-
-TINY = """graph "tiny" {
-  in %x: f32{batch=$batch, c=4} (batch, c)
-  const %b: f32{c=4} (c) = [0.0, 1.0, 2.0, 3.0]
-  %y: f32{batch=$batch, c=4} = max(%x[batch=batch, c=c] + %b[c=c], 0.0)
-  out %y (batch, c)
-}"""
-
-TWO = """graph "two" {
-  in %ids: i64{batch=$batch, seq=$seq} (batch, seq)
-  in %mask: f32{batch=$batch, seq=$seq} (batch, seq)
-  in %scale: f32{c=3} (c)
-  %y: f32{batch=$batch, seq=$seq, c=3} = cast<f32>(%ids[batch=batch, seq=seq]) * %mask[batch=batch, seq=seq] * %scale[c=c]
-  out %y (c, batch, seq)
-}"""
-
-# a typical host of each kind
-AVX512 = Host("linux", "amd64", frozenset({"sse4_2", "avx2", "fma", "avx512f", "avx512bw"}), 4)
-AVX2 = Host("linux", "amd64", frozenset({"sse4_2", "avx2", "fma"}), 3)
-OLD_X86 = Host("linux", "amd64", frozenset({"sse2"}), 1)
-ARM = Host("linux", "arm64", frozenset({"neon", "fp16", "dotprod"}), None)
-GPU = Host("linux", "amd64", frozenset({"sse4_2", "avx2", "fma"}), 3, cuda_sm=86)
-
-
-def _sig(g, name: str, order=None) -> dict:
-    ty = g.types[name]
-    port = next(p for p in g.inputs + g.outputs if p.name == name)
-    dims = order or port.layout
-    return c.signature(name, ty.dtype, [(d, _size(ty.dims[d])) for d in dims])
-
-
-def _size(e):
-    return "$" + e.arg if e.op == "sym" else e.arg
-
-
-def test_vector_layer(g, cases, out_order) -> bytes:
-    """The test-vector archive: case{i}/input/{name}, case{i}/output/{name}; {"cases": N}."""
-    tensors = {}
-    for i, feeds in enumerate(cases):
-        outs = run_graph(g, feeds)
-        for name, a in feeds.items():
-            tensors[f"case{i}/input/{name}"] = a
-        for name, a in outs.items():
-            layout = next(p.layout for p in g.outputs if p.name == name)
-            perm = [layout.index(d) for d in out_order.get(name, layout)]
-            tensors[f"case{i}/output/{name}"] = np.ascontiguousarray(np.transpose(a, perm))
-    return write_tensors(tensors, {"cases": len(cases)})
-
-
-def artifact(g, device="portable", precision="fp32", target="portable", features=(), cuda_sm=None,
-             err=0.0, out_order=None, cases=None, code=None, platform=None, **acc) -> c.ArtifactSpec:
-    out_order = out_order or {}
-    inputs = [_sig(g, p.name) for p in g.inputs]
-    outputs = [_sig(g, p.name, out_order.get(p.name)) for p in g.outputs]
-    accuracy = {"reference": "test", "max_abs_error": err, "max_rel_error": err,
-                "rtol": acc.get("rtol", 1e-5), "atol": acc.get("atol", 1e-6)}
-    config = c.make_config(g.name, inputs, outputs, device=device, precision=precision,
-                           target=target, accuracy=accuracy, cpu_features=features, cuda_sm=cuda_sm,
-                           min_runtime=acc.get("min_runtime", media.MIN_RUNTIME))
-    if code is None:
-        code = (c.Layer(media.PROGRAM_PORTABLE, dumps_program(g)) if device == "portable"
-                else c.Layer(media.CODE_PTX if device == "cuda" else media.CODE_ELF,
-                             f"fake {target} code".encode()))
-    layers = [code, c.Layer(media.WEIGHTS, write_tensors({k.name: k.data for k in g.constants.values()}))]
-    if cases:
-        layers.append(c.Layer(media.TESTVECTORS, test_vector_layer(g, cases, out_order)))
-    if platform is None:
-        platform = (media.platform_for(target) if device == "cpu" else
-                    {"os": "linux", "architecture": "amd64"} if device == "cuda" else None)
-    return c.ArtifactSpec(config, layers, platform)
-
-
-def every_target(g) -> list[c.ArtifactSpec]:
-    """Portable, x86-64 v2/v3/v4, aarch64 (fp32, fp16 with dotprod), cuda sm_80 (fp32, fp16)."""
-    return [
-        artifact(g),
-        artifact(g, "cpu", target="x86_64-v2", features=("sse4_2",)),
-        artifact(g, "cpu", target="x86_64-v3", features=("avx2", "fma")),
-        artifact(g, "cpu", target="x86_64-v4", features=("avx512f", "avx512bw")),
-        artifact(g, "cpu", target="aarch64", features=("neon",)),
-        artifact(g, "cpu", "fp16", target="aarch64", features=("neon", "fp16", "dotprod"), err=2e-3),
-        artifact(g, "cuda", target="cuda", cuda_sm=80),
-        artifact(g, "cuda", "fp16", target="cuda", cuda_sm=80, err=1e-3),
-    ]
-
-
-def write(path, g, specs) -> str:
-    c.write_container(str(path), g.name, specs)
-    return str(path)
+from mlpack.spec.ir import parse_graph
 
 
 @pytest.fixture

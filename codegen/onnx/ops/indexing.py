@@ -8,7 +8,6 @@ data-dependent output size, so it is a procedure that sets that size.
 
 from __future__ import annotations
 
-from ....spec.ir import dtypes as dt
 from ....spec.ir import expr as ex
 from ....spec.ir.graph import For, If, Let, SetSize, Store, TensorType
 from ..registry import op

@@ -8,7 +8,6 @@ zero points are separate elementwise comprehensions around it.
 
 from __future__ import annotations
 
-from ....spec.ir import dtypes as dt
 from ....spec.ir import expr as ex
 from ..registry import op
 from ..values import Value

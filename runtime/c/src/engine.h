@@ -20,7 +20,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The public functions are declared with default visibility here, so a definition in any file
+ * that includes engine.h is exported even under -fvisibility=hidden (and nothing else is). */
+#pragma GCC visibility push(default)
 #include "mlpack.h"
+#pragma GCC visibility pop
 #include "mlpack_abi.h"
 
 /* ---------------------------------------------------------------- error.c */
@@ -36,6 +40,7 @@ typedef struct mp_json {
   int boolean;
   double number;
   int is_int;                 /* the number was written as an integer that fits int64 */
+  int is_integral;            /* written as an integer (no fraction or exponent), any size */
   int64_t integer;
   const char *string;         /* NUL-terminated (strings with NUL bytes are refused) */
   size_t length;              /* array/object entry count, or string length */
@@ -52,6 +57,10 @@ const mp_json *mp_json_root(const mp_json_doc *doc);
 void mp_json_free(mp_json_doc *doc);
 const mp_json *mp_json_get(const mp_json *obj, const char *key);        /* NULL if absent / not an object */
 const char *mp_json_get_string(const mp_json *obj, const char *key);    /* NULL if absent / not a string */
+/* A copy of s[0..n) (NUL-terminated) owned by doc; NULL when out of memory. */
+char *mp_json_strdup(mp_json_doc *doc, const char *s, size_t n);
+/* 0 when s[0..n) is valid UTF-8 (as Python's strict decoder: no overlong forms, no surrogates). */
+int mp_utf8_check(const uint8_t *s, size_t n);
 
 /* ---------------------------------------------------------------- sha256.c */
 typedef struct { uint32_t h[8]; uint64_t len; uint8_t buf[64]; size_t fill; } mp_sha256;
@@ -76,7 +85,9 @@ typedef struct mp_artifact {
   int cuda_sm;                                    /* 0 when not cuda */
   int min_runtime[3];                             /* MAJOR.MINOR.PATCH */
   double max_abs_error;                           /* recorded accuracy; -1 if absent */
-  const char *code_media_type;
+  const char *code_media_type;                    /* NULL when no layer is code we know */
+  const char *min_runtime_text;                   /* as written; min_runtime[0] = -1 if unparsable */
+  int has_platform;                               /* the descriptor has an OCI platform */
   mp_blob code, weights, vectors;                 /* size 0 when the layer is absent */
 } mp_artifact;
 
@@ -96,6 +107,10 @@ typedef struct mp_container {
 /* Strict: every check of spec/container.py (the same corpus, spec/conformance, tests both).
  * With verify, every blob's digest is checked with read(), not through the mapping. */
 mlpack_status mp_container_open(const char *path, int verify, mp_container **out, mlpack_error **err);
+/* The same parser over bytes in memory (the fuzzer's entry point; `what` names them). The
+ * bytes must outlive the container; blobs point into them. */
+mlpack_status mp_container_open_memory(const void *data, size_t size, const char *what, int verify,
+                                       mp_container **out, mlpack_error **err);
 void mp_container_close(mp_container *c);
 
 /* ---------------------------------------------------------------- tensors.c */
@@ -130,6 +145,8 @@ typedef struct mp_host {
 } mp_host;
 
 void mp_host_detect(mp_host *out);
+/* "linux/amd64 x86-64 v4, no CUDA GPU": for messages (as runtime/host.py's Host.describe). */
+void mp_host_describe(const mp_host *h, char *buf, size_t size);
 int mp_host_has_feature(const mp_host *h, const char *feature);
 
 /* ---------------------------------------------------------------- select.c */
@@ -141,6 +158,8 @@ typedef struct mp_verdict {
 
 /* Fill verdicts[artifact_count]; *chosen is the index picked. MLPACK_ERR_NO_ARTIFACT with a
  * message listing each artifact's reason when none is runnable. `runtime_version` is ours. */
+/* One line per artifact, "  <describe>: <reason>\n", as runtime/select.py's explain. */
+void mp_artifact_describe(const mp_artifact *a, char *buf, size_t size);
 mlpack_status mp_select(const mp_container *c, const mp_host *h, const mlpack_options *opts,
                         mp_verdict *verdicts, size_t *chosen, mlpack_error **err);
 
@@ -166,11 +185,26 @@ typedef struct mp_pool mp_pool;
 
 typedef struct mp_run {          /* one call of mlpack_run, after inputs are checked */
   const void *const *inputs;     /* in signature order */
-  void **outputs;                /* in signature order, allocated to their shapes */
-  const char *const *sym_names;  /* every symbol of the signature */
+  void **outputs;                /* in signature order, allocated to their shapes; NULL for an
+                                  * output whose shape depends on data (see mp_run_output) */
+  const char *const *sym_names;  /* every symbol of the signature (names without '$') */
   const int64_t *sym_values;
   size_t sym_count;
+  /* added by api_run.c (additive): */
+  mlpack_model *model;
+  const int64_t *in_shapes;      /* input_count x 8: the caller's input shapes */
+  const int64_t *out_shapes;     /* output_count x 8: known output shapes; -1 in a dim that a
+                                  * symbol no input binds (data-dependent: the executor sets it) */
 } mp_run;
+
+/* api_run.c: for an output whose shape depends on data (run->outputs[i] == NULL), the executor
+ * calls this once it knows the shape; it allocates the output (owned by the model), records the
+ * shape, sets run->outputs[i] and *data. Also valid for an already allocated output when the
+ * shape is the same (it then just returns the buffer). */
+mlpack_status mp_run_output(const mp_run *run, size_t i, const int64_t *shape, void **data,
+                            mlpack_error **err);
+/* api_run.c: free the outputs of the last run (out_data, out_shapes); mlpack_close calls it. */
+void mp_run_release(mlpack_model *m);
 
 struct mp_executor {
   mlpack_status (*run)(mp_executor *self, const mp_run *run, mlpack_error **err);

@@ -11,13 +11,13 @@ errors for what cannot be unrolled.
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from mlpack import backend
 from mlpack.codegen.errors import UnsupportedOpError
+import support
 
 RNG = np.random.default_rng(0)
 F, I64, B = TP.FLOAT, TP.INT64, TP.BOOL
@@ -37,13 +37,7 @@ def model(nodes, inputs, outputs, inits=(), opset=18):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
-def check(m, feeds, rtol=1e-4, atol=1e-5):
-    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = backend.prepare(m).run(feeds)
-    assert len(got) == len(want)
-    for w, g in zip(want, got):
-        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+check = support.check
 
 
 def rand(*shape):

@@ -9,16 +9,15 @@ the reductions of the scatters: rtol=1e-5).
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
-from mlpack import backend
 from mlpack.codegen.compile import compile_onnx
 from mlpack.spec.ir.parser import parse_graph
 from mlpack.spec.ir.printer import format_graph
+import functools
+import support
 
 RNG = np.random.default_rng(0)
 F, I64, B = TP.FLOAT, TP.INT64, TP.BOOL
@@ -33,16 +32,7 @@ def model(op, inputs, outputs, attrs=None, inits=(), opset=18, in_names=None):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
 
 
-def check(m, feeds, rtol=1e-6, atol=1e-6, oracle="ort"):
-    if oracle == "ort":
-        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-        want = sess.run(None, feeds)
-    else:  # ONNX's reference, where onnxruntime departs from the spec's test data
-        want = ReferenceEvaluator(m).run(None, feeds)
-    got = backend.prepare(m).run(feeds)
-    for w, g in zip(want, got):
-        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+check = functools.partial(support.check, rtol=1e-6, atol=1e-6)
 
 
 def rand(*shape):

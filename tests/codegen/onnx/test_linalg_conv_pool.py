@@ -10,7 +10,6 @@ symbolic (dim_param) batch dim and runs at two batch sizes on one compiled model
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
@@ -18,6 +17,8 @@ from onnx import helper, numpy_helper
 from mlpack import backend
 from mlpack.spec.ir.graph import Comprehension
 from mlpack.codegen.onnx.importer import import_model
+import functools
+import support
 
 RNG = np.random.default_rng(0)
 F = TP.FLOAT
@@ -44,17 +45,7 @@ def randn(*shape):
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def check(m, feeds, rtol=RTOL, atol=ATOL, rep=None):
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    want = sess.run(None, feeds)
-    got = (rep or backend.prepare(m)).run(feeds)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-        if np.issubdtype(w.dtype, np.integer):
-            np.testing.assert_array_equal(g, w)
-        else:
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+check = functools.partial(support.check, rtol=RTOL, atol=ATOL)
 
 
 # ---------------------------------------------------------------- contractions

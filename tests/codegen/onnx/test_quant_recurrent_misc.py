@@ -14,10 +14,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 from mlpack import backend
 from mlpack.codegen.errors import UnsupportedOpError
+import support
 
 RNG = np.random.default_rng(0)
 F, I64, U8, I8 = TP.FLOAT, TP.INT64, TP.UINT8, TP.INT8
@@ -35,21 +35,7 @@ def model(op, inputs, outputs, attrs=None, inits=(), opset=21, in_names=None, do
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
 
 
-def check(m, feeds, rtol=1e-4, atol=1e-5, oracle="ort", int_slack=0):
-    if oracle == "ort":
-        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-        want = sess.run(None, feeds)
-    else:
-        want = ReferenceEvaluator(m).run(None, feeds)
-    got = backend.prepare(m).run(feeds)
-    assert len(got) == len(want)
-    for w, g in zip(want, got):
-        w = np.asarray(w)
-        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-        if w.dtype.kind in "iub":
-            assert np.abs(g.astype(np.int64) - w.astype(np.int64)).max(initial=0) <= int_slack
-        else:
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+check = support.check
 
 
 def rand(*shape, dtype=np.float32):

@@ -16,6 +16,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from mlpack import backend
+import support
 
 RNG = np.random.default_rng(0)
 F, I32, I64 = TP.FLOAT, TP.INT32, TP.INT64
@@ -41,17 +42,7 @@ def floats(name, values):
     return numpy_helper.from_array(np.asarray(values, dtype=np.float32), name)
 
 
-def check(m, feeds, rtol=1e-4, atol=1e-5):
-    want = ort.InferenceSession(m.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = backend.prepare(m).run(feeds)
-    assert len(got) == len(want)
-    for w, g in zip(want, got):
-        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-        if w.dtype.kind in "iub":
-            np.testing.assert_array_equal(g, w)
-        else:
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+check = support.check
 
 
 def rand(*shape):

@@ -9,14 +9,13 @@ a symbolic (dim_param) batch dim imports with symbolic sizes and that views make
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from mlpack import backend
 from mlpack.spec.ir.graph import Comprehension
 from mlpack.codegen.onnx.importer import import_model
+import support
 
 RNG = np.random.default_rng(0)
 F, I64, B = TP.FLOAT, TP.INT64, TP.BOOL
@@ -43,13 +42,7 @@ def ints(name, values):
     return numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
 
 
-def check(m, feeds, rtol=1e-4, atol=1e-5):
-    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = backend.prepare(m).run(feeds)
-    assert len(got) == len(want)
-    for w, g in zip(want, got):
-        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+check = support.check
 
 
 def rand(*shape):

@@ -1,0 +1,348 @@
+"""``mlpack build``: one ONNX model in, one container out, every artifact in it proven to run.
+
+    report = build("model.onnx", "model.mlpack")            # all implemented targets/precisions
+    build(model, out, dims={"batch": 2}, cases=2, seed=0)   # test-vector shapes and data
+
+The steps, each timed in ``BuildReport.timings`` and announced through ``progress``:
+
+1. **import** and **compile** the model (``codegen.compile_onnx``) into an IR graph;
+2. **reference outputs**: seeded inputs (or the user's ``.npz``) and what ONNX Runtime computes
+   for them, the test vectors every artifact carries (``testvectors.py``);
+3. **lower** each requested target x precision into an artifact (today: the portable program,
+   fp32), with its weights and the vectors;
+4. **validate**: the container is written to a scratch file and opened with the runtime, exactly
+   as a user would; every artifact this host can run runs the vectors. One that misses the
+   tolerance is dead on arrival and the build fails (``DeadOnArrivalError``) with no output;
+5. **write** the final container (deterministic bytes, atomic rename) with each artifact's
+   measured accuracy in its config. The scratch file is removed whatever happens, Ctrl-C
+   included, and the output path only ever appears complete.
+
+A target or precision that is planned but not implemented is refused by name, never skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..spec import media
+from ..spec.container import ArtifactSpec, Layer, make_config, signature, write_container
+from ..spec.errors import Error
+from . import testvectors as tv
+
+# every target name mlpack knows, in the order `inspect` lists them; IMPLEMENTED can build today
+TARGETS = ("portable", "x86_64-v2", "x86_64-v3", "x86_64-v4", "aarch64", "cuda")
+IMPLEMENTED_TARGETS = ("portable",)
+PRECISIONS = media.PRECISIONS
+IMPLEMENTED_PRECISIONS = ("fp32",)
+
+# the fp32 tolerance against ONNX Runtime: summation order differs, so bits do not match
+RTOL, ATOL = 1e-4, 1e-5
+
+
+class BuildError(Error):
+    """The build cannot go on: an unknown or unimplemented target, a model it cannot package."""
+
+
+class DeadOnArrivalError(BuildError):
+    """An artifact fails its own test vectors on the build host; no container is written."""
+
+
+@dataclass
+class ArtifactReport:
+    """One artifact of a finished build and what validating it measured."""
+
+    target: str
+    device: str
+    precision: str
+    validated: bool  # False where this host cannot run it (the C engine or a GPU will)
+    cases: int = 0
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+
+
+@dataclass
+class BuildReport:
+    """What ``build`` wrote: the file, its parts' sizes, the artifacts and the time per step."""
+
+    path: str
+    name: str
+    size: int
+    reference: str
+    cases: int
+    artifacts: list[ArtifactReport]
+    layer_sizes: dict[str, int]  # code, weights, vectors: bytes, each blob counted once
+    timings: dict[str, float] = field(default_factory=dict)  # step name -> seconds
+
+
+# ---------------------------------------------------------------- choosing what to build
+
+
+def _pick(asked, known: tuple[str, ...], implemented: tuple[str, ...], what: str) -> list[str]:
+    """The requested names, checked; all implemented ones when none were asked for."""
+    if not asked:
+        return list(implemented)
+    out = []
+    for name in asked:
+        if name not in known:
+            raise BuildError(f"unknown {what} {name!r}; {what}s are: {', '.join(known)}")
+        if name not in implemented:
+            raise BuildError(f"{what} {name} is not implemented yet (planned); available: "
+                             f"{', '.join(implemented)}")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def plan_artifacts(targets=None, precisions=None) -> list[tuple[str, str]]:
+    """(target, precision) pairs to build; the portable fp32 artifact is always among them (the
+    spec promises that every container runs somewhere)."""
+    pairs = [(t, p) for t in _pick(targets, TARGETS, IMPLEMENTED_TARGETS, "target")
+             for p in _pick(precisions, PRECISIONS, IMPLEMENTED_PRECISIONS, "precision")]
+    if ("portable", "fp32") not in pairs:
+        pairs.insert(0, ("portable", "fp32"))
+    return pairs
+
+
+# ---------------------------------------------------------------- progress
+
+
+class _Steps:
+    """Times the steps and tells ``progress`` (a callable taking one line) when each starts."""
+
+    def __init__(self, progress: Callable[[str], None] | None):
+        self.progress = progress
+        self.timings: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        if self.progress:
+            self.progress(f"{name}...")
+        t0 = time.perf_counter()
+        yield
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- the pieces
+
+
+def _compile(proto):
+    from ..codegen.compile import compile_onnx
+    from ..codegen.onnx.builder import NeedsValue
+
+    try:
+        return compile_onnx(proto)
+    except NeedsValue as e:
+        raise BuildError(f"{e}; mlpack build packages models whose shapes follow from their "
+                         "input shapes only (this one needs an input's value at compile time)") from None
+
+
+def _size(e):
+    """A config dim size: a count, or the size expression as text (``$batch``, ``$seq * 2``)."""
+    from ..spec.ir.printer import format_expr
+
+    return e.value if e.is_const else format_expr(e)
+
+
+def model_signature(graph) -> tuple[list[dict], list[dict]]:
+    """Config inputs and outputs: the graph's ports with their dims in layout (ONNX) order, so
+    the program's layouts equal the signature's and the runtime needs no transposes."""
+    def sig(port):
+        ty = graph.types[port.name]
+        return signature(port.name, ty.dtype, [(d, _size(ty.dims[d])) for d in port.layout])
+
+    return [sig(p) for p in graph.inputs], [sig(p) for p in graph.outputs]
+
+
+def _weights(graph) -> bytes:
+    from ..spec.tensorfile import write_tensors
+
+    return write_tensors({c.name: c.data for c in graph.constants.values()})
+
+
+def _accuracy(reference: str, check=None) -> dict:
+    acc = {"reference": reference, "rtol": RTOL, "atol": ATOL}
+    if check is not None:
+        for key, value in (("max_abs_error", check[0]), ("max_rel_error", check[1])):
+            if value is not None and math.isfinite(value):  # JSON has no inf; omit what is unknown
+                acc[key] = float(value)
+    return acc
+
+
+def _portable_artifact(name: str, graph, sig, weights: bytes, vectors: bytes, reference: str,
+                       check=None) -> ArtifactSpec:
+    from ..spec.ir.program import dumps_program
+
+    config = make_config(name, *sig, device="portable", precision="fp32", target="portable",
+                         accuracy=_accuracy(reference, check), min_runtime=media.MIN_RUNTIME)
+    layers = [Layer(media.PROGRAM_PORTABLE, dumps_program(graph)), Layer(media.WEIGHTS, weights),
+              Layer(media.TESTVECTORS, vectors)]
+    return ArtifactSpec(config, layers, media.platform_for("portable"))
+
+
+def _lower(pairs, name, graph, weights, vectors, reference, checks) -> list[ArtifactSpec]:
+    """One ArtifactSpec per (target, precision); ``checks`` fills in measured accuracy."""
+    sig = model_signature(graph)
+    out = []
+    for i, (target, precision) in enumerate(pairs):
+        if (target, precision) != ("portable", "fp32"):  # _pick admits nothing else yet
+            raise BuildError(f"target {target} {precision} is not implemented yet (planned)")
+        out.append(_portable_artifact(name, graph, sig, weights, vectors, reference,
+                                      checks.get(i)))
+    return out
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _scratch_path(output: str) -> str:
+    """A new empty file next to ``output``, for the container under validation."""
+    folder = os.path.dirname(os.path.abspath(output))
+    fd, path = tempfile.mkstemp(prefix=f".{os.path.basename(output)}.", suffix=".validating",
+                                dir=folder)
+    os.close(fd)
+    return path
+
+
+def _dead_on_arrival(result, pairs, output: str) -> DeadOnArrivalError:
+    i = result.artifact.index
+    target, precision = pairs[i]
+    bad = [o for o in result.outputs if not o.ok]
+    if result.cases == 0:
+        detail = "it carries no test vectors"
+    else:
+        detail = "; ".join(
+            f"output {o.name!r}: max abs error {o.max_abs_error:.3g}, max rel error "
+            f"{o.max_rel_error:.3g} (allowed atol {o.atol:g}, rtol {o.rtol:g})"
+            + (f", {o.note}" if o.note else "") for o in bad)
+    return DeadOnArrivalError(f"artifact {i} ({target}, {precision}) fails its test vectors on "
+                              f"this host: {detail}; nothing written to {output}")
+
+
+def validate_container(path: str, pairs, output: str) -> dict[int, tuple]:
+    """Open ``path`` with the runtime and run the vectors on every artifact this host can run.
+
+    Returns {artifact index: (max abs error, max rel error, cases)}; raises DeadOnArrivalError
+    for the first artifact that fails."""
+    from ..runtime import load
+    from ..spec.errors import PortableFallbackWarning
+
+    checks = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PortableFallbackWarning)  # the build host is not the target
+        with load(path) as model:
+            for verdict in model.verdicts:
+                if not verdict.runnable:
+                    continue
+                result = model.validate(verdict.artifact.index)
+                if not result.ok:
+                    raise _dead_on_arrival(result, pairs, output)
+                checks[result.artifact.index] = (
+                    max((o.max_abs_error for o in result.outputs), default=0.0),
+                    max((o.max_rel_error for o in result.outputs), default=0.0), result.cases)
+    return checks
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def _model_name(proto, model, name: str | None) -> str:
+    if name:
+        return name
+    if isinstance(model, (str, os.PathLike)):
+        return Path(model).stem or "model"
+    return proto.graph.name or "model"
+
+
+def _vectors(proto, graph, inputs, dims, seed: int, cases: int):
+    if inputs is None:
+        feeds = tv.random_cases(graph, dims=dims, cases=cases, seed=seed)
+    elif isinstance(inputs, dict):
+        feeds = tv.user_case(inputs, graph, "inputs")
+    else:
+        feeds = tv.load_npz(inputs, graph)
+    outputs = tv.reference_outputs(proto, feeds, [p.name for p in graph.outputs])
+    return feeds, outputs
+
+
+def _layer_sizes(artifacts: list[ArtifactSpec]) -> dict[str, int]:
+    kinds = {media.WEIGHTS: "weights", media.TESTVECTORS: "vectors"}
+    sizes, seen = {"code": 0, "weights": 0, "vectors": 0}, set()
+    for a in artifacts:
+        for layer in a.layers:
+            key = (layer.media_type, id(layer.data))
+            if key not in seen:  # a blob shared between artifacts is stored once
+                seen.add(key)
+                sizes[kinds.get(layer.media_type, "code")] += len(layer.data)
+    return sizes
+
+
+def build(model, output, *, targets=None, precisions=None, inputs=None, dims=None, seed: int = 0,
+          cases: int = 2, name: str | None = None,
+          progress: Callable[[str], None] | None = None) -> BuildReport:
+    """Compile ``model`` (a path, bytes or ModelProto) into the container ``output``.
+
+    ``targets``/``precisions``: names to build (default: every implemented one); ``inputs``: a
+    ``.npz`` path (or a dict) of test inputs instead of random ones; ``dims``: sizes for the size
+    symbols in the random inputs (default 1); ``seed``/``cases``: the random test vectors;
+    ``name``: the model name (default: the file's stem); ``progress``: called with a line as each
+    step starts. Raises an ``mlpack.Error`` and writes nothing if any step fails.
+    """
+    from ..codegen.onnx.importer import load_model
+
+    output = os.fspath(output)
+    pairs = plan_artifacts(targets, precisions)  # refuse bad names before any slow work
+    step = _Steps(progress)
+    with step("import"):
+        proto = load_model(model)
+    name = _model_name(proto, model, name)
+    with step("compile"):
+        graph = _compile(proto)
+    with step(f"reference outputs ({tv.reference_name()})"):
+        feeds, expected = _vectors(proto, graph, inputs, dims, seed, cases)
+        vectors = tv.pack(feeds, expected, tv.reference_name())
+    with step("lower " + ", ".join(f"{t} {p}" for t, p in pairs)):
+        weights = _weights(graph)
+        artifacts = _lower(pairs, name, graph, weights, vectors, tv.reference_name(), {})
+    scratch = _scratch_path(output)
+    try:
+        with step("validate " + ", ".join(t for t, _ in pairs)):
+            write_container(scratch, name, artifacts)
+            checks = validate_container(scratch, pairs, output)
+    finally:
+        _remove(scratch)
+    with step("write"):
+        artifacts = _lower(pairs, name, graph, weights, vectors, tv.reference_name(), checks)
+        write_container(output, name, artifacts)
+    return BuildReport(output, name, os.path.getsize(output), tv.reference_name(), len(feeds),
+                       _reports(pairs, artifacts, checks), _layer_sizes(artifacts), step.timings)
+
+
+def _reports(pairs, artifacts: list[ArtifactSpec], checks: dict) -> list[ArtifactReport]:
+    out = []
+    for i, ((target, precision), art) in enumerate(zip(pairs, artifacts)):
+        device = art.config["artifact"]["device"]
+        if i in checks:
+            max_abs, max_rel, cases = checks[i]
+            out.append(ArtifactReport(target, device, precision, True, cases, max_abs, max_rel))
+        else:
+            out.append(ArtifactReport(target, device, precision, False))
+    return out
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+__all__ = ["build", "BuildReport", "ArtifactReport", "BuildError", "DeadOnArrivalError",
+           "TARGETS", "PRECISIONS", "IMPLEMENTED_TARGETS", "IMPLEMENTED_PRECISIONS"]

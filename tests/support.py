@@ -1,0 +1,54 @@
+"""Helpers shared by the tests: the ONNX Runtime oracle and the light-model builders.
+
+``check(model, feeds)`` runs a model through ``mlpack.backend`` and through an oracle (ONNX
+Runtime, or ONNX's reference evaluator where ONNX Runtime departs from the spec) and compares:
+same count, shapes and dtypes; integers exactly (or within ``int_slack``), floats within
+rtol/atol. conftest.py puts this folder on sys.path, so tests ``from support import check``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+
+import mlpack.backend as backend
+
+MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
+
+
+def oracle_outputs(model, feeds, oracle: str = "ort"):
+    if oracle == "ort":
+        import onnxruntime as ort
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return sess.run(None, feeds)
+    from onnx.reference import ReferenceEvaluator
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+def assert_outputs_match(got, want, rtol: float, atol: float, int_slack: int = 0) -> None:
+    assert len(got) == len(want), (len(got), len(want))
+    for g, w in zip(got, want):
+        w = np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
+        if w.dtype.kind in "iub":
+            assert np.abs(g.astype(np.int64) - w.astype(np.int64)).max(initial=0) <= int_slack
+        else:
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+def check(model, feeds, rtol: float = 1e-4, atol: float = 1e-5, oracle: str = "ort",
+          int_slack: int = 0, rep=None) -> None:
+    """mlpack's outputs for ``feeds`` match the oracle's (fp32 default: rtol 1e-4, atol 1e-5)."""
+    want = oracle_outputs(model, feeds, oracle)
+    got = (rep or backend.prepare(model)).run(feeds)
+    assert_outputs_match(got, want, rtol, atol, int_slack)
+
+
+def load_light():
+    """tests/models/light.py as a module (the light_* model builders)."""
+    spec = importlib.util.spec_from_file_location("mlpack_test_light", os.path.join(MODELS_DIR, "light.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
