@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from runtime_helpers import ARM, AVX2, AVX512, GPU, OLD_X86, Host, artifact, every_target, write
 
 from mlpack.runtime import select_artifact
-from mlpack.runtime.select import host_fault, rank_key
+from mlpack.runtime.select import _policy_fault, host_fault, rank_key
 from mlpack.spec.container import open_container
 from mlpack.spec.errors import Error, NoRunnableArtifactError
 
@@ -169,7 +169,9 @@ def test_selection_invariants(full_artifacts, subset, arch, level, features, sm,
     assert host_fault(winner, host) is None
     assert device in (None, winner.device) and precision in (None, winner.precision)
     for v in verdicts:  # nothing runnable and allowed outranks the winner
-        if v.runnable and not v.reason.startswith("passed over: ") and v.artifact is not winner:
+        allowed = _policy_fault(v.artifact, device, precision, budget) is None
+        assert v.runnable == (host_fault(v.artifact, host) is None)
+        if v.runnable and allowed:
             assert rank_key(v.artifact, budget) <= rank_key(winner, budget)
 
 
