@@ -31,3 +31,8 @@ class UnsupportedOpError(Error):
 class ShapeError(Error):
     """Shapes do not agree (names the node, input and dimension)."""
 
+
+
+class UnsupportedTargetError(Error):
+    """A target cannot compile this graph (names the target and the op or dtype at fault); the
+    packager skips that target for the model and says why."""

@@ -55,7 +55,8 @@ def _weights(dtype=np.float32) -> bytes:
 
 def _testvectors() -> bytes:
     x = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
-    return write_tensors({"input.x": x, "output.y": np.maximum(x + np.arange(4, dtype=np.float32), 0)})
+    y = np.maximum(x + np.arange(4, dtype=np.float32), 0)
+    return write_tensors({"case0/input/x": x, "case0/output/y": y}, {"cases": 1, "reference": "numpy"})
 
 
 def _config(device: str, precision: str, target: str, features=(), cuda_sm=None, err=0.0) -> dict:

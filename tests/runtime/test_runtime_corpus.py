@@ -14,7 +14,8 @@ import mlpack
 from mlpack.spec import errors
 
 CORPUS = os.path.join(os.path.dirname(errors.__file__), "conformance")
-EXPECTED = json.load(open(os.path.join(CORPUS, "expected.json")))
+with open(os.path.join(CORPUS, "expected.json")) as _f:
+    EXPECTED = json.load(_f)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -33,3 +34,11 @@ def test_corpus_verdicts_through_load(name):
             x = np.linspace(-3, 3, 12, dtype=np.float32).reshape(3, 4)
             y = m(x=x)["y"]
             np.testing.assert_array_equal(y, np.maximum(x + np.arange(4, dtype=np.float32), 0))
+
+
+@pytest.mark.parametrize("name", ["ok_minimal.mlpack", "ok_multi.mlpack", "ok_minor_unknown_fields.mlpack"])
+def test_valid_corpus_containers_pass_their_own_test_vectors(name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = mlpack.load(os.path.join(CORPUS, name)).validate()
+    assert result.ok and result.cases == 1

@@ -7,6 +7,7 @@
  * on a condition variable. mp_pool_run returns only when every workgroup has run and every
  * worker has left the job, so ctx may live on the caller's stack.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>

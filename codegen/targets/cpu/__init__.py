@@ -1,0 +1,7 @@
+"""The cpu target: IR graph -> LLVM IR (llvmlite) -> ELF shared object + plan.
+
+``compile_cpu(graph, target)`` is the entry point; ``TARGETS`` lists the target names.
+"""
+
+from .compile import CpuArtifact, compile_cpu  # noqa: F401
+from .target import TARGETS, CpuTarget, get_target  # noqa: F401

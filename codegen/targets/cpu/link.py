@@ -1,0 +1,43 @@
+"""Object file -> ELF shared object, with the ld.lld that ships in the ``ziglang`` wheel.
+
+``--no-undefined`` makes the link fail if the code needs any symbol it does not define (a libm
+call slipping in, say), so a library that links imports nothing. The output is deterministic:
+no build id, no timestamps.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from ...errors import UnsupportedTargetError
+
+LLD_FLAGS = ("-shared", "--no-undefined", "--build-id=none", "-z", "noexecstack",
+             "-z", "relro", "-z", "now", "--hash-style=both", "-O1")
+
+
+def lld_command() -> list[str]:
+    """The command that runs ld.lld (overridable with MLPACK_LLD, e.g. a system ld.lld)."""
+    override = os.environ.get("MLPACK_LLD")
+    if override:
+        return override.split()
+    return [sys.executable, "-m", "ziglang", "ld.lld"]
+
+
+def link_shared(obj: bytes, soname: str = "libmlpack_kernels.so") -> bytes:
+    """Link one relocatable object into a shared object and return its bytes."""
+    with tempfile.TemporaryDirectory(prefix="mlpack-link-") as tmp:
+        src = os.path.join(tmp, "kernels.o")
+        out = os.path.join(tmp, "kernels.so")
+        with open(src, "wb") as f:
+            f.write(obj)
+        cmd = [*lld_command(), *LLD_FLAGS, "-soname", soname, "-o", out, src]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise UnsupportedTargetError(
+                f"cpu: linking the kernel library failed ({' '.join(cmd[:4])} ...): "
+                f"{proc.stderr.strip() or proc.stdout.strip()}")
+        with open(out, "rb") as f:
+            return f.read()

@@ -1,0 +1,54 @@
+"""CPU target descriptions: the LLVM triple, CPU and explicit feature list of each level.
+
+Each x86-64 level names its features explicitly and is a strict superset of the level below,
+so an artifact built for one level runs on every host that has that level's features (the
+engine reads the host's features and compares them with the config's ``cpu_features``). The
+CPU is always the generic one of the architecture, so no tuning beyond the features leaks in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...errors import UnsupportedTargetError
+
+_X86_V2 = ("cx16", "popcnt", "sahf", "sse3", "sse4.1", "sse4.2", "ssse3")
+_X86_V3 = _X86_V2 + ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave")
+_X86_V4 = _X86_V3 + ("avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl")
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    """One CPU target: what LLVM is told, and what the artifact's config advertises."""
+    name: str                   # "x86_64-v3": the config's artifact.target
+    triple: str
+    cpu: str
+    features: tuple[str, ...]   # without "+": the config's artifact.cpu_features
+    arch: str                   # OCI platform architecture: "amd64" or "arm64"
+    elf_machine: str            # what readelf calls the machine
+    vector_bits: int            # widest vector register, for schedule heuristics
+    options: dict = field(default_factory=dict)
+
+    @property
+    def feature_string(self) -> str:
+        return ",".join("+" + f for f in self.features)
+
+
+TARGETS: dict[str, CpuTarget] = {t.name: t for t in (
+    CpuTarget("x86_64-v2", "x86_64-unknown-linux-gnu", "x86-64", _X86_V2, "amd64",
+              "Advanced Micro Devices X86-64", 128),
+    CpuTarget("x86_64-v3", "x86_64-unknown-linux-gnu", "x86-64", _X86_V3, "amd64",
+              "Advanced Micro Devices X86-64", 256),
+    CpuTarget("x86_64-v4", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4, "amd64",
+              "Advanced Micro Devices X86-64", 512),
+    CpuTarget("aarch64", "aarch64-unknown-linux-gnu", "generic", ("fp-armv8", "neon"), "arm64",
+              "AArch64", 128),
+)}
+
+
+def get_target(name: str) -> CpuTarget:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise UnsupportedTargetError(
+            f"unknown cpu target {name!r}; known: {', '.join(TARGETS)}") from None

@@ -1,0 +1,323 @@
+/* api_run.c: mlpack_run, the checks between the caller's tensors and the executor.
+ *
+ * Inputs are matched to the signature by name and checked (dtype, rank, fixed dims, nbytes when
+ * given); size symbols are bound from the first input that has them and every later use must
+ * agree. Output shapes follow from the signature; an output dim whose symbol no input binds is
+ * data-dependent (NonZero, TopK with a dynamic k): its buffer is left NULL and the executor
+ * allocates it through mp_run_output once it knows the size. Outputs are owned by the model and
+ * freed at the next run or at close (mp_run_release).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define MP_MAX_SYMS 64
+#define MP_ALIGN 64
+
+typedef struct mp_binding {        /* the symbols of one run */
+  const char *names[MP_MAX_SYMS];
+  int64_t values[MP_MAX_SYMS];
+  const char *bound_by[MP_MAX_SYMS];  /* the input that bound it; NULL while unbound */
+  size_t count;
+} mp_binding;
+
+static void *mp_alloc_aligned(size_t n) {
+  void *p = NULL;
+  if (posix_memalign(&p, MP_ALIGN, n ? n : MP_ALIGN) != 0) return NULL;  /* never a NULL for 0 */
+  return p;
+}
+
+static long mp_sym_find(const mp_binding *b, const char *name) {
+  for (size_t i = 0; i < b->count; i++)
+    if (strcmp(b->names[i], name) == 0) return (long)i;
+  return -1;
+}
+
+static mlpack_status mp_sym_collect(const mp_sig *sigs, size_t n, mp_binding *b, mlpack_error **err) {
+  for (size_t i = 0; i < n; i++)
+    for (size_t d = 0; d < sigs[i].rank; d++) {
+      const char *s = sigs[i].dim_syms[d];
+      if (!s || mp_sym_find(b, s) >= 0) continue;
+      if (b->count == MP_MAX_SYMS)
+        return mp_fail(err, MLPACK_ERR_FORMAT, "the signature has more than %d size symbols", MP_MAX_SYMS);
+      b->names[b->count++] = s;
+    }
+  return MLPACK_OK;
+}
+
+/* elements * element size, refusing overflow */
+static mlpack_status mp_shape_bytes(const int64_t *shape, size_t rank, mlpack_dtype dt, size_t *out) {
+  size_t n = mlpack_dtype_size(dt);
+  for (size_t d = 0; d < rank; d++) {
+    if (shape[d] < 0) return MLPACK_ERR_INPUT;
+    if (shape[d] != 0 && n > SIZE_MAX / (uint64_t)shape[d]) return MLPACK_ERR_INPUT;
+    n *= (size_t)shape[d];
+  }
+  *out = n;
+  return MLPACK_OK;
+}
+
+static const mlpack_tensor *mp_find_input(const mlpack_tensor *ts, size_t n, const char *name,
+                                          size_t *count) {
+  const mlpack_tensor *hit = NULL;
+  *count = 0;
+  for (size_t i = 0; i < n; i++)
+    if (ts[i].name && strcmp(ts[i].name, name) == 0) {
+      if (!hit) hit = &ts[i];
+      (*count)++;
+    }
+  return hit;
+}
+
+static mlpack_status mp_check_names(const mlpack_model *m, const mlpack_tensor *ts, size_t n,
+                                    mlpack_error **err) {
+  for (size_t i = 0; i < n; i++) {
+    if (!ts[i].name)
+      return mp_fail(err, MLPACK_ERR_INPUT, "input %zu has no name", i);
+    size_t k = 0;
+    while (k < m->input_count && strcmp(m->inputs[k].name, ts[i].name) != 0) k++;
+    if (k == m->input_count) {
+      char list[512] = "";
+      for (size_t j = 0; j < m->input_count; j++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%s'%s'", j ? ", " : "", m->inputs[j].name);
+      }
+      return mp_fail(err, MLPACK_ERR_INPUT, "unknown input '%s' (the model's inputs: %s)",
+                     ts[i].name, list);
+    }
+  }
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_bind_dim(const mp_sig *s, size_t d, int64_t size, mp_binding *b,
+                                 mlpack_error **err) {
+  const char *sym = s->dim_syms[d];
+  if (!sym) {
+    if (s->dims[d] != size)
+      return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' dim '%s' is %lld, expected %lld", s->name,
+                     s->dim_names[d], (long long)size, (long long)s->dims[d]);
+    return MLPACK_OK;
+  }
+  long k = mp_sym_find(b, sym);
+  if (k < 0) return mp_fail(err, MLPACK_ERR_FORMAT, "symbol '%s' is not in the signature", sym);
+  if (!b->bound_by[k]) {
+    b->values[k] = size;
+    b->bound_by[k] = s->name;
+  } else if (b->values[k] != size) {
+    return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' dim '%s' is %lld, but input '%s' bound %s=%lld",
+                   s->name, s->dim_names[d], (long long)size, b->bound_by[k], sym,
+                   (long long)b->values[k]);
+  }
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_check_input(const mp_sig *s, const mlpack_tensor *t, mp_binding *b,
+                                    int64_t *shape_out, mlpack_error **err) {
+  if (t->dtype != s->dtype)
+    return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' has dtype %s, expected %s", s->name,
+                   mlpack_dtype_name(t->dtype), mlpack_dtype_name(s->dtype));
+  if (t->rank != s->rank)
+    return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' has rank %zu, expected %zu", s->name, t->rank,
+                   s->rank);
+  if (s->rank > 0 && !t->shape)
+    return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' has no shape", s->name);
+  for (size_t d = 0; d < s->rank; d++) {
+    if (t->shape[d] < 0)
+      return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' dim '%s' is negative (%lld)", s->name,
+                     s->dim_names[d], (long long)t->shape[d]);
+    shape_out[d] = t->shape[d];
+    mlpack_status st = mp_bind_dim(s, d, t->shape[d], b, err);
+    if (st != MLPACK_OK) return st;
+  }
+  size_t need;
+  if (mp_shape_bytes(t->shape, s->rank, s->dtype, &need) != MLPACK_OK)
+    return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' is too large", s->name);
+  /* nbytes 0 means "not stated" (the C example in mlpack.h leaves it out) */
+  if (t->nbytes != 0 && t->nbytes != need)
+    return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' has %zu bytes, its shape needs %zu", s->name,
+                   t->nbytes, need);
+  if (need > 0 && !t->data)
+    return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' has no data", s->name);
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_bind_inputs(const mlpack_model *m, const mlpack_tensor *ts, size_t n,
+                                    mp_binding *b, const void **data, int64_t *shapes,
+                                    mlpack_error **err) {
+  mlpack_status st = mp_check_names(m, ts, n, err);
+  for (size_t i = 0; st == MLPACK_OK && i < m->input_count; i++) {
+    const mp_sig *s = &m->inputs[i];
+    size_t count;
+    const mlpack_tensor *t = mp_find_input(ts, n, s->name, &count);
+    if (!t) return mp_fail(err, MLPACK_ERR_INPUT, "missing input '%s'", s->name);
+    if (count > 1) return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' is given %zu times", s->name, count);
+    st = mp_check_input(s, t, b, &shapes[i * 8], err);
+    data[i] = t->data;
+  }
+  return st;
+}
+
+void mp_run_release(mlpack_model *m) {
+  if (!m) return;
+  if (m->out_data)
+    for (size_t i = 0; i < m->output_count; i++) free(m->out_data[i]);
+  free(m->out_data);
+  free(m->out_shapes);
+  m->out_data = NULL;
+  m->out_shapes = NULL;
+}
+
+static void mp_outputs_clear(mlpack_model *m) {
+  for (size_t i = 0; i < m->output_count; i++) {
+    free(m->out_data[i]);
+    m->out_data[i] = NULL;
+  }
+}
+
+/* Shapes of the outputs from the bound symbols; -1 where data decides. */
+static void mp_output_shapes(const mlpack_model *m, const mp_binding *b, int64_t *shapes, int *known) {
+  for (size_t i = 0; i < m->output_count; i++) {
+    const mp_sig *s = &m->outputs[i];
+    known[i] = 1;
+    for (size_t d = 0; d < 8; d++) shapes[i * 8 + d] = 0;
+    for (size_t d = 0; d < s->rank; d++) {
+      int64_t v = s->dims[d];
+      if (s->dim_syms[d]) {
+        long k = mp_sym_find(b, s->dim_syms[d]);
+        v = (k >= 0 && b->bound_by[k]) ? b->values[k] : -1;
+      }
+      if (v < 0) known[i] = 0;
+      shapes[i * 8 + d] = v;
+    }
+  }
+}
+
+static mlpack_status mp_alloc_outputs(mlpack_model *m, const int *known, mlpack_error **err) {
+  for (size_t i = 0; i < m->output_count; i++) {
+    if (!known[i]) continue;
+    size_t need;
+    if (mp_shape_bytes(&m->out_shapes[i * 8], m->outputs[i].rank, m->outputs[i].dtype, &need) != MLPACK_OK)
+      return mp_fail(err, MLPACK_ERR_INPUT, "output '%s' would be too large", m->outputs[i].name);
+    m->out_data[i] = mp_alloc_aligned(need);
+    if (!m->out_data[i])
+      return mp_fail(err, MLPACK_ERR_NOMEM, "cannot allocate output '%s' (%zu bytes)",
+                     m->outputs[i].name, need);
+  }
+  return MLPACK_OK;
+}
+
+mlpack_status mp_run_output(const mp_run *run, size_t i, const int64_t *shape, void **data,
+                            mlpack_error **err) {
+  mlpack_model *m = run->model;
+  if (i >= m->output_count)
+    return mp_fail(err, MLPACK_ERR_RUNTIME, "executor set output %zu of %zu", i, m->output_count);
+  const mp_sig *s = &m->outputs[i];
+  int64_t *have = &m->out_shapes[i * 8];
+  for (size_t d = 0; d < s->rank; d++) {
+    if (shape[d] < 0 || (s->dim_syms[d] == NULL && shape[d] != s->dims[d]) ||
+        (m->out_data[i] && shape[d] != have[d]))
+      return mp_fail(err, MLPACK_ERR_RUNTIME, "output '%s' dim '%s' came out as %lld, expected %lld",
+                     s->name, s->dim_names[d], (long long)shape[d],
+                     (long long)(m->out_data[i] ? have[d] : s->dims[d]));
+  }
+  if (!m->out_data[i]) {
+    size_t need;
+    if (mp_shape_bytes(shape, s->rank, s->dtype, &need) != MLPACK_OK)
+      return mp_fail(err, MLPACK_ERR_RUNTIME, "output '%s' is too large", s->name);
+    m->out_data[i] = mp_alloc_aligned(need);
+    if (!m->out_data[i])
+      return mp_fail(err, MLPACK_ERR_NOMEM, "cannot allocate output '%s' (%zu bytes)", s->name, need);
+    for (size_t d = 0; d < s->rank; d++) have[d] = shape[d];
+  }
+  run->outputs[i] = m->out_data[i];
+  *data = m->out_data[i];
+  return MLPACK_OK;
+}
+
+static void mp_fill_outputs(const mlpack_model *m, mlpack_tensor *outputs) {
+  for (size_t i = 0; i < m->output_count; i++) {
+    const mp_sig *s = &m->outputs[i];
+    size_t nbytes = 0;
+    mp_shape_bytes(&m->out_shapes[i * 8], s->rank, s->dtype, &nbytes);
+    outputs[i].name = s->name;
+    outputs[i].dtype = s->dtype;
+    outputs[i].rank = s->rank;
+    outputs[i].shape = &m->out_shapes[i * 8];
+    outputs[i].data = m->out_data[i];
+    outputs[i].nbytes = nbytes;
+  }
+}
+
+static mlpack_status mp_check_args(mlpack_model *m, const mlpack_tensor *inputs, size_t n_inputs,
+                                   mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err) {
+  if (!m) return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run: model is NULL");
+  if (n_inputs > 0 && !inputs) return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run: inputs is NULL");
+  if (n_outputs != m->output_count)
+    return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run: the model has %zu outputs, %zu given",
+                   m->output_count, n_outputs);
+  if (n_outputs > 0 && !outputs) return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run: outputs is NULL");
+  if (!m->executor) return mp_fail(err, MLPACK_ERR_RUNTIME, "mlpack_run: the model has no executor");
+  if (m->input_count > 8 * 1024 || m->output_count > 8 * 1024)
+    return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run: too many inputs or outputs");
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_prepare_storage(mlpack_model *m, mlpack_error **err) {
+  if (!m->out_data) m->out_data = calloc(m->output_count ? m->output_count : 1, sizeof(void *));
+  if (!m->out_shapes) m->out_shapes = calloc((m->output_count ? m->output_count : 1) * 8, sizeof(int64_t));
+  if (!m->out_data || !m->out_shapes) return mp_fail(err, MLPACK_ERR_NOMEM, "mlpack_run: out of memory");
+  mp_outputs_clear(m);
+  return MLPACK_OK;
+}
+
+mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
+                         mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err) {
+  mlpack_status st = mp_check_args(model, inputs, n_inputs, outputs, n_outputs, err);
+  if (st != MLPACK_OK) return st;
+  memset(outputs, 0, n_outputs * sizeof *outputs);
+  st = mp_prepare_storage(model, err);
+  if (st != MLPACK_OK) return st;
+  size_t ni = model->input_count, no = model->output_count;
+  mp_binding *b = calloc(1, sizeof *b);
+  const void **in_data = calloc(ni ? ni : 1, sizeof *in_data);
+  int64_t *in_shapes = calloc((ni ? ni : 1) * 8, sizeof *in_shapes);
+  void **out_data = calloc(no ? no : 1, sizeof *out_data);
+  int *known = calloc(no ? no : 1, sizeof *known);
+  if (!b || !in_data || !in_shapes || !out_data || !known)
+    st = mp_fail(err, MLPACK_ERR_NOMEM, "mlpack_run: out of memory");
+  if (st == MLPACK_OK) st = mp_sym_collect(model->inputs, ni, b, err);
+  if (st == MLPACK_OK) st = mp_sym_collect(model->outputs, no, b, err);
+  if (st == MLPACK_OK) st = mp_bind_inputs(model, inputs, n_inputs, b, in_data, in_shapes, err);
+  if (st == MLPACK_OK) {
+    mp_output_shapes(model, b, model->out_shapes, known);
+    st = mp_alloc_outputs(model, known, err);
+  }
+  if (st == MLPACK_OK) {
+    for (size_t i = 0; i < no; i++) out_data[i] = model->out_data[i];
+    /* unbound symbols (data-dependent) are not passed: only what the inputs determine */
+    const char *names[MP_MAX_SYMS];
+    int64_t values[MP_MAX_SYMS];
+    size_t count = 0;
+    for (size_t k = 0; k < b->count; k++)
+      if (b->bound_by[k]) { names[count] = b->names[k]; values[count++] = b->values[k]; }
+    mp_run run = {.inputs = in_data, .outputs = out_data, .sym_names = names, .sym_values = values,
+                  .sym_count = count, .model = model, .in_shapes = in_shapes,
+                  .out_shapes = model->out_shapes};
+    st = model->executor->run(model->executor, &run, err);
+    for (size_t i = 0; st == MLPACK_OK && i < no; i++)
+      if (!model->out_data[i])
+        st = mp_fail(err, MLPACK_ERR_RUNTIME, "the executor did not produce output '%s'",
+                     model->outputs[i].name);
+  }
+  if (st == MLPACK_OK) mp_fill_outputs(model, outputs);
+  else mp_outputs_clear(model);
+  free(b);
+  free(in_data);
+  free(in_shapes);
+  free(out_data);
+  free(known);
+  return st;
+}

@@ -1,0 +1,373 @@
+/* plan.c: the native executor: runs a cpu artifact's plan (spec/SPEC.md section 7).
+ *
+ * At create: the kernel library is loaded from memory (loader.c), the config's "plan" is parsed
+ * and checked against the kernel table and the signature, and weights are looked up by name in
+ * the weights archive (they stay in the file's mapping, never copied). At run: symbols are read
+ * from the input shapes (symbol_sources), the arena is grown if the symbols need more (64-byte
+ * aligned, kept between runs), every buffer's base address is resolved, and the dispatches run
+ * in order, each spread over the pool; mp_pool_run returns after the last workgroup, which is
+ * the barrier between dispatches.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+enum { MP_BUF_INPUT, MP_BUF_OUTPUT, MP_BUF_WEIGHT, MP_BUF_ARENA };
+
+typedef struct mp_buffer {
+  int kind;
+  size_t index;                    /* input / output index */
+  const void *weight;              /* weight data (in the mapping) */
+  const mp_json *offset, *size;    /* arena slice */
+} mp_buffer;
+
+typedef struct mp_dispatch_plan {
+  uint32_t kernel;
+  const mp_json *workgroups;
+  size_t *bindings;
+  size_t binding_count;
+} mp_dispatch_plan;
+
+typedef struct mp_native {
+  mp_executor base;
+  mlpack_model *model;
+  char what[96];                   /* "artifact 2 (cpu x86_64)" for messages */
+  mp_library *lib;
+  const mlpack_kernel_table *table;
+  mp_tensor_archive weights;
+  int have_weights;
+  const char **symbols;            /* push-constant order */
+  size_t *src_input, *src_axis;    /* symbol_sources, per symbol (the first one) */
+  size_t symbol_count;
+  size_t (*sources)[3];            /* every symbol_sources entry: symbol, input, axis */
+  size_t source_count;
+  mp_buffer *buffers;
+  size_t buffer_count;
+  mp_dispatch_plan *dispatches;
+  size_t dispatch_count;
+  const mp_json *arena_size;
+  size_t arena_align;
+  void *arena;
+  size_t arena_cap;
+  /* per-run scratch */
+  int64_t *push;
+  void **bases;
+  void **bind;                     /* one dispatch's bindings */
+  size_t max_bindings;
+} mp_native;
+
+typedef struct mp_job {
+  mlpack_kernel_fn fn;
+  mlpack_dispatch d;
+  atomic_int failed;
+} mp_job;
+
+/* ---------------------------------------------------------------- parsing the plan */
+
+static int mp_json_uint(const mp_json *j, size_t limit, size_t *out) {
+  if (!j || j->kind != MP_JSON_NUMBER || !j->is_int || j->integer < 0 || (uint64_t)j->integer >= limit)
+    return -1;
+  *out = (size_t)j->integer;
+  return 0;
+}
+
+static const mp_json *mp_plan_array(const mp_json *plan, const char *key) {
+  const mp_json *a = mp_json_get(plan, key);
+  return (a && a->kind == MP_JSON_ARRAY) ? a : NULL;
+}
+
+static mlpack_status mp_parse_symbols(mp_native *n, const mp_json *plan, mlpack_error **err) {
+  const mp_json *syms = mp_plan_array(plan, "symbols");
+  const mp_json *srcs = mp_plan_array(plan, "symbol_sources");
+  if (!syms) return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan has no 'symbols' list", n->what);
+  n->symbol_count = syms->length;
+  n->symbols = calloc(syms->length + 1, sizeof *n->symbols);
+  n->src_input = calloc(syms->length + 1, sizeof *n->src_input);
+  n->src_axis = calloc(syms->length + 1, sizeof *n->src_axis);
+  n->push = calloc(syms->length + 1, sizeof *n->push);
+  n->sources = calloc((srcs ? srcs->length : 0) + 1, sizeof *n->sources);
+  if (!n->symbols || !n->src_input || !n->src_axis || !n->push || !n->sources)
+    return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", n->what);
+  for (size_t i = 0; i < syms->length; i++) {
+    if (syms->items[i]->kind != MP_JSON_STRING)
+      return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan symbol %zu is not a string", n->what, i);
+    n->symbols[i] = syms->items[i]->string;
+    n->src_input[i] = SIZE_MAX;
+  }
+  for (size_t k = 0; srcs && k < srcs->length; k++) {
+    const mp_json *s = srcs->items[k];
+    const char *name = mp_json_get_string(s, "symbol");
+    size_t input, axis, i = 0;
+    while (name && i < n->symbol_count && strcmp(n->symbols[i], name) != 0) i++;
+    if (!name || i == n->symbol_count || mp_json_uint(mp_json_get(s, "input"), n->model->input_count, &input) ||
+        mp_json_uint(mp_json_get(s, "axis"), n->model->inputs[input].rank, &axis))
+      return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan symbol_sources entry %zu is malformed", n->what, k);
+    if (n->src_input[i] == SIZE_MAX) { n->src_input[i] = input; n->src_axis[i] = axis; }
+    n->sources[k][0] = i;
+    n->sources[k][1] = input;
+    n->sources[k][2] = axis;
+  }
+  n->source_count = srcs ? srcs->length : 0;
+  for (size_t i = 0; i < n->symbol_count; i++)
+    if (n->src_input[i] == SIZE_MAX)
+      return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan symbol '%s' has no symbol_sources entry",
+                     n->what, n->symbols[i]);
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_parse_weight(mp_native *n, const mp_json *b, mp_buffer *out, size_t i,
+                                     mlpack_error **err) {
+  const char *name = mp_json_get_string(b, "name");
+  if (!name) return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan buffer %zu (weight) has no name", n->what, i);
+  const mp_tensor_entry *e = n->have_weights ? mp_tensors_find(&n->weights, name) : NULL;
+  if (!e)
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan buffer %zu names weight '%s', which the weights layer lacks",
+                   n->what, i, name);
+  out->weight = e->data;
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_parse_buffer(mp_native *n, const mp_json *b, size_t i, mlpack_error **err) {
+  mp_buffer *out = &n->buffers[i];
+  const char *kind = mp_json_get_string(b, "kind");
+  if (!kind) return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan buffer %zu has no kind", n->what, i);
+  if (strcmp(kind, "input") == 0 || strcmp(kind, "output") == 0) {
+    int in = kind[0] == 'i';
+    out->kind = in ? MP_BUF_INPUT : MP_BUF_OUTPUT;
+    if (mp_json_uint(mp_json_get(b, "index"), in ? n->model->input_count : n->model->output_count, &out->index))
+      return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan buffer %zu (%s) has a bad index", n->what, i, kind);
+    return MLPACK_OK;
+  }
+  if (strcmp(kind, "weight") == 0) {
+    out->kind = MP_BUF_WEIGHT;
+    return mp_parse_weight(n, b, out, i, err);
+  }
+  if (strcmp(kind, "arena") == 0) {
+    out->kind = MP_BUF_ARENA;
+    out->offset = mp_json_get(b, "offset");
+    out->size = mp_json_get(b, "size");
+    if (!out->offset || !out->size)
+      return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan buffer %zu (arena) needs offset and size", n->what, i);
+    return MLPACK_OK;
+  }
+  return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan buffer %zu has unknown kind '%s'", n->what, i, kind);
+}
+
+static mlpack_status mp_parse_buffers(mp_native *n, const mp_json *plan, mlpack_error **err) {
+  const mp_json *bufs = mp_plan_array(plan, "buffers");
+  if (!bufs) return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan has no 'buffers' list", n->what);
+  n->buffer_count = bufs->length;
+  n->buffers = calloc(bufs->length + 1, sizeof *n->buffers);
+  n->bases = calloc(bufs->length + 1, sizeof *n->bases);
+  if (!n->buffers || !n->bases) return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", n->what);
+  for (size_t i = 0; i < bufs->length; i++) {
+    mlpack_status st = mp_parse_buffer(n, bufs->items[i], i, err);
+    if (st != MLPACK_OK) return st;
+  }
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_parse_dispatch(mp_native *n, const mp_json *j, size_t i, mlpack_error **err) {
+  mp_dispatch_plan *d = &n->dispatches[i];
+  size_t kernel;
+  const mp_json *binds = mp_json_get(j, "bindings");
+  d->workgroups = mp_json_get(j, "workgroups");
+  if (mp_json_uint(mp_json_get(j, "kernel"), n->table->kernel_count, &kernel))
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu names a kernel the library lacks (it has %u)",
+                   n->what, i, n->table->kernel_count);
+  if (!d->workgroups || !binds || binds->kind != MP_JSON_ARRAY)
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu needs workgroups and bindings", n->what, i);
+  d->kernel = (uint32_t)kernel;
+  d->binding_count = binds->length;
+  d->bindings = calloc(binds->length + 1, sizeof *d->bindings);
+  if (!d->bindings) return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", n->what);
+  for (size_t k = 0; k < binds->length; k++)
+    if (mp_json_uint(binds->items[k], n->buffer_count, &d->bindings[k]))
+      return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu binding %zu is not a buffer index",
+                     n->what, i, k);
+  if (binds->length > n->max_bindings) n->max_bindings = binds->length;
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_parse_dispatches(mp_native *n, const mp_json *plan, mlpack_error **err) {
+  const mp_json *ds = mp_plan_array(plan, "dispatches");
+  if (!ds) return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan has no 'dispatches' list", n->what);
+  n->dispatch_count = ds->length;
+  n->dispatches = calloc(ds->length + 1, sizeof *n->dispatches);
+  if (!n->dispatches) return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", n->what);
+  for (size_t i = 0; i < ds->length; i++) {
+    mlpack_status st = mp_parse_dispatch(n, ds->items[i], i, err);
+    if (st != MLPACK_OK) return st;
+  }
+  n->bind = calloc(n->max_bindings + 1, sizeof *n->bind);
+  return n->bind ? MLPACK_OK : mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", n->what);
+}
+
+static mlpack_status mp_parse_plan(mp_native *n, const mp_json *plan, mlpack_error **err) {
+  if (!plan || plan->kind != MP_JSON_OBJECT)
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: the config has no plan", n->what);
+  const mp_json *abi = mp_json_get(plan, "abi");
+  if (!abi || abi->kind != MP_JSON_NUMBER || !abi->is_int || abi->integer != (int64_t)MLPACK_ABI_VERSION)
+    return mp_fail(err, MLPACK_ERR_VERSION, "%s: plan is for kernel ABI %lld, this runtime knows ABI %u",
+                   n->what, abi && abi->is_int ? (long long)abi->integer : -1LL, MLPACK_ABI_VERSION);
+  n->arena_size = mp_json_get(plan, "arena_size");
+  size_t align = 64;
+  const mp_json *aj = mp_json_get(plan, "arena_align");
+  if (aj && (mp_json_uint(aj, 4097, &align) || align == 0 || (align & (align - 1))))
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan arena_align must be a power of two up to 4096", n->what);
+  n->arena_align = align < 64 ? 64 : align;
+  mlpack_status st = mp_parse_symbols(n, plan, err);
+  if (st == MLPACK_OK) st = mp_parse_buffers(n, plan, err);
+  if (st == MLPACK_OK) st = mp_parse_dispatches(n, plan, err);
+  return st;
+}
+
+/* ---------------------------------------------------------------- running */
+
+static mlpack_status mp_eval(mp_native *n, const mp_json *e, const char *what, int64_t *out,
+                             mlpack_error **err) {
+  mlpack_status st = mp_expr_eval(e, n->symbols, n->push, n->symbol_count, out, err);
+  if (st != MLPACK_OK) return st;
+  if (*out < 0)
+    return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: plan %s evaluates to %lld", n->what, what, (long long)*out);
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_read_symbols(mp_native *n, const mp_run *run, mlpack_error **err) {
+  for (size_t i = 0; i < n->symbol_count; i++)
+    n->push[i] = run->in_shapes[n->src_input[i] * 8 + n->src_axis[i]];
+  for (size_t k = 0; k < n->source_count; k++) {   /* every other source must agree */
+    size_t i = n->sources[k][0], in = n->sources[k][1], ax = n->sources[k][2];
+    int64_t v = run->in_shapes[in * 8 + ax];
+    if (v != n->push[i]) {
+      const mp_sig *s = &n->model->inputs[in], *f = &n->model->inputs[n->src_input[i]];
+      return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' dim '%s' is %lld, but input '%s' bound %s=%lld",
+                     s->name, s->dim_names[ax], (long long)v, f->name, n->symbols[i], (long long)n->push[i]);
+    }
+  }
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_grow_arena(mp_native *n, mlpack_error **err) {
+  int64_t size = 0;
+  if (n->arena_size) {
+    mlpack_status st = mp_eval(n, n->arena_size, "arena_size", &size, err);
+    if (st != MLPACK_OK) return st;
+  }
+  if ((uint64_t)size <= n->arena_cap && n->arena) return MLPACK_OK;
+  free(n->arena);
+  n->arena = NULL;
+  n->arena_cap = 0;
+  size_t bytes = ((size_t)size + n->arena_align - 1) / n->arena_align * n->arena_align;
+  if (posix_memalign(&n->arena, n->arena_align, bytes ? bytes : n->arena_align) != 0) {
+    n->arena = NULL;
+    return mp_fail(err, MLPACK_ERR_NOMEM, "%s: cannot allocate the %lld-byte arena", n->what, (long long)size);
+  }
+  n->arena_cap = bytes;
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_resolve_buffer(mp_native *n, const mp_run *run, size_t i, mlpack_error **err) {
+  const mp_buffer *b = &n->buffers[i];
+  int64_t off, size;
+  mlpack_status st;
+  switch (b->kind) {
+  case MP_BUF_INPUT: n->bases[i] = (void *)run->inputs[b->index]; return MLPACK_OK;
+  case MP_BUF_OUTPUT:
+    if (!run->outputs[b->index])
+      return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: output %zu has a data-dependent shape, which plans cannot produce",
+                     n->what, b->index);
+    n->bases[i] = run->outputs[b->index];
+    return MLPACK_OK;
+  case MP_BUF_WEIGHT: n->bases[i] = (void *)b->weight; return MLPACK_OK;
+  default:
+    st = mp_eval(n, b->offset, "arena offset", &off, err);
+    if (st == MLPACK_OK) st = mp_eval(n, b->size, "arena size", &size, err);
+    if (st != MLPACK_OK) return st;
+    if ((uint64_t)off > n->arena_cap || (uint64_t)size > n->arena_cap - (uint64_t)off)
+      return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan buffer %zu (arena %lld+%lld) is outside the %zu-byte arena",
+                     n->what, i, (long long)off, (long long)size, n->arena_cap);
+    n->bases[i] = (uint8_t *)n->arena + off;
+    return MLPACK_OK;
+  }
+}
+
+static void mp_job_run(void *ctx, uint32_t w) {
+  mp_job *job = ctx;
+  if (job->fn(&job->d, w) != 0) atomic_store_explicit(&job->failed, 1, memory_order_relaxed);
+}
+
+static mlpack_status mp_dispatch(mp_native *n, size_t i, mlpack_error **err) {
+  const mp_dispatch_plan *p = &n->dispatches[i];
+  int64_t groups;
+  mlpack_status st = mp_eval(n, p->workgroups, "workgroups", &groups, err);
+  if (st != MLPACK_OK) return st;
+  if (groups > (int64_t)UINT32_MAX)
+    return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: dispatch %zu has %lld workgroups", n->what, i, (long long)groups);
+  for (size_t k = 0; k < p->binding_count; k++) n->bind[k] = n->bases[p->bindings[k]];
+  mp_job job = {.fn = n->table->kernels[p->kernel],
+                .d = {.bindings = n->bind, .push = n->push, .workgroup_count = (uint32_t)groups}};
+  atomic_init(&job.failed, 0);
+  mp_pool_run(n->model->pool, (uint32_t)groups, mp_job_run, &job);
+  if (atomic_load(&job.failed)) {
+    const char *name = n->table->names && n->table->names[p->kernel] ? n->table->names[p->kernel] : "?";
+    return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: kernel %u (%s) of dispatch %zu failed", n->what,
+                   p->kernel, name, i);
+  }
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_native_run(mp_executor *self, const mp_run *run, mlpack_error **err) {
+  mp_native *n = (mp_native *)self;
+  mlpack_status st = mp_read_symbols(n, run, err);
+  if (st == MLPACK_OK) st = mp_grow_arena(n, err);
+  for (size_t i = 0; st == MLPACK_OK && i < n->buffer_count; i++) st = mp_resolve_buffer(n, run, i, err);
+  for (size_t i = 0; st == MLPACK_OK && i < n->dispatch_count; i++) st = mp_dispatch(n, i, err);
+  return st;
+}
+
+static void mp_native_destroy(mp_executor *self) {
+  mp_native *n = (mp_native *)self;
+  if (!n) return;
+  for (size_t i = 0; n->dispatches && i < n->dispatch_count; i++) free(n->dispatches[i].bindings);
+  free(n->dispatches);
+  free(n->buffers);
+  free(n->bases);
+  free(n->bind);
+  free(n->symbols);
+  free(n->src_input);
+  free(n->src_axis);
+  free(n->sources);
+  free(n->push);
+  free(n->arena);
+  if (n->have_weights) mp_tensors_close(&n->weights);
+  mp_library_unload(n->lib);
+  free(n);
+}
+
+mlpack_status mp_native_create(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err) {
+  *out = NULL;
+  mp_native *n = calloc(1, sizeof *n);
+  if (!n) return mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
+  n->base.run = mp_native_run;
+  n->base.destroy = mp_native_destroy;
+  n->model = m;
+  snprintf(n->what, sizeof n->what, "artifact %zu (%s %s%s%s)", a->index, a->device ? a->device : "?",
+           a->architecture ? a->architecture : "", a->variant && *a->variant ? " " : "",
+           a->variant ? a->variant : "");
+  mlpack_status st = mp_library_load(a->code.data, a->code.size, n->what, &n->lib, &n->table, err);
+  if (st == MLPACK_OK && a->weights.size > 0) {
+    char what[128];
+    snprintf(what, sizeof what, "%s weights", n->what);
+    st = mp_tensors_open(&a->weights, what, &n->weights, err);
+    n->have_weights = st == MLPACK_OK;
+  }
+  if (st == MLPACK_OK) st = mp_parse_plan(n, mp_json_get(a->config, "plan"), err);
+  if (st != MLPACK_OK) { mp_native_destroy(&n->base); return st; }
+  *out = &n->base;
+  return MLPACK_OK;
+}
