@@ -28,6 +28,7 @@ _LAZY = {
     "compile_onnx": ("mlpack.codegen.compile", "compile_onnx"),
     "run_reference": ("mlpack.packager.reference", "run_reference"),
     "load": ("mlpack.runtime.model", "load"),
+    "build": ("mlpack.packager.build", "build"),
     "NoRunnableArtifactError": ("mlpack.spec.errors", "NoRunnableArtifactError"),
     "PortableFallbackWarning": ("mlpack.spec.errors", "PortableFallbackWarning"),
 }

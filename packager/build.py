@@ -79,7 +79,8 @@ class BuildReport:
     cases: int
     artifacts: list[ArtifactReport]
     layer_sizes: dict[str, int]  # code, weights, vectors: bytes, each blob counted once
-    timings: dict[str, float] = field(default_factory=dict)  # step name -> seconds
+    # seconds per step: import, compile, reference, lower, validate, write
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- choosing what to build
@@ -122,9 +123,9 @@ class _Steps:
         self.timings: dict[str, float] = {}
 
     @contextmanager
-    def __call__(self, name: str):
+    def __call__(self, name: str, detail: str = ""):
         if self.progress:
-            self.progress(f"{name}...")
+            self.progress(f"{name}{' ' + detail if detail else ''}...")
         t0 = time.perf_counter()
         yield
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
@@ -305,15 +306,15 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     name = _model_name(proto, model, name)
     with step("compile"):
         graph = _compile(proto)
-    with step(f"reference outputs ({tv.reference_name()})"):
+    with step("reference", f"outputs ({tv.reference_name()})"):
         feeds, expected = _vectors(proto, graph, inputs, dims, seed, cases)
         vectors = tv.pack(feeds, expected, tv.reference_name())
-    with step("lower " + ", ".join(f"{t} {p}" for t, p in pairs)):
+    with step("lower", ", ".join(f"{t} {p}" for t, p in pairs)):
         weights = _weights(graph)
         artifacts = _lower(pairs, name, graph, weights, vectors, tv.reference_name(), {})
     scratch = _scratch_path(output)
     try:
-        with step("validate " + ", ".join(t for t, _ in pairs)):
+        with step("validate", ", ".join(t for t, _ in pairs)):
             write_container(scratch, name, artifacts)
             checks = validate_container(scratch, pairs, output)
     finally:

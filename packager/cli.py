@@ -293,10 +293,12 @@ def build_cmd(
     output: Path = typer.Option(..., "--output", "-o", help="the container to write (.mlpack)"),
     target: list[str] = typer.Option([], "--target", "-t",
                                      help="target to build, repeatable (default: all implemented)"),
-    precision: list[str] = typer.Option([], "--precision", "-p",
-                                        help="precision to build, repeatable (default: all implemented)"),
-    inputs: Optional[Path] = typer.Option(None, "--inputs", help="test inputs: FILE.npz, an array per input"),
-    dim: list[str] = typer.Option([], "--dim", help="NAME=SIZE: a size symbol in the test inputs (default 1)"),
+    precision: list[str] = typer.Option(
+        [], "--precision", "-p", help="precision to build, repeatable (default: all implemented)"),
+    inputs: Optional[Path] = typer.Option(
+        None, "--inputs", help="test inputs: FILE.npz, an array per input"),
+    dim: list[str] = typer.Option(
+        [], "--dim", help="NAME=SIZE: a size symbol in the test inputs (default 1)"),
     seed: int = typer.Option(0, "--seed", help="seed of the random test inputs"),
     cases: int = typer.Option(2, "--cases", help="how many random test cases"),
     name: Optional[str] = typer.Option(None, "--name", help="model name (default: the file's stem)"),
@@ -471,11 +473,11 @@ def _validate_rows(path: str) -> list[dict]:
 
 def _validate_one(model, index: int) -> dict:
     result = model.validate(index)
+    if result.cases == 0:  # another writer's container may carry none: nothing to hold it to
+        return {"verdict": "no vectors", "detail": "the artifact carries no test vectors"}
     out = {"cases": result.cases,
            "max_abs": max((o.max_abs_error for o in result.outputs), default=0.0),
            "max_rel": max((o.max_rel_error for o in result.outputs), default=0.0)}
-    if result.cases == 0:  # another writer's container may carry none: nothing to hold it to
-        return {**out, "verdict": "no vectors", "detail": "the artifact carries no test vectors"}
     bad = [o for o in result.outputs if not o.ok]
     if not bad:
         return {**out, "verdict": "ok", "detail": ""}
@@ -535,11 +537,12 @@ def run_cmd(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PortableFallbackWarning)
         model = load(_existing(file, "container"), device=device, precision=precision)
-    for w in caught:  # one line for a person, not Python's warning format with file and line
-        if isinstance(w.message, PortableFallbackWarning):
-            typer.echo(f"note: {one_paragraph(w.message)}", err=True)
     with model:
         results = model.run(feeds)
+    # one line for a person (not Python's warning format), after the run so an error stays alone
+    for w in caught:
+        if isinstance(w.message, PortableFallbackWarning):
+            typer.echo(f"note: {one_paragraph(w.message)}", err=True)
     output.mkdir(parents=True, exist_ok=True)
     for name, value in results.items():
         target = output / f"{name.replace('/', '_').replace(os.sep, '_')}.npy"

@@ -302,7 +302,8 @@ def _accumulate(w: list, got: np.ndarray, want: np.ndarray, rtol: float, atol: f
         diff = np.abs(g - e)
     keep = ~np.isnan(diff)
     if keep.any():
-        rel = diff[keep] / np.maximum(np.abs(e[keep]), np.finfo(np.float64).tiny)
+        # relative to the expected magnitude, floored at atol: near-zero outputs are judged by atol
+        rel = diff[keep] / np.maximum(np.abs(e[keep]), max(atol, np.finfo(np.float64).tiny))
         w[0], w[1] = max(w[0], float(diff[keep].max())), max(w[1], float(rel.max()))
     w[2] = w[2] and bool(np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True))
 

@@ -9,7 +9,6 @@ Runtime at fp32 tolerances. The nine light_* models use seeded random weights
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import warnings
 
@@ -17,6 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from support import load_light
 
 import mlpack
 from mlpack.packager import build as build_mod
@@ -34,15 +34,7 @@ BERT = os.path.join(MODELS, "bert_block.onnx")
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def _light():
-    spec = importlib.util.spec_from_file_location("mlpack_test_light_build",
-                                                  os.path.join(MODELS, "light.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-light = _light()
+light = load_light()
 
 
 def _onnxruntime(model, feeds):
@@ -255,7 +247,17 @@ def test_model_proto_and_name(tmp_path):
     graph = helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], [b])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     report = build(model, tmp_path / "t.mlpack", name="adder")
     with open_container(tmp_path / "t.mlpack") as c:
         assert c.name == report.name == "adder"
+
+
+def test_example_build_and_run():
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(MODELS), "..", "examples", "build_and_run.py")
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "wrote " in proc.stdout and "validate: 2 cases" in proc.stdout and ": ok" in proc.stdout

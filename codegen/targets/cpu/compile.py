@@ -1,0 +1,58 @@
+"""``compile_cpu(graph, target)``: an optimized IR graph -> a cpu artifact (ELF + plan + weights)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ... import debug
+from ....spec.ir.graph import Graph
+from .kernels import build_kernels, reject_procedures
+from .link import link_shared
+from .module import build_module, optimize_and_emit, target_machine
+from .plan import make_plan, output_copies, tensor_buffers
+from .target import get_target
+
+
+@dataclass
+class CpuArtifact:
+    """What the packager puts in a cpu artifact: the code layer, the config's plan, the weights."""
+    elf: bytes
+    plan: dict
+    weights: dict[str, np.ndarray]
+    target: str
+    features: list[str]
+    kernel_names: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def compile_cpu(graph: Graph, target: str) -> CpuArtifact:
+    """Compile ``graph`` (the output of ``compile_onnx``) for the cpu target named ``target``.
+
+    Raises UnsupportedTargetError naming the op when some part of the graph cannot be lowered
+    (procedures, an op without a lowering, an unsupported dtype)."""
+    t = get_target(target)
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    reject_procedures(graph)
+    bufs = tensor_buffers(graph)
+    kernels = build_kernels(graph, bufs)
+    copies, owners = output_copies(graph, bufs, len(kernels))
+    kernels += copies
+    plan, weights = make_plan(graph, kernels, bufs, owners)
+    tm = target_machine(t)
+    text = build_module(kernels, bufs, plan["symbols"], t, tm)
+    debug.log(f"cpu {target}: LLVM IR before optimization:\n{text}", 3)
+    times["lower"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    obj = optimize_and_emit(text, tm)
+    times["llvm"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    elf = link_shared(obj)
+    times["link"] = time.perf_counter() - t2
+    debug.log(f"cpu {target}: {len(kernels)} kernels, lower {times['lower']:.2f}s, "
+              f"llvm {times['llvm']:.2f}s, link {times['link']:.2f}s")
+    return CpuArtifact(elf, plan, weights, t.name, list(t.features),
+                       [k.name for k in kernels], times)

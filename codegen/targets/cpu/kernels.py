@@ -1,0 +1,312 @@
+"""From the optimized graph to kernels: epilogue fusion and the loop schedule of each kernel.
+
+One kernel per comprehension, except that an elementwise map reading a reduction's output at
+the identity index (bias, activation, residual add, batchnorm scale/shift), when it is that
+reduction's only reader, fuses into the reduction's kernel as an epilogue: the reduction's
+value is handed to the map's body as the variable ``acc`` and never stored.
+
+The schedule of a kernel: its output buffer is walked in layout order; dims of constant size 1
+are dropped; the last remaining dim is the *row* (innermost, unit stride in the output) and the
+others are the *outer* dims, flattened into rows that workgroups split. A reduction runs in one
+of two ways, whichever gives more unit-stride reads in the innermost loop:
+
+* ``row``: the reduction loops go outside the row loop and each row element accumulates in the
+  output buffer (matmul with a row-major right operand, convolution over output columns);
+* ``inner``: the row loop goes outside and one reduction dim is innermost, accumulating in a
+  scalar (dot products, softmax and layernorm statistics, argmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
+from ....spec.ir.expr import Expr
+from ....spec.ir.graph import Comprehension, Graph, Procedure
+from ...errors import UnsupportedTargetError
+
+ACC = "acc"                  # the epilogue's name for the reduction's value
+MIN_VECTOR_TRIP = 8          # a loop shorter than this is a poor innermost loop
+WORK_PER_WORKGROUP = 32768   # multiply-adds (roughly) worth handing a thread at once
+MAX_WORKGROUPS = 256
+MIN_ROW_CHUNK = 16           # rows are split into chunks no shorter than this
+ROW_BIAS = 0.5               # how much the row strategy is preferred at equal scores
+
+
+@dataclass
+class Buffer:
+    """How a tensor lies in memory: dims in layout order, their sizes, element type."""
+    name: str
+    layout: tuple[str, ...]
+    sizes: dict[str, Expr]
+    dtype: str
+
+    def contiguous_dim(self) -> str | None:
+        """The last layout dim that is not of constant size 1 (unit stride)."""
+        for d in reversed(self.layout):
+            s = self.sizes[d]
+            if not (s.is_const and s.value == 1):
+                return d
+        return None
+
+
+@dataclass
+class Kernel:
+    name: str
+    out: str
+    body: Expr                     # over the output's dim vars and the rdims
+    reduce: str | None
+    rdims: dict[str, Expr]         # in loop order, innermost last
+    acc_dtype: str                 # the body's (reduction's) dtype
+    epilogue: Expr | None = None   # over the output's dim vars and var ACC
+    strategy: str = "map"          # "map", "row" or "inner"
+    row_chunks: int = 1            # workgroup units per row (rows too few to share out)
+    reads: list[str] = field(default_factory=list)
+    fused: list[str] = field(default_factory=list)   # IR ops it computes, for messages
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def replace_reads(e: Expr, tensor: str, repl: Expr) -> Expr:
+    """``e`` with every read of ``tensor`` replaced by ``repl``."""
+    if e.op == "read" and e.arg[0] == tensor:
+        return repl
+    if not e.args:
+        return e
+    args = tuple(replace_reads(a, tensor, repl) for a in e.args)
+    return e if args == e.args else ex.rebuild(e, args)
+
+
+def _is_one(s: Expr) -> bool:
+    return s.is_const and s.value == 1
+
+
+def tensors_read(e: Expr) -> list[str]:
+    """Tensors ``e`` reads, in first-read order."""
+    seen: dict[str, None] = {}
+    for n in ex.walk(e):
+        if n.op == "read":
+            seen.setdefault(n.arg[0])
+    return list(seen)
+
+
+def inline_scalar_constants(g: Graph, body: Expr) -> Expr:
+    """Reads of single-element constants become immediates (no binding, foldable)."""
+    def go(e: Expr) -> Expr:
+        if e.op == "read" and e.arg[0] in g.constants:
+            c = g.constants[e.arg[0]]
+            if c.data.size == 1 and all(_is_one(s) for s in c.type.dims.values()):
+                return ex.const(c.data.reshape(()).item(), c.type.dtype)
+        if not e.args:
+            return e
+        args = tuple(go(a) for a in e.args)
+        return e if args == e.args else ex.rebuild(e, args)
+    return go(body)
+
+
+# ---------------------------------------------------------------- epilogue fusion
+
+
+def _identity_map(r: Comprehension, m: Comprehension, reads: list[Expr]) -> dict[str, Expr] | None:
+    """R's dim -> M's index, when every read of R in M is the same identity read, else None."""
+    first = reads[0]
+    if any(rd.args != first.args or rd.arg != first.arg for rd in reads) or first.arg[2] is not None:
+        return None
+    index = dict(zip(first.arg[1], first.args))
+    used: set[str] = set()
+    for d, size in r.type.dims.items():
+        ix = index[d]
+        if _is_one(size) and ix.is_const and ix.value == 0:
+            continue
+        if ix.op != "var" or ix.arg in used or ix.arg not in m.type.dims \
+                or not ex.same_size(size, m.type.dims[ix.arg]):
+            return None
+        used.add(ix.arg)
+    if any(d not in used and not _is_one(s) for d, s in m.type.dims.items()):
+        return None  # M iterates more points than R has: R's value would be recomputed
+    return index
+
+
+def _fusable_reduction(m: Comprehension, producers, readers, pinned) -> tuple | None:
+    """The (reduction, index map) whose kernel ``m`` can join as an epilogue, if any."""
+    if m.reduce is not None:
+        return None
+    for name in tensors_read(m.body):
+        r = producers.get(name)
+        if r is None or r.reduce is None or name in pinned or readers.get(name) != [m.out]:
+            continue
+        reads = [n for n in ex.walk(m.body) if n.op == "read" and n.arg[0] == name]
+        index = _identity_map(r, m, reads)
+        if index is not None:
+            return r, index
+    return None
+
+
+def _fuse(r: Comprehension, m: Comprehension, index: dict[str, Expr]) -> tuple[Expr, dict]:
+    """R's body over M's vars (R's rdims renamed apart) and R's renamed rdims."""
+    fresh = {d: f"r.{d}" for d in r.rdims}
+    mapping = {d: ex.var(v) for d, v in fresh.items()}
+    mapping.update({d: index[d] for d in r.type.dims})
+    body = ex.substitute(r.body, mapping)
+    return body, {fresh[d]: s for d, s in r.rdims.items()}
+
+
+# ---------------------------------------------------------------- schedule
+
+
+def _coeff(e: Expr, v: str):
+    """d e / d v when ``e`` is affine in ``v`` with a constant coefficient, else None."""
+    if v not in ex.free_vars(e):
+        return 0
+    if e.op == "var":
+        return 1
+    if e.op in ("add", "sub"):
+        a, b = _coeff(e.args[0], v), _coeff(e.args[1], v)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "add" else a - b
+    if e.op == "mul":
+        x, y = e.args
+        if x.is_const:
+            c = _coeff(y, v)
+            return None if c is None else x.value * c
+        if y.is_const:
+            c = _coeff(x, v)
+            return None if c is None else y.value * c
+    if e.op == "neg":
+        c = _coeff(e.args[0], v)
+        return None if c is None else -c
+    return None
+
+
+def _access(read: Expr, v: str, buffers: dict[str, Buffer]) -> str:
+    """'inv', 'unit' or 'other': how a read moves when ``v`` steps by one."""
+    buf = buffers[read.arg[0]]
+    index = dict(zip(read.arg[1], read.args))
+    coeffs = {d: _coeff(index[d], v) for d in buf.layout}
+    if all(c == 0 for c in coeffs.values()):
+        return "inv"
+    inner = buf.contiguous_dim()
+    if coeffs.get(inner) == 1 and all(c == 0 for d, c in coeffs.items() if d != inner):
+        return "unit"
+    return "other"
+
+
+def _score(body: Expr, v: str, extent: Expr, buffers) -> float:
+    """How good ``v`` is as the innermost (vectorized) loop."""
+    weights = {"inv": 0.5, "unit": 1.0, "other": -1.0}
+    reads = {id(n): n for n in ex.walk(body) if n.op == "read"}.values()
+    score = sum(weights[_access(r, v, buffers)] for r in reads)
+    if extent.is_const and extent.value < MIN_VECTOR_TRIP:
+        score -= 10
+    return score
+
+
+def row_dim(buf: Buffer) -> tuple[list[str], str | None]:
+    """(outer dims, row dim) of a kernel writing ``buf``."""
+    dims = [d for d in buf.layout if not _is_one(buf.sizes[d])]
+    if not dims:
+        return [], None
+    return dims[:-1], dims[-1]
+
+
+def _row_chunks(k: Kernel, out: Buffer) -> int:
+    """Into how many chunks to cut each row so that a few big rows still spread over threads
+    (a batch-1 fully connected layer has one row); only for constant sizes."""
+    outer, row = row_dim(out)
+    sizes = [*out.sizes.values(), *k.rdims.values()]
+    if row is None or not all(s.is_const for s in sizes):
+        return 1
+    rows = 1
+    for d in outer:
+        rows *= out.sizes[d].value
+    work = 1
+    for s in sizes:
+        work *= s.value
+    want = max(1, min(MAX_WORKGROUPS, work // WORK_PER_WORKGROUP))
+    if rows >= want:
+        return 1
+    return max(1, min(-(-want // rows), out.sizes[row].value // MIN_ROW_CHUNK))
+
+
+def schedule(k: Kernel, out: Buffer, buffers: dict[str, Buffer]) -> None:
+    """Pick the kernel's strategy, its reduction loop order and its row chunks."""
+    k.row_chunks = _row_chunks(k, out)
+    if k.reduce is None:
+        k.strategy = "map"
+        return
+    _, row = row_dim(out)
+    scores = {r: _score(k.body, r, s, buffers) for r, s in k.rdims.items()}
+    best = max(reversed(list(k.rdims)), key=lambda r: scores[r]) if k.rdims else None
+    can_row = (row is not None and k.reduce in ("sum", "prod", "max", "min")
+               and k.acc_dtype == out.dtype)
+    # ties and near-ties go to ``row``: a strided reduction walks far through memory per output
+    # element, while a strided row stays within a few cache lines
+    if can_row and (best is None or _score(k.body, row, out.sizes[row], buffers) + ROW_BIAS
+                    >= scores[best]):
+        k.strategy = "row"
+        return
+    k.strategy = "inner"
+    if best is not None:
+        k.rdims = {**{r: s for r, s in k.rdims.items() if r != best}, best: k.rdims[best]}
+
+
+# ---------------------------------------------------------------- building
+
+
+def reject_procedures(g: Graph) -> None:
+    """Procedures (TopK, NonZero, NMS, ...: sequential code, data-dependent sizes) are not lowered."""
+    for op in g.ops:
+        if isinstance(op, Procedure):
+            names = ", ".join("%" + n for n in op.outs)
+            raise UnsupportedTargetError(
+                f"cpu: {names} is computed by a procedure (sequential code or data-dependent "
+                "sizes: NonZero, TopK, Unique, NonMaxSuppression, ...); the cpu target does not "
+                "lower procedures yet")
+
+
+def build_kernels(g: Graph, buffers: dict[str, Buffer]) -> list[Kernel]:
+    """The graph's comprehensions as kernels, in order, with epilogues fused."""
+    reject_procedures(g)
+    ops = [op for op in g.ops]
+    producers = {op.out: op for op in ops}
+    readers: dict[str, list[str]] = {}
+    for op in ops:
+        for t in tensors_read(op.body):
+            readers.setdefault(t, []).append(op.out)
+    pinned = {p.name for p in g.outputs}
+    fused_into: dict[str, tuple] = {}
+    for m in ops:
+        hit = _fusable_reduction(m, producers, readers, pinned)
+        if hit is not None:
+            fused_into[hit[0].out] = (m, hit[1])
+    epilogue_of = {m.out: (r, index) for r_out, (m, index) in fused_into.items()
+                   for r in [producers[r_out]]}
+    kernels = []
+    for op in ops:
+        if op.out in fused_into:
+            continue
+        if op.out in epilogue_of:
+            r, index = epilogue_of[op.out]
+            body, rdims = _fuse(r, op, index)
+            epi = replace_reads(op.body, r.out, ex.var(ACC, r.type.dtype))
+            k = Kernel(f"k{len(kernels)}_{op.out}", op.out, inline_scalar_constants(g, body),
+                       r.reduce, rdims, r.type.dtype, inline_scalar_constants(g, epi),
+                       fused=[r.out, op.out])
+        else:
+            k = Kernel(f"k{len(kernels)}_{op.out}", op.out, inline_scalar_constants(g, op.body),
+                       op.reduce, dict(op.rdims), op.type.dtype, fused=[op.out])
+        reads = tensors_read(k.body) + (tensors_read(k.epilogue) if k.epilogue is not None else [])
+        k.reads = [t for t in dict.fromkeys(reads) if t != k.out]
+        schedule(k, buffers[k.out], buffers)
+        kernels.append(k)
+    return kernels
+
+
+def copy_kernel(name: str, src: Buffer, dst: Buffer) -> Kernel:
+    """A kernel copying ``src`` to ``dst`` (an output that is an input, a constant or repeated)."""
+    body = ex.read(src.name, {d: ex.var(d) for d in src.layout}, src.dtype)
+    k = Kernel(name, dst.name, body, None, {}, src.dtype, reads=[src.name], fused=[dst.name])
+    return k

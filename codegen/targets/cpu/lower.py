@@ -1,0 +1,773 @@
+"""One kernel -> one LLVM function ``i32 k(const mlpack_dispatch *d, uint32_t wg)``.
+
+The exported function only unpacks the dispatch (binding pointers, push constants, workgroup
+count) and calls an always-inlined body whose buffer parameters are ``noalias``: after inlining
+LLVM keeps that as alias scopes, so the vectorizer needs no runtime overlap checks. (Bindings
+never alias: one binding per tensor, and the plan never overlaps the arena slots of an op's
+inputs and output.)
+
+The body walks the units this workgroup owns (``[units*wg/count, units*(wg+1)/count)``; a
+unit is a row, or a chunk of one when the kernel cuts rows in ``row_chunks``), delinearizes
+each into the outer dims' indices and runs the kernel's strategy (see kernels.py). Scalar expressions are emitted by ``_Expr``: index math is i64 (``nsw`` where it
+only involves loop variables, symbols and constants), floor division and modulo follow Python,
+guarded reads branch around the load (LLVM if-converts them into masked loads), and
+data-dependent indices of unguarded reads are clamped so a bad index cannot leave the buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+from ....spec.ir import dtypes as dt
+from ....spec.ir.expr import Expr
+from ...errors import UnsupportedTargetError
+from . import mathlib
+from .kernels import ACC, Buffer, Kernel, row_dim
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+PTR = ir.PointerType()
+DISPATCH = ir.LiteralStructType([PTR, PTR, I32, I32])
+KERNEL_FN = ir.FunctionType(I32, [PTR, I32])
+FLOAT_TYPES = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
+FAST_SUM = ("reassoc", "contract")   # reductions may reassociate (fp32 rtol 1e-4 holds)
+CONTRACT = ("contract",)             # a*b+c may become an fma
+
+
+def llvm_type(dtype: str, what: str = "") -> ir.Type:
+    """The register type of an IR dtype (bool is i1; storage of bool is i8)."""
+    if dtype in FLOAT_TYPES:
+        return FLOAT_TYPES[dtype]
+    if dtype == "bool":
+        return I1
+    if dt.is_int(dtype) and dt.bits(dtype) in (8, 16, 32, 64):
+        return ir.IntType(dt.bits(dtype))
+    raise UnsupportedTargetError(f"cpu: dtype {dtype} is not supported{what}")
+
+
+def storage_type(dtype: str) -> ir.Type:
+    return I8 if dtype == "bool" else llvm_type(dtype)
+
+
+def _itemsize(dtype: str) -> int:
+    return 1 if dtype == "bool" else dt.bits(dtype) // 8
+
+
+class Loops:
+    """Counted loops with optional vectorizer metadata on the latch branch."""
+
+    def __init__(self, b: ir.IRBuilder, module: ir.Module):
+        self.b = b
+        self.module = module
+        self.latches: list[ir.Instruction] = []
+
+    @contextmanager
+    def loop(self, start, end, name: str, vectorize: bool = False):
+        b = self.b
+        pre = b.block
+        fn = pre.function
+        header = fn.append_basic_block(f"{name}.head")
+        body = fn.append_basic_block(f"{name}.body")
+        exit_ = fn.append_basic_block(f"{name}.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        i = b.phi(I64, name=name)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, end), body, exit_)
+        b.position_at_end(body)
+        yield i
+        nxt = b.add(i, ir.Constant(I64, 1), flags=("nsw",))
+        i.add_incoming(nxt, b.block)
+        br = b.branch(header)
+        if vectorize:
+            self.latches.append(br)
+        b.position_at_end(exit_)
+
+
+def _const(dtype: str, value) -> ir.Constant:
+    ty = llvm_type(dtype)
+    if dtype in FLOAT_TYPES:
+        return ir.Constant(ty, float(value))
+    if dtype == "bool":
+        return ir.Constant(I1, int(bool(value)))
+    v = int(value)
+    bits = dt.bits(dtype)
+    return ir.Constant(ty, v & ((1 << bits) - 1) if v < 0 else v)
+
+
+def _signed(dtype: str) -> bool:
+    return dtype in dt.SIGNED
+
+
+class _Expr:
+    """Emits scalar expressions; values are memoized per scope (a loop body is a scope)."""
+
+    def __init__(self, b: ir.IRBuilder, bases: dict, buffers: dict[str, Buffer], kname: str):
+        self.b = b
+        self.bases = bases            # tensor -> base pointer
+        self.buffers = buffers
+        self.kname = kname
+        self.env: list[dict[str, ir.Value]] = [{}]
+        self.memo: list[dict[int, ir.Value]] = [{}]
+        self.keep: list[Expr] = []    # keeps memoized nodes alive so their ids stay unique
+        self.strides: dict[str, list] = {}
+        self.sizes: dict[str, dict] = {}
+        self.pure: dict[int, bool] = {}
+
+    # -- scopes
+
+    @contextmanager
+    def scope(self, **binds):
+        self.env.append(dict(binds))
+        self.memo.append({})
+        try:
+            yield
+        finally:
+            self.env.pop()
+            self.memo.pop()
+
+    def bind(self, name: str, value) -> None:
+        self.env[-1][name] = value
+
+    def lookup(self, name: str):
+        for scope in reversed(self.env):
+            if name in scope:
+                return scope[name]
+        raise UnsupportedTargetError(f"cpu: kernel {self.kname}: unbound variable {name}")
+
+    # -- entry
+
+    def __call__(self, e: Expr):
+        key = id(e)
+        for m in reversed(self.memo):
+            if key in m:
+                return m[key]
+        v = self._emit(e)
+        self.memo[-1][key] = v
+        self.keep.append(e)
+        return v
+
+    def _is_pure_index(self, e: Expr) -> bool:
+        """No reads below: index arithmetic that cannot overflow (nsw is safe)."""
+        key = id(e)
+        hit = self.pure.get(key)
+        if hit is None:
+            hit = e.op != "read" and all(self._is_pure_index(a) for a in e.args)
+            self.pure[key] = hit
+            self.keep.append(e)
+        return hit
+
+    def _emit(self, e: Expr):
+        op = e.op
+        if op == "const":
+            return _const(e.dtype, e.arg)
+        if op in ("var", "sym"):
+            return self.lookup(("$" if op == "sym" else "") + e.arg)
+        if op == "read":
+            return self._read(e)
+        if op == "cast":
+            return self._cast(self(e.args[0]), e.args[0].dtype, e.dtype)
+        if op == "select":
+            c, a, x = (self(a) for a in e.args)
+            a = self._cast(a, e.args[1].dtype, e.dtype)
+            x = self._cast(x, e.args[2].dtype, e.dtype)
+            return self.b.select(c, a, x)
+        args = [self(a) for a in e.args]
+        if len(args) == 1:
+            return self._unary(op, args[0], e.args[0].dtype)
+        adt = dt.promote(e.args[0].dtype, e.args[1].dtype)
+        a = self._cast(args[0], e.args[0].dtype, adt)
+        x = self._cast(args[1], e.args[1].dtype, adt)
+        return self._binary(op, a, x, adt, self._is_pure_index(e))
+
+    # -- reads
+
+    def _read(self, e: Expr):
+        name, dims, pad = e.arg
+        buf = self.buffers[name]
+        index = dict(zip(dims, e.args))
+        b = self.b
+        idx, ok = [], None
+        for d in buf.layout:
+            ix = e_ix = index[d]
+            v = self._cast(self(ix), ix.dtype, "i64")
+            n = self.sizes[name][d]
+            if pad is not None:
+                inb = b.icmp_unsigned("<", v, n)
+                ok = inb if ok is None else b.and_(ok, inb)
+            elif not self._is_pure_index(e_ix):
+                v = self._clamp(v, n)
+            idx.append(v)
+        flat = self._flat(name, idx)
+        ety = storage_type(buf.dtype)
+        if ok is None:
+            return self._load(ety, buf.dtype, self.bases[name], flat)
+        pre = b.block
+        fn = pre.function
+        then = fn.append_basic_block(f"{name[:20]}.in")
+        merge = fn.append_basic_block(f"{name[:20]}.merge")
+        b.cbranch(ok, then, merge)
+        b.position_at_end(then)
+        val = self._load(ety, buf.dtype, self.bases[name], flat)
+        then_end = b.block
+        b.branch(merge)
+        b.position_at_end(merge)
+        phi = b.phi(val.type)
+        phi.add_incoming(val, then_end)
+        phi.add_incoming(_const(buf.dtype, pad), pre)
+        return phi
+
+    def _clamp(self, v, n):
+        b = self.b
+        zero = ir.Constant(I64, 0)
+        v = b.select(b.icmp_signed("<", v, zero), zero, v)
+        last = b.sub(n, ir.Constant(I64, 1))
+        return b.select(b.icmp_signed(">", v, last), last, v)
+
+    def _flat(self, name: str, idx: list):
+        b = self.b
+        flat = None
+        for v, s in zip(idx, self.strides[name]):
+            if isinstance(v, ir.Constant) and v.constant == 0:
+                continue
+            t = v if (isinstance(s, ir.Constant) and s.constant == 1) else b.mul(v, s, flags=("nsw",))
+            flat = t if flat is None else b.add(flat, t, flags=("nsw",))
+        return flat if flat is not None else ir.Constant(I64, 0)
+
+    def _load(self, ety, dtype: str, base, flat):
+        b = self.b
+        ptr = b.gep(base, [flat], inbounds=True, source_etype=ety)
+        v = b.load(ptr, typ=ety, align=_itemsize(dtype))
+        if dtype == "bool":
+            return b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+        return v
+
+    def address(self, name: str, idx: list):
+        return self.b.gep(self.bases[name], [self._flat(name, idx)], inbounds=True,
+                          source_etype=storage_type(self.buffers[name].dtype))
+
+    def store(self, value, dtype: str, ptr) -> None:
+        if dtype == "bool":
+            value = self.b.zext(value, I8)
+        self.b.store(value, ptr, align=_itemsize(dtype))
+
+    # -- casts
+
+    def _cast(self, v, src: str, dst: str):
+        if src == dst:
+            return v
+        b = self.b
+        ty = llvm_type(dst)
+        if dst == "bool":
+            if src in FLOAT_TYPES:
+                return b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0))
+            return b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
+        if src == "bool":
+            return b.uitofp(v, ty) if dst in FLOAT_TYPES else b.zext(v, ty)
+        if src in FLOAT_TYPES and dst in FLOAT_TYPES:
+            return b.fpext(v, ty) if dt.bits(dst) > dt.bits(src) else b.fptrunc(v, ty)
+        if dst in FLOAT_TYPES:
+            return b.sitofp(v, ty) if _signed(src) else b.uitofp(v, ty)
+        if src in FLOAT_TYPES:
+            # nan/inf give 0 (as the interpreter); narrow ints wrap like a C cast via i64
+            finite = b.fcmp_ordered("<", self._unary("abs", v, src), ir.Constant(v.type, math.inf))
+            v = b.select(finite, v, ir.Constant(v.type, 0.0))
+            if dst == "u64":
+                return b.fptoui(v, ty)
+            wide = b.fptosi(v, I64)
+            return wide if ty == I64 else b.trunc(wide, ty)
+        sb, db = dt.bits(src), dt.bits(dst)
+        if db < sb:
+            return b.trunc(v, ty)
+        if db > sb:
+            return b.sext(v, ty) if _signed(src) else b.zext(v, ty)
+        return v
+
+    # -- operations
+
+    def intrinsic(self, name: str, ty, *args):
+        return self.b.call(mathlib.intrinsic(self.b.module, name, ty, len(args)), list(args))
+
+    def _unary(self, op: str, x, dtype: str):
+        b = self.b
+        if dtype in FLOAT_TYPES:
+            ty = x.type
+            if op == "neg":
+                return b.fneg(x)
+            if op in ("abs", "sqrt", "floor", "ceil"):
+                return self.intrinsic({"abs": "llvm.fabs"}.get(op, f"llvm.{op}"), ty, x)
+            if op == "round":
+                return self.intrinsic("llvm.rint", ty, x)
+            if op in mathlib.FUNCTIONS:
+                return mathlib.emit(b, op, x)
+            if op == "recip":
+                return b.fdiv(ir.Constant(ty, 1.0), x)
+            if op == "sign":
+                one = ir.Constant(ty, 1.0)
+                pos = b.fcmp_ordered(">", x, ir.Constant(ty, 0.0))
+                neg = b.fcmp_ordered("<", x, ir.Constant(ty, 0.0))
+                return b.select(pos, one, b.select(neg, ir.Constant(ty, -1.0), x))
+            if op == "isnan":
+                return b.fcmp_unordered("uno", x, x)
+            if op == "isinf":
+                return b.fcmp_ordered("==", self.intrinsic("llvm.fabs", ty, x), ir.Constant(ty, math.inf))
+        elif dtype == "bool":
+            if op == "not":
+                return b.xor(x, ir.Constant(I1, 1))
+            if op in ("abs",):
+                return x
+        else:
+            zero = ir.Constant(x.type, 0)
+            if op == "neg":
+                return b.sub(zero, x)
+            if op == "abs":
+                return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x) if _signed(dtype) else x
+            if op == "sign":
+                one = ir.Constant(x.type, 1)
+                if not _signed(dtype):
+                    return b.zext(b.icmp_unsigned("!=", x, zero), x.type)
+                return b.select(b.icmp_signed(">", x, zero), one,
+                                b.select(b.icmp_signed("<", x, zero), ir.Constant(x.type, -1), zero))
+            if op == "bitnot":
+                return b.xor(x, ir.Constant(x.type, -1))
+            if op == "recip":
+                return self._int_div(ir.Constant(x.type, 1), x, dtype)
+            if op in ("floor", "ceil", "round"):
+                return x
+            if op in ("isnan", "isinf"):
+                return ir.Constant(I1, 0)
+        raise UnsupportedTargetError(
+            f"cpu: kernel {self.kname}: op {op} on {dtype} is not lowered by the cpu target")
+
+    def _int_div(self, a, x, dtype: str):
+        """C division; x == 0 gives 0 and INT_MIN / -1 wraps instead of trapping."""
+        b = self.b
+        zero, one = ir.Constant(a.type, 0), ir.Constant(a.type, 1)
+        if not _signed(dtype):
+            safe = b.select(b.icmp_unsigned("==", x, zero), one, x)
+            return b.select(b.icmp_unsigned("==", x, zero), zero, b.udiv(a, safe))
+        m1 = ir.Constant(a.type, -1)
+        bad = b.or_(b.icmp_signed("==", x, zero), b.icmp_signed("==", x, m1))
+        q = b.sdiv(a, b.select(bad, one, x))
+        q = b.select(b.icmp_signed("==", x, m1), b.sub(zero, a), q)
+        return b.select(b.icmp_signed("==", x, zero), zero, q)
+
+    def _int_floor(self, op: str, a, x, dtype: str, pure: bool):
+        """Python // and % (x == 0 gives 0)."""
+        b = self.b
+        zero, one = ir.Constant(a.type, 0), ir.Constant(a.type, 1)
+        if not _signed(dtype):
+            safe = b.select(b.icmp_unsigned("==", x, zero), one, x)
+            r = b.udiv(a, safe) if op == "floordiv" else b.urem(a, safe)
+            return b.select(b.icmp_unsigned("==", x, zero), zero, r)
+        if isinstance(x, ir.Constant) and x.constant > 0:
+            q, r = b.sdiv(a, x), b.srem(a, x)
+            fix = b.icmp_signed("<", r, zero)
+            if op == "floordiv":
+                return b.sub(q, b.zext(fix, a.type))
+            return b.select(fix, b.add(r, x), r)
+        m1 = ir.Constant(a.type, -1)
+        bad = b.or_(b.icmp_signed("==", x, zero), b.icmp_signed("==", x, m1))
+        safe = b.select(bad, one, x)
+        q, r = b.sdiv(a, safe), b.srem(a, safe)
+        fix = b.and_(b.icmp_signed("!=", r, zero),
+                     b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", safe, zero)))
+        if op == "floordiv":
+            q = b.sub(q, b.zext(fix, a.type))
+            q = b.select(b.icmp_signed("==", x, m1), b.sub(zero, a), q)
+        else:
+            q = b.select(fix, b.add(r, safe), r)
+            q = b.select(b.icmp_signed("==", x, m1), zero, q)
+        return b.select(b.icmp_signed("==", x, zero), zero, q)
+
+    def _binary(self, op: str, a, x, dtype: str, pure: bool):
+        b = self.b
+        if dtype in FLOAT_TYPES:
+            return self._float_binary(op, a, x)
+        if dtype == "bool" and op in ("and", "or", "xor", "bitand", "bitor", "bitxor", "max", "min",
+                                      "eq", "ne"):
+            if op in ("eq", "ne"):
+                return b.icmp_unsigned("==" if op == "eq" else "!=", a, x)
+            f = {"and": b.and_, "bitand": b.and_, "min": b.and_, "or": b.or_, "bitor": b.or_,
+                 "max": b.or_, "xor": b.xor, "bitxor": b.xor}[op]
+            return f(a, x)
+        flags = ("nsw",) if pure else ()
+        if op == "add":
+            return b.add(a, x, flags=flags)
+        if op == "sub":
+            return b.sub(a, x, flags=flags)
+        if op == "mul":
+            return b.mul(a, x, flags=flags)
+        if op == "div":
+            return self._int_div(a, x, dtype)
+        if op in ("floordiv", "mod"):
+            return self._int_floor(op, a, x, dtype, pure)
+        if op == "fmod":
+            return b.srem(a, x) if _signed(dtype) else b.urem(a, x)
+        cmp = b.icmp_signed if _signed(dtype) else b.icmp_unsigned
+        if op in ("max", "min"):
+            return b.select(cmp(">" if op == "max" else "<", a, x), a, x)
+        rel = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+        if op in rel:
+            return cmp(rel[op], a, x)
+        if op in ("and", "bitand"):
+            return b.and_(a, x)
+        if op in ("or", "bitor"):
+            return b.or_(a, x)
+        if op in ("xor", "bitxor"):
+            return b.xor(a, x)
+        if op in ("shl", "shr"):
+            w = ir.Constant(a.type, dt.bits(dtype))
+            amt = b.select(b.icmp_unsigned("<", x, w), x, ir.Constant(a.type, 0))
+            r = b.shl(a, amt) if op == "shl" else (b.ashr(a, amt) if _signed(dtype) else b.lshr(a, amt))
+            return b.select(b.icmp_unsigned("<", x, w), r, ir.Constant(a.type, 0))
+        if op == "pow":
+            return self._int_pow(a, x, dtype)
+        raise UnsupportedTargetError(
+            f"cpu: kernel {self.kname}: op {op} on {dtype} is not lowered by the cpu target")
+
+    def _int_pow(self, a, x, dtype):
+        fa = self._cast(a, dtype, "f64")
+        fx = self._cast(x, dtype, "f64")
+        return self._cast(self._float_binary("pow", fa, fx), "f64", dtype)
+
+    def _float_binary(self, op: str, a, x):
+        b = self.b
+        ty = a.type
+        if op == "add":
+            return b.fadd(a, x, flags=CONTRACT)
+        if op == "sub":
+            return b.fsub(a, x, flags=CONTRACT)
+        if op == "mul":
+            return b.fmul(a, x, flags=CONTRACT)
+        if op == "div":
+            return b.fdiv(a, x)
+        if op in ("max", "min"):
+            return self.intrinsic("llvm.maximum" if op == "max" else "llvm.minimum", ty, a, x)
+        rel = {"eq": "==", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+        if op in rel:
+            return b.fcmp_ordered(rel[op], a, x)
+        if op == "ne":
+            return b.fcmp_unordered("!=", a, x)
+        if op == "floordiv":
+            return self.intrinsic("llvm.floor", ty, b.fdiv(a, x))
+        if op in ("fmod", "mod"):
+            # a - trunc(a/b)*b: exact while a/b is exactly representable (documented limit)
+            q = self.intrinsic("llvm.trunc", ty, b.fdiv(a, x))
+            r = b.fsub(a, b.fmul(q, x))
+            if op == "fmod":
+                return r
+            zero = ir.Constant(ty, 0.0)
+            fix = b.and_(b.fcmp_ordered("!=", r, zero),
+                         b.icmp_unsigned("!=", b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", x, zero)))
+            return b.select(fix, b.fadd(r, x), r)
+        if op == "pow":
+            return self._pow(a, x)
+        if op == "atan2":
+            raise UnsupportedTargetError(f"cpu: kernel {self.kname}: op atan2 is not lowered "
+                                         "by the cpu target")
+        raise UnsupportedTargetError(
+            f"cpu: kernel {self.kname}: op {op} on floats is not lowered by the cpu target")
+
+    def _pow(self, a, x):
+        """a**x = exp(x log|a|), negated for a < 0 and odd integer x; nan for a < 0, x fractional."""
+        b = self.b
+        ty = a.type
+        if isinstance(x, ir.Constant) and x.constant in (1.0, 2.0, 0.5, 3.0):
+            if x.constant == 0.5:
+                return self.intrinsic("llvm.sqrt", ty, a)
+            out = a
+            for _ in range(int(x.constant) - 1):
+                out = b.fmul(out, a)
+            return out
+        absa = self.intrinsic("llvm.fabs", ty, a)
+        r = mathlib.emit(b, "exp", b.fmul(x, mathlib.emit(b, "log", absa)))
+        xi = self.intrinsic("llvm.rint", ty, x)
+        is_int = b.fcmp_ordered("==", xi, x)
+        half = b.fmul(xi, ir.Constant(ty, 0.5))
+        odd = b.fcmp_ordered("!=", self.intrinsic("llvm.rint", ty, half), half)
+        neg = b.fcmp_ordered("<", a, ir.Constant(ty, 0.0))
+        r = b.select(b.and_(neg, odd), b.fneg(r), r)
+        r = b.select(b.and_(neg, b.xor(is_int, ir.Constant(I1, 1))), ir.Constant(ty, math.nan), r)
+        return b.select(b.fcmp_ordered("==", x, ir.Constant(ty, 0.0)), ir.Constant(ty, 1.0), r)
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def _identity(kind: str, dtype: str) -> ir.Constant:
+    if kind == "sum":
+        return _const(dtype, 0)
+    if kind == "prod":
+        return _const(dtype, 1)
+    if kind in ("max", "argmax", "argmax_last"):
+        return _const(dtype, dt.lowest(dtype))
+    return _const(dtype, dt.highest(dtype))
+
+
+def _combine(E: _Expr, kind: str, acc, x, dtype: str):
+    b = E.b
+    if dtype in FLOAT_TYPES:
+        if kind == "sum":
+            return b.fadd(acc, x, flags=FAST_SUM)
+        if kind == "prod":
+            return b.fmul(acc, x, flags=FAST_SUM)
+        return E.intrinsic("llvm.maximum" if kind == "max" else "llvm.minimum", acc.type, acc, x)
+    if dtype == "bool":
+        return (b.or_ if kind in ("sum", "max") else b.and_)(acc, x)
+    if kind == "sum":
+        return b.add(acc, x)
+    if kind == "prod":
+        return b.mul(acc, x)
+    cmp = b.icmp_signed if _signed(dtype) else b.icmp_unsigned
+    return b.select(cmp(">" if kind == "max" else "<", x, acc), x, acc)
+
+
+def _arg_better(E: _Expr, kind: str, x, best, dtype: str):
+    """Whether x replaces the running best of an argmax/argmin (first or last occurrence)."""
+    b = E.b
+    last = kind.endswith("_last")
+    if dtype in FLOAT_TYPES:
+        rel = ("<=" if last else "<") if kind.startswith("argmin") else (">=" if last else ">")
+        better = b.fcmp_ordered(rel, x, best)
+        # numpy: the first nan wins
+        first_nan = b.and_(b.fcmp_unordered("uno", x, x), b.fcmp_ordered("ord", best, best))
+        return b.or_(better, first_nan)
+    cmp = b.icmp_signed if _signed(dtype) else b.icmp_unsigned
+    rel = ("<=" if last else "<") if kind.startswith("argmin") else (">=" if last else ">")
+    return cmp(rel, x, best)
+
+
+# ---------------------------------------------------------------- the kernel
+
+
+class KernelLowering:
+    """Emits one kernel into a module."""
+
+    def __init__(self, module: ir.Module, k: Kernel, buffers: dict[str, Buffer],
+                 symbols: list[str], loops_md):
+        self.module = module
+        self.k = k
+        self.buffers = buffers
+        self.symbols = symbols
+        self.loops_md = loops_md
+        self.out = buffers[k.out]
+        self.bound = [k.out, *k.reads]   # binding j of the dispatch is tensor bound[j]
+
+    def emit(self) -> ir.Function:
+        impl = self._impl_signature()
+        self._emit_impl(impl)
+        return self._emit_wrapper(impl)
+
+    def _impl_signature(self) -> ir.Function:
+        n = len(self.bound)
+        fnty = ir.FunctionType(ir.VoidType(), [PTR] * n + [I64] * len(self.symbols) + [I32, I32])
+        f = ir.Function(self.module, fnty, name=f"{self.k.name}.impl")
+        f.linkage = "internal"
+        f.attributes.add("alwaysinline")
+        f.attributes.add("nounwind")
+        for j in range(n):
+            f.args[j].add_attribute("noalias")
+        return f
+
+    def _emit_wrapper(self, impl: ir.Function) -> ir.Function:
+        f = ir.Function(self.module, KERNEL_FN, name=self.k.name)
+        f.linkage = "internal"
+        f.attributes.add("nounwind")
+        b = ir.IRBuilder(f.append_basic_block("entry"))
+        d, wg = f.args
+        bindings = b.load(b.gep(d, [ir.Constant(I32, 0), ir.Constant(I32, 0)], source_etype=DISPATCH),
+                          typ=PTR)
+        push = b.load(b.gep(d, [ir.Constant(I32, 0), ir.Constant(I32, 1)], source_etype=DISPATCH),
+                      typ=PTR)
+        count = b.load(b.gep(d, [ir.Constant(I32, 0), ir.Constant(I32, 2)], source_etype=DISPATCH),
+                       typ=I32)
+        args = [b.load(b.gep(bindings, [ir.Constant(I64, j)], source_etype=PTR), typ=PTR)
+                for j in range(len(self.bound))]
+        args += [b.load(b.gep(push, [ir.Constant(I64, i)], source_etype=I64), typ=I64)
+                 for i in range(len(self.symbols))]
+        b.call(impl, args + [wg, count])
+        b.ret(ir.Constant(I32, 0))
+        return f
+
+    # -- body
+
+    def _emit_impl(self, f: ir.Function) -> None:
+        b = ir.IRBuilder(f.append_basic_block("entry"))
+        self.b = b
+        self.loops = Loops(b, self.module)
+        n = len(self.bound)
+        bases = {t: f.args[j] for j, t in enumerate(self.bound)}
+        E = _Expr(b, bases, self.buffers, self.k.name)
+        self.E = E
+        for i, s in enumerate(self.symbols):
+            E.bind("$" + s, f.args[n + i])
+        wg, count = f.args[n + len(self.symbols):]
+        self._sizes()
+        self.allocas = self._allocas()
+        outer, row = row_dim(self.out)
+        chunks = ir.Constant(I64, self.k.row_chunks)
+        units = chunks
+        for d in outer:
+            units = b.mul(units, E.sizes[self.out.name][d], flags=("nsw",))
+        w64, c64 = b.zext(wg, I64), b.zext(count, I64)
+        start = b.udiv(b.mul(units, w64), c64)
+        end = b.udiv(b.mul(units, b.add(w64, ir.Constant(I64, 1))), c64)
+        with self.loops.loop(start, end, "unit") as u:
+            with E.scope():
+                r = u
+                self.j_range = None
+                if row is not None:
+                    self.j_range = (ir.Constant(I64, 0), E.sizes[self.out.name][row])
+                if self.k.row_chunks > 1:
+                    r, c = b.udiv(u, chunks), b.urem(u, chunks)
+                    n = E.sizes[self.out.name][row]
+                    self.j_range = (b.udiv(b.mul(c, n), chunks),
+                                    b.udiv(b.mul(b.add(c, ir.Constant(I64, 1)), n), chunks))
+                self._delinearize(r, outer)
+                self._row(row)
+        b.ret_void()
+        self.loops_md(self.loops.latches)
+
+    def _sizes(self) -> None:
+        """Every bound buffer's dim sizes and strides (i64 values) and the rdims' extents."""
+        E = self.E
+        for t in self.bound:
+            buf = self.buffers[t]
+            sizes = {d: E(buf.sizes[d]) for d in buf.layout}
+            E.sizes[t] = sizes
+            strides, acc = [], ir.Constant(I64, 1)
+            for d in reversed(buf.layout):
+                strides.append(acc)
+                acc = acc if _const_one(sizes[d]) else (
+                    sizes[d] if _const_one(acc) else self.b.mul(acc, sizes[d], flags=("nsw",)))
+            E.strides[t] = strides[::-1]
+        self.extents = {r: E(s) for r, s in self.k.rdims.items()}
+
+    def _allocas(self) -> dict:
+        k, b = self.k, self.b
+        if k.strategy != "inner":
+            return {}
+        arg = k.reduce.startswith("arg")
+        out = {"acc": b.alloca(llvm_type(k.body.dtype if arg else k.acc_dtype), name="acc")}
+        if arg:
+            out["idx"] = b.alloca(I64, name="idx")
+        return out
+
+    def _delinearize(self, r, outer: list[str]) -> None:
+        b, E = self.b, self.E
+        for d in reversed(outer):
+            n = E.sizes[self.out.name][d]
+            if d == outer[0]:
+                E.bind(d, r)
+                break
+            E.bind(d, b.urem(r, n))
+            r = b.udiv(r, n)
+        for d in self.out.layout:
+            if _const_one(E.sizes[self.out.name][d]):
+                E.bind(d, ir.Constant(I64, 0))
+
+    def _out_ptr(self):
+        E = self.E
+        return E.address(self.out.name, [E.lookup(d) for d in self.out.layout])
+
+    @contextmanager
+    def _row_loop(self, row: str | None, vectorize: bool = True):
+        """Over the row dim (or just once, for an output with no dim left)."""
+        if row is None:
+            with self.E.scope():
+                yield
+            return
+        j0, j1 = self.j_range
+        with self.loops.loop(j0, j1, f"j.{row}", vectorize) as j:
+            with self.E.scope(**{row: j}):
+                yield
+
+    def _row(self, row: str | None) -> None:
+        k = self.k
+        if k.strategy == "map":
+            with self._row_loop(row):
+                self._store(self._finish(self.E(k.body)))
+        elif k.strategy == "row":
+            self._row_accumulate(row)
+        else:
+            with self._row_loop(row, vectorize=False):
+                self._store(self._finish(self._inner_reduce()))
+
+    def _finish(self, value):
+        """The epilogue applied to the kernel's value, cast to the output's dtype."""
+        k, E = self.k, self.E
+        if k.epilogue is None:
+            return E._cast(value, k.acc_dtype, self.out.dtype)
+        with E.scope(**{ACC: value}):
+            res = E(k.epilogue)
+        return E._cast(res, k.epilogue.dtype, self.out.dtype)
+
+    def _store(self, value) -> None:
+        self.E.store(value, self.out.dtype, self._out_ptr())
+
+    def _row_accumulate(self, row: str) -> None:
+        """Reduction loops outside the row loop; the output row holds the accumulators."""
+        k, E, b = self.k, self.E, self.b
+        ety = storage_type(self.out.dtype)
+        with self._row_loop(row):
+            self._store(_identity(k.reduce, k.acc_dtype))
+        self._nest(list(k.rdims), lambda: self._row_step(row, ety))
+        if k.epilogue is not None:
+            with self._row_loop(row):
+                ptr = self._out_ptr()
+                acc = E._load(ety, self.out.dtype, ptr, ir.Constant(I64, 0))
+                self._store(self._finish(acc))
+
+    def _row_step(self, row: str, ety) -> None:
+        k, E = self.k, self.E
+        with self._row_loop(row):
+            ptr = self._out_ptr()
+            acc = E._load(ety, self.out.dtype, ptr, ir.Constant(I64, 0))
+            x = E._cast(E(k.body), k.body.dtype, k.acc_dtype)
+            self._store(_combine(E, k.reduce, acc, x, k.acc_dtype))
+
+    def _nest(self, dims: list[str], inner, vectorize_last: bool = False) -> None:
+        if not dims:
+            inner()
+            return
+        d = dims[0]
+        vec = vectorize_last and len(dims) == 1
+        with self.loops.loop(ir.Constant(I64, 0), self.extents[d], f"r.{d}", vec) as i:
+            with self.E.scope(**{d: i}):
+                self._nest(dims[1:], inner, vectorize_last)
+
+    def _inner_reduce(self):
+        """One output element: the reduction loops innermost, into a scalar accumulator."""
+        k, E, b = self.k, self.E, self.b
+        acc = self.allocas["acc"]
+        arg = k.reduce.startswith("arg")
+        vdt = k.body.dtype if arg else k.acc_dtype
+        b.store(_identity(k.reduce, vdt), acc)
+        if arg:
+            if len(k.rdims) != 1:
+                raise UnsupportedTargetError(f"cpu: kernel {k.name}: {k.reduce} over "
+                                             f"{len(k.rdims)} dims")
+            b.store(ir.Constant(I64, 0), self.allocas["idx"])
+
+        def step():
+            x = E._cast(E(k.body), k.body.dtype, vdt)
+            cur = b.load(acc)
+            if not arg:
+                b.store(_combine(E, k.reduce, cur, x, vdt), acc)
+                return
+            better = _arg_better(E, k.reduce, x, cur, vdt)
+            b.store(b.select(better, x, cur), acc)
+            idx = self.allocas["idx"]
+            b.store(b.select(better, E.lookup(list(k.rdims)[0]), b.load(idx)), idx)
+
+        self._nest(list(k.rdims), step, vectorize_last=not arg)
+        if arg:
+            return b.load(self.allocas["idx"])
+        return b.load(acc)
+
+
+def _const_one(v) -> bool:
+    return isinstance(v, ir.Constant) and v.constant == 1

@@ -1,0 +1,116 @@
+"""The kernel library as one LLVM module: kernels, the kernel table, optimization, object code.
+
+Everything is ``internal`` except ``mlpack_kernel_table_v1``, so the shared object's dynamic
+symbol table holds that one symbol. Every function carries ``"no-builtins"`` so that LLVM does
+not turn a fill or copy loop into a ``memset``/``memcpy`` call the library could not resolve.
+Innermost loops get ``llvm.loop.vectorize.enable`` (a distinct, self-referencing loop id each).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from .kernels import Buffer, Kernel
+from .lower import I32, PTR, KernelLowering
+from .target import CpuTarget
+
+TABLE_SYMBOL = "mlpack_kernel_table_v1"
+ABI_VERSION = 1
+_INIT = threading.Lock()
+_initialized = False
+
+
+def init_llvm() -> None:
+    global _initialized
+    with _INIT:
+        if not _initialized:
+            llvm.initialize_all_targets()
+            llvm.initialize_all_asmprinters()
+            _initialized = True
+
+
+def target_machine(t: CpuTarget):
+    init_llvm()
+    return llvm.Target.from_triple(t.triple).create_target_machine(
+        cpu=t.cpu, features=t.feature_string, opt=3, reloc="pic", codemodel="default")
+
+
+class _LoopIds:
+    """Hands out one placeholder loop id per latch; ``finalize`` makes them self-referencing."""
+
+    def __init__(self, module: ir.Module):
+        self.module = module
+        self.count = 0
+        self.enable = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"),
+                                           ir.Constant(ir.IntType(1), 1)])
+
+    def __call__(self, latches) -> None:
+        for br in latches:
+            md = self.module.add_metadata([ir.MetaDataString(self.module, f"LOOPSELF{self.count}"),
+                                           self.enable])
+            self.count += 1
+            br.set_metadata("llvm.loop", md)
+
+    @staticmethod
+    def finalize(text: str) -> str:
+        return re.sub(r'^!(\d+) = !\{!"LOOPSELF\d+"', r"!\1 = distinct !{!\1", text, flags=re.M)
+
+
+def _cstring(module: ir.Module, name: str, s: str) -> ir.GlobalVariable:
+    data = bytearray(s.encode() + b"\0")
+    ty = ir.ArrayType(ir.IntType(8), len(data))
+    g = ir.GlobalVariable(module, ty, name=name)
+    g.global_constant = True
+    g.linkage = "private"
+    g.initializer = ir.Constant(ty, data)
+    return g
+
+
+def _table(module: ir.Module, fns: list[ir.Function], names: list[str]) -> None:
+    n = len(fns)
+    arr = ir.ArrayType(PTR, n)
+    kt = ir.GlobalVariable(module, arr, name="mlpack.kernels")
+    kt.global_constant, kt.linkage = True, "internal"
+    kt.initializer = ir.Constant(arr, list(fns))
+    nt = ir.GlobalVariable(module, arr, name="mlpack.names")
+    nt.global_constant, nt.linkage = True, "internal"
+    nt.initializer = ir.Constant(arr, [_cstring(module, f"mlpack.name.{i}", s) for i, s in enumerate(names)])
+    sty = ir.LiteralStructType([I32, I32, PTR, PTR])
+    tab = ir.GlobalVariable(module, sty, name="mlpack.table")
+    tab.global_constant, tab.linkage = True, "internal"
+    tab.initializer = ir.Constant(sty, [ir.Constant(I32, ABI_VERSION), ir.Constant(I32, n), kt, nt])
+    f = ir.Function(module, ir.FunctionType(PTR, []), name=TABLE_SYMBOL)
+    f.attributes.add("nounwind")
+    b = ir.IRBuilder(f.append_basic_block("entry"))
+    b.ret(tab)
+
+
+def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: list[str],
+                 t: CpuTarget, tm) -> str:
+    """The module's LLVM IR text (before optimization)."""
+    module = ir.Module(name="mlpack_kernels")
+    module.triple = t.triple
+    module.data_layout = str(tm.target_data)
+    ids = _LoopIds(module)
+    fns = [KernelLowering(module, k, buffers, symbols, ids).emit() for k in kernels]
+    _table(module, fns, [k.name for k in kernels])
+    text = _LoopIds.finalize(str(module))
+    # every definition: no libcalls synthesized from loops
+    return re.sub(r"^(define .*\))( [^\n{]*)?\n\{", lambda m: f'{m.group(1)}{m.group(2) or ""}'
+                  f' "no-builtins"\n{{', text, flags=re.M)
+
+
+def optimize_and_emit(text: str, tm) -> bytes:
+    """Parse, verify, run the O3 pipeline with both vectorizers, return object code."""
+    mod = llvm.parse_assembly(text)
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return tm.emit_object(mod)

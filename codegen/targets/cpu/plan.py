@@ -1,0 +1,184 @@
+"""The plan of a cpu artifact (spec/SPEC.md section 7): symbols, buffers, arena, dispatches.
+
+Buffers are listed inputs, outputs, weights, then arena slices. Graph inputs and outputs lie in
+their port layout (ONNX order), constants in their own layout, and every other tensor in its
+type's dim order. Arena offsets are assigned by liveness: a tensor's slot is free again after
+the last dispatch that reads it, and a later tensor of a provably equal size (or, for constant
+sizes, no larger size) reuses it. A slot keeps the offset it got, so offsets and sizes stay
+plain polynomials in the symbols.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ....spec.ir import dtypes as dt
+from ....spec.ir import expr as ex
+from ....spec.ir.expr import Expr
+from ....spec.ir.graph import Graph
+from ....spec.ir.program import encode_expr
+from ...errors import UnsupportedTargetError
+from .kernels import MAX_WORKGROUPS, WORK_PER_WORKGROUP, Buffer, Kernel, copy_kernel, row_dim
+
+ARENA_ALIGN = 64
+
+
+def tensor_buffers(g: Graph) -> dict[str, Buffer]:
+    """The memory layout of every tensor the kernels touch (outputs: first port naming them)."""
+    bufs: dict[str, Buffer] = {}
+    produced = {op.out for op in g.ops}
+    for p in g.inputs:
+        t = g.types[p.name]
+        bufs[p.name] = Buffer(p.name, p.layout, dict(t.dims), t.dtype)
+    for c in g.constants.values():
+        bufs[c.name] = Buffer(c.name, tuple(c.layout), dict(c.type.dims), c.type.dtype)
+    for p in g.outputs:
+        if p.name in produced and p.name not in bufs:
+            t = g.types[p.name]
+            bufs[p.name] = Buffer(p.name, p.layout, dict(t.dims), t.dtype)
+    for op in g.ops:
+        if op.out not in bufs:
+            bufs[op.out] = Buffer(op.out, tuple(op.type.dims), dict(op.type.dims), op.type.dtype)
+    return bufs
+
+
+def output_copies(g: Graph, bufs: dict[str, Buffer], first_index: int) -> tuple[list[Kernel], list[str]]:
+    """Copy kernels for outputs no kernel writes in place, and each output's buffer tensor."""
+    produced = {op.out for op in g.ops}
+    owners: list[str] = []
+    copies: list[Kernel] = []
+    for i, p in enumerate(g.outputs):
+        if p.name in produced and p.name not in owners:
+            owners.append(p.name)
+            continue
+        t = g.types[p.name]
+        dst = Buffer(f"{p.name}#out{i}", p.layout, dict(t.dims), t.dtype)
+        bufs[dst.name] = dst
+        copies.append(copy_kernel(f"k{first_index + len(copies)}_copy_out{i}", bufs[p.name], dst))
+        owners.append(dst.name)
+    return copies, owners
+
+
+def nbytes(buf: Buffer) -> Expr:
+    size = ex.simplify_size(ex.product([buf.sizes[d] for d in buf.layout]) * ex.const(
+        1 if buf.dtype == "bool" else dt.bits(buf.dtype) // 8))
+    if size.is_const:
+        return ex.const(-(-size.value // ARENA_ALIGN) * ARENA_ALIGN)
+    if ex.simplify_size(ex.floordiv(size, ex.const(ARENA_ALIGN))).op != "floordiv":
+        return size  # every coefficient is a multiple of the alignment already
+    return ex.floordiv(size + (ARENA_ALIGN - 1), ex.const(ARENA_ALIGN)) * ex.const(ARENA_ALIGN)
+
+
+@dataclass
+class _Slot:
+    size: Expr
+    free: bool = False
+    tenants: list[str] = field(default_factory=list)
+
+
+def _pick_slot(slots: list[_Slot], need: Expr) -> _Slot:
+    free = [s for s in slots if s.free]
+    for s in free:
+        if ex.same_size(s.size, need):
+            return s
+    if need.is_const:
+        consts = [s for s in free if s.size.is_const]
+        fits = [s for s in consts if s.size.value >= need.value]
+        if fits:
+            return min(fits, key=lambda s: s.size.value)
+        if consts:
+            s = max(consts, key=lambda s: s.size.value)
+            s.size = need
+            return s
+    s = _Slot(need)
+    slots.append(s)
+    return s
+
+
+def assign_arena(kernels: list[Kernel], arena: list[str], bufs: dict[str, Buffer]) -> tuple[dict, Expr]:
+    """Tensor -> (offset, size) expressions, and the arena size."""
+    last_use: dict[str, int] = {}
+    for i, k in enumerate(kernels):
+        for t in [k.out, *k.reads]:
+            last_use[t] = i
+    in_arena = set(arena)
+    slots: list[_Slot] = []
+    slot_of: dict[str, _Slot] = {}
+    for i, k in enumerate(kernels):
+        for t, s in slot_of.items():
+            if last_use[t] < i and t in s.tenants and not s.free and s.tenants[-1] == t:
+                s.free = True
+        if k.out in in_arena:
+            s = _pick_slot(slots, nbytes(bufs[k.out]))
+            s.free = False
+            s.tenants.append(k.out)
+            slot_of[k.out] = s
+    offsets, total = {}, ex.const(0)
+    for s in slots:
+        offsets[id(s)] = total
+        total = ex.simplify_size(total + s.size)
+    placed = {t: (offsets[id(s)], nbytes(bufs[t])) for t, s in slot_of.items()}
+    return placed, total
+
+
+def symbol_sources(g: Graph) -> tuple[list[str], list[dict]]:
+    syms = g.symbols()
+    sources = []
+    for s in syms:
+        for i, p in enumerate(g.inputs):
+            dims = g.types[p.name].dims
+            axis = next((a for a, d in enumerate(p.layout)
+                         if dims[d].op == "sym" and dims[d].arg == s), None)
+            if axis is not None:
+                sources.append({"symbol": s, "input": i, "axis": axis})
+                break
+        else:
+            raise UnsupportedTargetError(
+                f"cpu: size symbol ${s} is not the size of any input axis; the plan cannot bind it")
+    return syms, sources
+
+
+def workgroups(k: Kernel, out: Buffer) -> Expr:
+    """min(units, clamp(work / WORK_PER_WORKGROUP, 1, MAX_WORKGROUPS)) as an expression,
+    where units = rows * row_chunks (what the kernel shares out)."""
+    outer, _ = row_dim(out)
+    rows = ex.product([*[out.sizes[d] for d in outer], ex.const(k.row_chunks)])
+    work = ex.product([*out.sizes.values(), *k.rdims.values()])
+    per = ex.binary("max", ex.const(1), ex.binary(
+        "min", ex.const(MAX_WORKGROUPS), ex.floordiv(work, ex.const(WORK_PER_WORKGROUP))))
+    return ex.binary("min", rows, per)
+
+
+def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
+              output_owners: list[str]) -> tuple[dict, dict[str, np.ndarray]]:
+    """The plan dict and the weights (constant name -> array in its layout)."""
+    syms, sources = symbol_sources(g)
+    entries: list[dict] = []
+    index: dict[str, int] = {}
+    for i, p in enumerate(g.inputs):
+        index[p.name] = len(entries)
+        entries.append({"kind": "input", "index": i})
+    for i, owner in enumerate(output_owners):
+        index[owner] = len(entries)
+        entries.append({"kind": "output", "index": i})
+    used = {t for k in kernels for t in k.reads}
+    weights = {}
+    for name, c in g.constants.items():
+        if name in used:
+            index[name] = len(entries)
+            entries.append({"kind": "weight", "name": name})
+            weights[name] = np.ascontiguousarray(c.data)
+    arena = [k.out for k in kernels if k.out not in index]
+    placed, total = assign_arena(kernels, arena, bufs)
+    for t in arena:
+        off, size = placed[t]
+        index[t] = len(entries)
+        entries.append({"kind": "arena", "offset": encode_expr(off), "size": encode_expr(size)})
+    dispatches = [{"kernel": i, "workgroups": encode_expr(workgroups(k, bufs[k.out])),
+                   "bindings": [index[t] for t in [k.out, *k.reads]]}
+                  for i, k in enumerate(kernels)]
+    plan = {"abi": 1, "symbols": syms, "symbol_sources": sources, "buffers": entries,
+            "arena_size": encode_expr(total), "arena_align": ARENA_ALIGN, "dispatches": dispatches}
+    return plan, weights

@@ -1,0 +1,222 @@
+/* api_open.c: the model's life outside mlpack_run: options, open (container -> host -> selection
+ * -> signature -> pool -> executor), close, signature and artifact queries, version.
+ *
+ * The signature is read from the chosen artifact's config "model" (every artifact of one
+ * container has the same one); its strings point into the container's JSON documents, which
+ * live as long as the model.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#define MP_PROGRAM_PORTABLE "application/vnd.mlpack.program.portable.v1+json"
+#define MP_CODE_ELF "application/vnd.mlpack.code.elf.v1"
+#define MP_MAX_THREADS 1024
+
+#define MP_STR2(x) #x
+#define MP_STR(x) MP_STR2(x)
+
+const char *mlpack_version_string(void) {
+  return MP_STR(MLPACK_VERSION_MAJOR) "." MP_STR(MLPACK_VERSION_MINOR) "." MP_STR(MLPACK_VERSION_PATCH);
+}
+
+void mlpack_options_init(mlpack_options *opts) {
+  if (!opts) return;
+  memset(opts, 0, sizeof *opts);
+  opts->accuracy_budget = -1;
+  opts->verify = 1;
+}
+
+/* ---------------------------------------------------------------- signature */
+
+static mlpack_status mp_sig_dim(const mp_json *d, const char *what, size_t k, mp_sig *s, mlpack_error **err) {
+  const mp_json *size = mp_json_get(d, "size");
+  s->dim_names[k] = mp_json_get_string(d, "name");
+  s->dim_syms[k] = NULL;
+  if (size && size->kind == MP_JSON_STRING && size->string[0] == '$' && size->string[1]) {
+    s->dims[k] = -1;
+    s->dim_syms[k] = size->string + 1;
+  } else if (size && size->kind == MP_JSON_NUMBER && size->is_int && size->integer >= 0) {
+    s->dims[k] = size->integer;
+  } else {
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s '%s': dim %zu size is neither a count nor a '$symbol'", what,
+                   s->name, k);
+  }
+  if (!s->dim_names[k]) return mp_fail(err, MLPACK_ERR_FORMAT, "%s '%s': dim %zu has no name", what, s->name, k);
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_sig_read(const mp_json *j, const char *what, mp_sig *s, mlpack_error **err) {
+  memset(s, 0, sizeof *s);
+  s->name = mp_json_get_string(j, "name");
+  const mp_json *dims = mp_json_get(j, "dims");
+  if (!s->name || !dims || dims->kind != MP_JSON_ARRAY)
+    return mp_fail(err, MLPACK_ERR_FORMAT, "config model: malformed %s entry", what);
+  const char *dtype = mp_json_get_string(j, "dtype");
+  if (mp_dtype_from_name(dtype, &s->dtype))
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s '%s': dtype '%.40s' is not known to this engine", what, s->name,
+                   dtype ? dtype : "");
+  if (dims->length > 8)
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s '%s' has rank %zu; this engine supports at most 8", what, s->name,
+                   dims->length);
+  s->rank = dims->length;
+  for (size_t k = 0; k < s->rank; k++) {
+    mlpack_status st = mp_sig_dim(dims->items[k], what, k, s, err);
+    if (st) return st;
+  }
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_sigs_read(const mp_json *model, const char *key, const char *what, mp_sig **out,
+                                  size_t *count, mlpack_error **err) {
+  const mp_json *list = mp_json_get(model, key);
+  if (!list || list->kind != MP_JSON_ARRAY) return mp_fail(err, MLPACK_ERR_FORMAT, "config model has no '%s'", key);
+  *out = calloc(list->length ? list->length : 1, sizeof **out);
+  if (!*out) return mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
+  *count = list->length;
+  for (size_t i = 0; i < list->length; i++) {
+    mlpack_status st = mp_sig_read(list->items[i], what, &(*out)[i], err);
+    if (st) return st;
+  }
+  return MLPACK_OK;
+}
+
+/* ---------------------------------------------------------------- open */
+
+/* options.threads, else MLPACK_NUM_THREADS, else the online core count. */
+static mlpack_status mp_thread_count(int requested, int *out, mlpack_error **err) {
+  if (requested < 0) return mp_fail(err, MLPACK_ERR_ARGUMENT, "threads must be >= 0, got %d", requested);
+  if (requested > 0) {
+    *out = requested > MP_MAX_THREADS ? MP_MAX_THREADS : requested;
+    return MLPACK_OK;
+  }
+  const char *env = getenv("MLPACK_NUM_THREADS");
+  if (env && *env) {
+    char *end;
+    long n = strtol(env, &end, 10);
+    if (*end || n < 1)
+      return mp_fail(err, MLPACK_ERR_ARGUMENT, "MLPACK_NUM_THREADS='%.40s' is not a positive integer", env);
+    *out = n > MP_MAX_THREADS ? MP_MAX_THREADS : (int)n;
+    return MLPACK_OK;
+  }
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  *out = cores < 1 ? 1 : cores > MP_MAX_THREADS ? MP_MAX_THREADS : (int)cores;
+  return MLPACK_OK;
+}
+
+static mlpack_status mp_executor_create(mlpack_model *m, const mp_artifact *a, mlpack_error **err) {
+  if (a->code_media_type && !strcmp(a->code_media_type, MP_CODE_ELF))
+    return mp_native_create(m, a, &m->executor, err);
+  if (a->code_media_type && !strcmp(a->code_media_type, MP_PROGRAM_PORTABLE))
+    return mp_portable_create(m, a, &m->executor, err);
+  return mp_fail(err, MLPACK_ERR_LOAD, "%s: artifact %zu: no executor for code '%s'", m->container->path, a->index,
+                 a->code_media_type ? a->code_media_type : "(none)");
+}
+
+/* The caller's strings may not outlive mlpack_open: keep our own copies of the vocabulary. */
+static const char *mp_canonical(const char *s, const char *const *words) {
+  for (int i = 0; s && words[i]; i++)
+    if (!strcmp(s, words[i])) return words[i];
+  return NULL;
+}
+
+static mlpack_status mp_model_open(mlpack_model *m, const char *path, mlpack_error **err) {
+  static const char *const devices[] = {"cpu", "cuda", "portable", NULL};
+  static const char *const precisions[] = {"fp32", "fp16", "bf16", "int8", NULL};
+  mlpack_status st = mp_container_open(path, m->options.verify, &m->container, err);
+  if (st) return st;
+  mp_host_detect(&m->host);
+  m->verdicts = calloc(m->container->artifact_count, sizeof *m->verdicts);
+  if (!m->verdicts) return mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
+  if ((st = mp_select(m->container, &m->host, &m->options, m->verdicts, &m->chosen, err))) return st;
+  m->options.device = mp_canonical(m->options.device, devices);
+  m->options.precision = mp_canonical(m->options.precision, precisions);
+  const mp_artifact *a = &m->container->artifacts[m->chosen];
+  const mp_json *model = mp_json_get(a->config, "model");
+  if ((st = mp_sigs_read(model, "inputs", "input", &m->inputs, &m->input_count, err))) return st;
+  if ((st = mp_sigs_read(model, "outputs", "output", &m->outputs, &m->output_count, err))) return st;
+  int threads;
+  if ((st = mp_thread_count(m->options.threads, &threads, err))) return st;
+  m->options.threads = threads;
+  if (!(m->pool = mp_pool_create(threads)))
+    return mp_fail(err, MLPACK_ERR_NOMEM, "cannot start a pool of %d threads", threads);
+  return mp_executor_create(m, a, err);
+}
+
+mlpack_model *mlpack_open(const char *path, const mlpack_options *opts, mlpack_error **err) {
+  if (err) *err = NULL;
+  if (!path) {
+    mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_open: path is NULL");
+    return NULL;
+  }
+  mlpack_model *m = calloc(1, sizeof *m);
+  if (!m) {
+    mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
+    return NULL;
+  }
+  if (opts) m->options = *opts;
+  else mlpack_options_init(&m->options);
+  if (mp_model_open(m, path, err)) {
+    mlpack_close(m);
+    return NULL;
+  }
+  return m;
+}
+
+void mlpack_close(mlpack_model *m) {
+  if (!m) return;
+  if (m->executor && m->executor->destroy) m->executor->destroy(m->executor);
+  if (m->pool) mp_pool_destroy(m->pool);
+  mp_run_release(m);
+  free(m->inputs);
+  free(m->outputs);
+  free(m->verdicts);
+  mp_container_close(m->container);
+  free(m);
+}
+
+/* ---------------------------------------------------------------- queries */
+
+size_t mlpack_input_count(const mlpack_model *m) { return m ? m->input_count : 0; }
+size_t mlpack_output_count(const mlpack_model *m) { return m ? m->output_count : 0; }
+
+static void mp_sig_info(const mp_sig *s, mlpack_tensor_info *out) {
+  out->name = s->name;
+  out->dtype = s->dtype;
+  out->rank = s->rank;
+  out->dim_names = s->dim_names;
+  out->dims = s->dims;
+  out->dim_syms = s->dim_syms;
+}
+
+mlpack_status mlpack_input_info(const mlpack_model *m, size_t i, mlpack_tensor_info *out) {
+  if (!m || !out || i >= m->input_count) return MLPACK_ERR_ARGUMENT;
+  mp_sig_info(&m->inputs[i], out);
+  return MLPACK_OK;
+}
+
+mlpack_status mlpack_output_info(const mlpack_model *m, size_t i, mlpack_tensor_info *out) {
+  if (!m || !out || i >= m->output_count) return MLPACK_ERR_ARGUMENT;
+  mp_sig_info(&m->outputs[i], out);
+  return MLPACK_OK;
+}
+
+size_t mlpack_artifact_count(const mlpack_model *m) { return m ? m->container->artifact_count : 0; }
+
+mlpack_status mlpack_artifact_info_get(const mlpack_model *m, size_t i, mlpack_artifact_info *out) {
+  if (!m || !out || i >= m->container->artifact_count) return MLPACK_ERR_ARGUMENT;
+  const mp_artifact *a = &m->container->artifacts[i];
+  out->index = a->index;
+  out->device = a->device;
+  out->precision = a->precision;
+  out->architecture = a->architecture;
+  out->variant = a->variant;
+  out->runnable = m->verdicts[i].runnable;
+  out->chosen = m->verdicts[i].chosen;
+  out->reason = m->verdicts[i].reason;
+  return MLPACK_OK;
+}

@@ -1,0 +1,366 @@
+/* select.c: which artifact to run (spec/SPEC.md section 5), a line-for-line port of
+ * runtime/select.py so both give the same verdicts and reasons.
+ *
+ *   1. drop what the host cannot run (platform, x86 level, CPU features, CUDA, min_runtime, code
+ *      this engine has no executor for), then what the caller excluded (device, precision,
+ *      accuracy budget);
+ *   2. rank the rest: with a budget, the fastest (most specific, then narrowest precision);
+ *      without, the preferred precision (fp32 first) and then the most specific target;
+ *   3. give every artifact a reason a user can act on.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define MP_PROGRAM_PORTABLE "application/vnd.mlpack.program.portable.v1+json"
+#define MP_CODE_ELF "application/vnd.mlpack.code.elf.v1"
+
+static const char *const mp_devices[] = {"cpu", "cuda", "portable", NULL};
+static const char *const mp_precisions[] = {"fp32", "fp16", "bf16", "int8", NULL};
+/* default preference: the reference first, then the closest to it */
+static const char *const mp_precision_preference[] = {"fp32", "bf16", "fp16", "int8", NULL};
+
+static int mp_in_list(const char *s, const char *const *list) {
+  for (int i = 0; list[i]; i++)
+    if (!strcmp(s, list[i])) return i;
+  return -1;
+}
+
+static int mp_precision_speed(const char *p) {
+  if (!strcmp(p, "int8")) return 3;
+  if (!strcmp(p, "fp16") || !strcmp(p, "bf16")) return 2;
+  if (!strcmp(p, "fp32")) return 1;
+  return 0;
+}
+
+/* 1..4 for an amd64 artifact (no variant means v1; an unknown one 99); 0 for other platforms. */
+static int mp_x86_variant_level(const mp_artifact *a) {
+  if (strcmp(a->architecture, "amd64") != 0) return 0;
+  const char *v = *a->variant ? a->variant : "v1";
+  if (v[0] == 'v' && v[1] >= '1' && v[1] <= '9' && v[2] == 0) return v[1] - '0';
+  return 99;
+}
+
+void mp_artifact_describe(const mp_artifact *a, char *buf, size_t size) {
+  char where[128];
+  if (!strcmp(a->device, "portable")) snprintf(where, sizeof where, "portable");
+  else if (!strcmp(a->device, "cuda") && a->cuda_sm) snprintf(where, sizeof where, "cuda sm_%d", a->cuda_sm);
+  else if (!strcmp(a->device, "cuda")) snprintf(where, sizeof where, "cuda");
+  else if (!strcmp(a->architecture, "amd64"))
+    snprintf(where, sizeof where, "x86-64 v%d %.40s", mp_x86_variant_level(a), a->device);
+  else snprintf(where, sizeof where, "%.40s %.40s", *a->architecture ? a->architecture : "?", a->device);
+  snprintf(buf, size, "%s %.40s (artifact %zu)", where, a->precision, a->index);
+}
+
+static size_t mp_feature_count(const char *list) {
+  size_t n = 0;
+  for (const char *p = list; *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    for (size_t i = 0; i < len; i++)
+      if (p[i] != ' ') { n++; break; }
+    if (!e) break;
+    p = e + 1;
+  }
+  return n;
+}
+
+/* Higher is more specific (and faster): cuda > CPU by level and features > portable. */
+static void mp_specificity(const mp_artifact *a, long out[3]) {
+  out[0] = out[1] = out[2] = 0;
+  if (!strcmp(a->device, "cuda")) {
+    out[0] = 3;
+    out[1] = a->cuda_sm;
+  } else if (!strcmp(a->device, "cpu")) {
+    int level = mp_x86_variant_level(a);
+    out[0] = 2;
+    out[1] = level ? level : 1;
+    out[2] = (long)mp_feature_count(a->cpu_features);
+  }
+}
+
+/* ---------------------------------------------------------------- step 1 */
+
+static int mp_platform_fault(const mp_artifact *a, const mp_host *h, char *why, size_t n) {
+  if (!a->has_platform) {
+    if (!strcmp(a->device, "portable")) return 0;
+    snprintf(why, n, "%s artifact has no OCI platform", a->device);
+    return 1;
+  }
+  if (*a->os && strcmp(a->os, h->os) != 0) {
+    snprintf(why, n, "%s, this host is %s", a->os, h->os);
+    return 1;
+  }
+  const char *arch = *a->architecture ? a->architecture : h->architecture;
+  if (strcmp(arch, h->architecture) != 0) {
+    snprintf(why, n, "%s, this host is %s", arch, h->architecture);
+    return 1;
+  }
+  int level = mp_x86_variant_level(a);
+  if (level && level > h->x86_level) {
+    char have[32];
+    if (h->x86_level) snprintf(have, sizeof have, "x86-64 v%d", h->x86_level);
+    else snprintf(have, sizeof have, "not x86-64 leveled");
+    snprintf(why, n, "needs x86-64 %s, this host is %s", *a->variant ? a->variant : "v1", have);
+    return 1;
+  }
+  if (!strcmp(arch, "arm64") && *a->variant && strcmp(a->variant, "v8") != 0) {
+    snprintf(why, n, "arm64 variant '%s' is unknown to this runtime", a->variant);
+    return 1;
+  }
+  return 0;
+}
+
+static int mp_device_fault(const mp_artifact *a, const mp_host *h, char *why, size_t n) {
+  if (mp_in_list(a->device, mp_devices) < 0) {
+    snprintf(why, n, "device '%s' is unknown to this runtime", a->device);
+    return 1;
+  }
+  if (strcmp(a->device, "cuda") != 0) return 0;
+  if (!h->cuda_sm) {
+    snprintf(why, n, "needs a CUDA GPU, this host has none (or no CUDA driver)");
+    return 1;
+  }
+  if (a->cuda_sm > h->cuda_sm) {
+    snprintf(why, n, "needs sm_%d, this host's GPU is sm_%d", a->cuda_sm, h->cuda_sm);
+    return 1;
+  }
+  return 0;
+}
+
+static int mp_feature_fault(const mp_artifact *a, const mp_host *h, char *why, size_t n) {
+  char missing[160] = "";
+  size_t count = 0, used = 0;
+  for (const char *p = a->cpu_features; *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    while (len && *p == ' ') p++, len--;
+    while (len && p[len - 1] == ' ') len--;
+    char name[64];
+    if (len && len < sizeof name) {
+      memcpy(name, p, len);
+      name[len] = 0;
+      if (!mp_host_has_feature(h, name)) {
+        used += (size_t)snprintf(missing + used, used < sizeof missing ? sizeof missing - used : 0, "%s%s",
+                                 count ? ", " : "", name);
+        if (used >= sizeof missing) used = sizeof missing - 1;
+        count++;
+      }
+    } else if (len) {
+      count++;  /* an absurdly long name matches nothing */
+    }
+    if (!e) break;
+    p = e + 1;
+  }
+  if (!count) return 0;
+  snprintf(why, n, "needs %.150s, this host lacks %s", missing, count == 1 ? "it" : "them");
+  return 1;
+}
+
+static int mp_runtime_fault(const mp_artifact *a, char *why, size_t n) {
+  const int have[3] = {MLPACK_VERSION_MAJOR, MLPACK_VERSION_MINOR, MLPACK_VERSION_PATCH};
+  int newer = a->min_runtime[0] < 0;
+  for (int i = 0; i < 3 && !newer; i++) {
+    if (a->min_runtime[i] != have[i]) {
+      newer = a->min_runtime[i] > have[i];
+      break;
+    }
+  }
+  if (newer) {
+    snprintf(why, n, "needs mlpack runtime %.60s, this is %s", a->min_runtime_text, mlpack_version_string());
+    return 1;
+  }
+  if (!a->code_media_type) {
+    snprintf(why, n, "has no code layer this runtime knows");
+    return 1;
+  }
+  if (strcmp(a->code_media_type, MP_PROGRAM_PORTABLE) != 0 && strcmp(a->code_media_type, MP_CODE_ELF) != 0) {
+    const char *kind = strstr(a->code_media_type, "ptx") ? "PTX code" : "cubin code";
+    snprintf(why, n, "%s, which this runtime cannot execute yet (no CUDA executor)", kind);
+    return 1;
+  }
+  return 0;
+}
+
+static int mp_host_fault(const mp_artifact *a, const mp_host *h, char *why, size_t n) {
+  return mp_platform_fault(a, h, why, n) || mp_device_fault(a, h, why, n) || mp_feature_fault(a, h, why, n) ||
+         mp_runtime_fault(a, why, n);
+}
+
+static int mp_policy_fault(const mp_artifact *a, const mlpack_options *o, int has_budget, char *why, size_t n) {
+  if (o->device && strcmp(a->device, o->device) != 0) {
+    snprintf(why, n, "device '%s' was requested", o->device);
+    return 1;
+  }
+  if (o->precision && strcmp(a->precision, o->precision) != 0) {
+    snprintf(why, n, "precision '%s' was requested", o->precision);
+    return 1;
+  }
+  if (has_budget && a->max_abs_error < 0) {
+    snprintf(why, n, "records no measured error, so it cannot meet the accuracy budget %g", o->accuracy_budget);
+    return 1;
+  }
+  if (has_budget && a->max_abs_error > o->accuracy_budget) {
+    snprintf(why, n, "max_abs_error %g exceeds the accuracy budget %g", a->max_abs_error, o->accuracy_budget);
+    return 1;
+  }
+  return 0;
+}
+
+static mlpack_status mp_check_policy(const mlpack_options *o, mlpack_error **err) {
+  if (o->device && mp_in_list(o->device, mp_devices) < 0)
+    return mp_fail(err, MLPACK_ERR_ARGUMENT, "device '%.60s' is not one of cpu, cuda, portable", o->device);
+  if (o->precision && mp_in_list(o->precision, mp_precisions) < 0)
+    return mp_fail(err, MLPACK_ERR_ARGUMENT, "precision '%.60s' is not one of fp32, fp16, bf16, int8", o->precision);
+  if (isnan(o->accuracy_budget))
+    return mp_fail(err, MLPACK_ERR_ARGUMENT, "accuracy budget nan is not a non-negative number");
+  return MLPACK_OK;
+}
+
+/* ---------------------------------------------------------------- step 2 */
+
+static void mp_rank_key(const mp_artifact *a, int has_budget, long key[5]) {
+  long s[3];
+  mp_specificity(a, s);
+  if (has_budget) {
+    key[0] = s[0]; key[1] = s[1]; key[2] = s[2];
+    key[3] = mp_precision_speed(a->precision);
+  } else {
+    int pref = mp_in_list(a->precision, mp_precision_preference);
+    key[0] = -(pref < 0 ? 4 : pref);
+    key[1] = s[0]; key[2] = s[1]; key[3] = s[2];
+  }
+  key[4] = -(long)a->index;
+}
+
+static int mp_ranks_above(const mp_artifact *a, const mp_artifact *b, int has_budget) {
+  long ka[5], kb[5];
+  mp_rank_key(a, has_budget, ka);
+  mp_rank_key(b, has_budget, kb);
+  for (int i = 0; i < 5; i++)
+    if (ka[i] != kb[i]) return ka[i] > kb[i];
+  return 0;
+}
+
+/* ---------------------------------------------------------------- step 3 */
+
+static void mp_chosen_reason(const mp_artifact *a, const mlpack_options *o, int has_budget, size_t others,
+                             char *out, size_t n) {
+  char d[200];
+  mp_artifact_describe(a, d, sizeof d);
+  if (o->device && !strcmp(o->device, "portable"))
+    snprintf(out, n, "chosen: the portable artifact was requested");
+  else if (has_budget)
+    snprintf(out, n, "chosen: %.150s is the fastest artifact within the accuracy budget %g (max_abs_error %g)", d,
+             o->accuracy_budget, a->max_abs_error);
+  else if (!strcmp(a->device, "portable"))
+    snprintf(out, n, "chosen: portable: runs anywhere; slower (no native artifact fits)");
+  else if (others == 0)
+    snprintf(out, n, "chosen: %s is the only artifact this host runs", d);
+  else
+    snprintf(out, n, "chosen: %s is the most specific artifact this host runs", d);
+}
+
+static void mp_loser_reason(const mp_artifact *a, const mp_artifact *winner, int has_budget, char *out, size_t n) {
+  char d[200];
+  if (!strcmp(a->device, "portable")) {
+    snprintf(out, n, "portable: runs anywhere; slower");
+  } else if (!has_budget && strcmp(a->precision, winner->precision) != 0) {
+    snprintf(out, n, "passed over: %.40s is preferred over %.40s (ask for precision='%.40s')", winner->precision,
+             a->precision, a->precision);
+  } else {
+    mp_artifact_describe(winner, d, sizeof d);
+    snprintf(out, n, "passed over: %s ranks higher", d);
+  }
+}
+
+/* "  <describe>: <reason>" lines (runtime/select.py explain); only_native skips portable ones
+ * and strips "passed over: " (runtime/model.py _fallback_reason). Caller frees. */
+static char *mp_explain(const mp_container *c, const mp_verdict *v, int only_native) {
+  size_t cap = 64 + c->artifact_count * 512, used = 0;
+  char *out = malloc(cap);
+  if (!out) return NULL;
+  out[0] = 0;
+  for (size_t i = 0; i < c->artifact_count; i++) {
+    const mp_artifact *a = &c->artifacts[i];
+    if (only_native && !strcmp(a->device, "portable")) continue;
+    char d[200];
+    mp_artifact_describe(a, d, sizeof d);
+    const char *reason = v[i].reason;
+    if (only_native && !strncmp(reason, "passed over: ", 13)) reason += 13;
+    used += (size_t)snprintf(out + used, cap - used, only_native ? "%s%s: %s" : "%s  %s: %s",
+                             only_native ? (used ? "; " : "") : (i ? "\n" : ""), d, reason);
+    if (used >= cap) used = cap - 1;
+  }
+  return out;
+}
+
+static mlpack_status mp_fail_explained(const mp_container *c, const mp_host *h, const mp_verdict *v,
+                                       mlpack_error **err) {
+  char host[160];
+  mp_host_describe(h, host, sizeof host);
+  char *lines = mp_explain(c, v, 0);
+  mlpack_status st = mp_fail(err, MLPACK_ERR_NO_ARTIFACT, "%s: no artifact runs on this host (%s) as requested:\n%s",
+                             c->path, host, lines ? lines : "(out of memory)");
+  free(lines);
+  return st;
+}
+
+static mlpack_status mp_fail_strict(const mp_container *c, const mp_verdict *v, mlpack_error **err) {
+  int native = 0;
+  for (size_t i = 0; i < c->artifact_count; i++) native |= strcmp(c->artifacts[i].device, "portable") != 0;
+  if (!native)
+    return mp_fail(err, MLPACK_ERR_NO_ARTIFACT,
+                   "%s: running the portable interpreter (slow): this container has no native artifact "
+                   "(strict forbids falling back)", c->path);
+  char *why = mp_explain(c, v, 1);
+  mlpack_status st = mp_fail(err, MLPACK_ERR_NO_ARTIFACT,
+                             "%s: running the portable interpreter (slow): no native artifact fits: %s "
+                             "(strict forbids falling back)", c->path, why ? why : "");
+  free(why);
+  return st;
+}
+
+mlpack_status mp_select(const mp_container *c, const mp_host *h, const mlpack_options *opts,
+                        mp_verdict *verdicts, size_t *chosen, mlpack_error **err) {
+  mlpack_status st = mp_check_policy(opts, err);
+  if (st) return st;
+  int has_budget = opts->accuracy_budget >= 0;
+  const mp_artifact *winner = NULL;
+  size_t runnable = 0;
+  for (size_t i = 0; i < c->artifact_count; i++) {
+    const mp_artifact *a = &c->artifacts[i];
+    mp_verdict *v = &verdicts[i];
+    char why[224];
+    memset(v, 0, sizeof *v);
+    if (mp_host_fault(a, h, why, sizeof why)) {
+      snprintf(v->reason, sizeof v->reason, "passed over: %s", why);
+      continue;
+    }
+    v->runnable = 1;
+    runnable++;
+    if (mp_policy_fault(a, opts, has_budget, why, sizeof why)) {
+      snprintf(v->reason, sizeof v->reason, "passed over: %s", why);
+      continue;
+    }
+    if (!winner || mp_ranks_above(a, winner, has_budget)) winner = a;
+  }
+  if (!winner) return mp_fail_explained(c, h, verdicts, err);
+  for (size_t i = 0; i < c->artifact_count; i++) {
+    mp_verdict *v = &verdicts[i];
+    if (&c->artifacts[i] == winner) {
+      v->chosen = 1;
+      mp_chosen_reason(winner, opts, has_budget, runnable - 1, v->reason, sizeof v->reason);
+    } else if (!v->reason[0]) {
+      mp_loser_reason(&c->artifacts[i], winner, has_budget, v->reason, sizeof v->reason);
+    }
+  }
+  *chosen = winner->index;
+  int fallback = !strcmp(winner->device, "portable") && !(opts->device && !strcmp(opts->device, "portable"));
+  if (opts->strict && fallback) return mp_fail_strict(c, verdicts, err);
+  return MLPACK_OK;
+}

@@ -1,0 +1,74 @@
+/* stubs_weak.c: weak fallbacks for the execution half of the engine (plan.c, loader.c, pool.c,
+ * portable.c, api_run.c), so libmlpack links and the container/selection half can be tested
+ * before that code lands. A strong definition in any linked object replaces each of these.
+ * The pool fallback is a real (serial) pool: it runs every index on the caller's thread. */
+#include <stdlib.h>
+
+#include "engine.h"
+
+#define MP_WEAK __attribute__((weak))
+
+MP_WEAK mlpack_status mp_native_create(mlpack_model *m, const mp_artifact *a, mp_executor **out,
+                                       mlpack_error **err) {
+  (void)m; (void)a;
+  *out = NULL;
+  return mp_fail(err, MLPACK_ERR_LOAD, "the native plan executor is not built into this libmlpack");
+}
+
+MP_WEAK mlpack_status mp_portable_create(mlpack_model *m, const mp_artifact *a, mp_executor **out,
+                                         mlpack_error **err) {
+  (void)m; (void)a;
+  *out = NULL;
+  return mp_fail(err, MLPACK_ERR_LOAD, "the portable interpreter is not built into this libmlpack");
+}
+
+MP_WEAK mlpack_status mp_library_load(const void *elf, size_t size, const char *what, mp_library **out,
+                                      const mlpack_kernel_table **table, mlpack_error **err) {
+  (void)elf; (void)size;
+  *out = NULL;
+  *table = NULL;
+  return mp_fail(err, MLPACK_ERR_LOAD, "%s: the kernel loader is not built into this libmlpack", what);
+}
+
+MP_WEAK void mp_library_unload(mp_library *lib) { (void)lib; }
+
+struct mp_serial_pool { int threads; };
+
+MP_WEAK mp_pool *mp_pool_create(int threads) {
+  struct mp_serial_pool *p = malloc(sizeof *p);
+  if (p) p->threads = 1;
+  (void)threads;
+  return (mp_pool *)p;
+}
+
+MP_WEAK int mp_pool_threads(const mp_pool *p) { return p ? ((const struct mp_serial_pool *)p)->threads : 0; }
+
+MP_WEAK void mp_pool_run(mp_pool *p, uint32_t count, void (*fn)(void *ctx, uint32_t i), void *ctx) {
+  (void)p;
+  for (uint32_t i = 0; i < count; i++) fn(ctx, i);
+}
+
+MP_WEAK void mp_pool_destroy(mp_pool *p) { free(p); }
+
+MP_WEAK mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
+                                 mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err) {
+  (void)model; (void)inputs; (void)n_inputs; (void)outputs; (void)n_outputs;
+  if (err) *err = NULL;
+  return mp_fail(err, MLPACK_ERR_LOAD, "mlpack_run is not built into this libmlpack");
+}
+
+MP_WEAK mlpack_status mp_run_output(const mp_run *run, size_t i, const int64_t *shape, void **data,
+                                    mlpack_error **err) {
+  (void)run; (void)i; (void)shape;
+  *data = NULL;
+  return mp_fail(err, MLPACK_ERR_LOAD, "mp_run_output is not built into this libmlpack");
+}
+
+MP_WEAK void mp_run_release(mlpack_model *m) {
+  if (!m) return;
+  for (size_t i = 0; m->out_data && i < m->output_count; i++) free(m->out_data[i]);
+  free(m->out_data);
+  free(m->out_shapes);
+  m->out_data = NULL;
+  m->out_shapes = NULL;
+}

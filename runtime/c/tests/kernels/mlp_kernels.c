@@ -1,0 +1,55 @@
+/* mlp_kernels.c: a hand-written kernel library for the plan executor's tests (test_run.c).
+ *
+ * Built by make_fixtures.py with `cc -shared -fPIC -nostdlib -ffreestanding`: like the
+ * compiler's libraries it imports nothing. y = relu(x @ w + b) with x f32[batch, 4],
+ * w f32[4, 3], b f32[3]; one workgroup per row; push[0] is batch. Variants (-D) break one rule
+ * each: BAD_ABI (abi_version 99), NO_TABLE (the symbol is not exported).
+ */
+#include "mlpack_abi.h"
+
+#define K 4
+#define M 3
+
+/* bindings: x, w, tmp */
+static int32_t matmul(const mlpack_dispatch *d, uint32_t row) {
+  const float *x = d->bindings[0], *w = d->bindings[1];
+  float *y = d->bindings[2];
+  if ((int64_t)row >= d->push[0]) return 1;  /* the plan gave more workgroups than rows */
+  for (int m = 0; m < M; m++) {
+    float acc = 0.0f;
+    for (int k = 0; k < K; k++) acc += x[row * K + k] * w[k * M + m];
+    y[row * M + m] = acc;
+  }
+  return 0;
+}
+
+/* bindings: tmp, b, y */
+static int32_t bias_relu(const mlpack_dispatch *d, uint32_t row) {
+  const float *t = d->bindings[0], *b = d->bindings[1];
+  float *y = d->bindings[2];
+  for (int m = 0; m < M; m++) {
+    float v = t[row * M + m] + b[m];
+    y[row * M + m] = v > 0.0f ? v : 0.0f;
+  }
+  return 0;
+}
+
+static int32_t broken(const mlpack_dispatch *d, uint32_t row) {
+  (void)d;
+  return row == 1 ? 7 : 0;
+}
+
+static const mlpack_kernel_fn kernels[] = {matmul, bias_relu, broken};
+static const char *const names[] = {"matmul", "bias_relu", "broken"};
+
+#ifdef BAD_ABI
+static const mlpack_kernel_table table = {99u, 3, kernels, names};
+#else
+static const mlpack_kernel_table table = {MLPACK_ABI_VERSION, 3, kernels, names};
+#endif
+
+#ifdef NO_TABLE
+__attribute__((visibility("default"))) const mlpack_kernel_table *some_other_name(void) { return &table; }
+#else
+__attribute__((visibility("default"))) const mlpack_kernel_table *mlpack_kernel_table_v1(void) { return &table; }
+#endif

@@ -1,0 +1,294 @@
+"""The C engine (libmlpack) from Python, through ctypes.
+
+    from mlpack.runtime import native
+    with native.open_model("model.mlpack", threads=2) as m:
+        y = m.run({"x": x})["y"]          # outputs copied into NumPy arrays
+        [a.reason for a in m.artifacts]   # the engine's selection verdicts
+
+The library is found next to this file (``_libmlpack*.so``, built by ``pip install -e .`` from
+runtime/c/src through setup.py) or, in a checkout, at ``runtime/c/build/libmlpack.so`` (``make
+-C runtime/c``), the newer of the two when both exist; ``MLPACK_LIBRARY`` names another. Errors become the exceptions of
+``mlpack.spec.errors`` with the engine's message: FORMAT and IO -> FormatError, DIGEST ->
+DigestError, VERSION -> VersionError, INPUT -> InputError, NO_ARTIFACT -> NoRunnableArtifactError
+(PortableFallbackError when ``strict`` refused the portable fallback), anything else -> Error.
+It imports only ``mlpack.spec``, NumPy and the standard library, like the rest of the runtime.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlpack.spec import errors
+from mlpack.spec.ir import dtypes as ir_dtypes
+
+# mlpack_status
+OK, ERR_ARGUMENT, ERR_IO, ERR_FORMAT, ERR_DIGEST, ERR_VERSION, ERR_NO_ARTIFACT, ERR_INPUT, \
+    ERR_LOAD, ERR_RUNTIME, ERR_NOMEM = range(11)
+
+# mlpack_dtype, in enum order
+DTYPES = ("bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32", "f64")
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [("threads", ctypes.c_int), ("device", ctypes.c_char_p), ("precision", ctypes.c_char_p),
+                ("accuracy_budget", ctypes.c_double), ("strict", ctypes.c_int), ("verify", ctypes.c_int)]
+
+
+class _TensorInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_size_t),
+                ("dim_names", ctypes.POINTER(ctypes.c_char_p)), ("dims", ctypes.POINTER(ctypes.c_int64)),
+                ("dim_syms", ctypes.POINTER(ctypes.c_char_p))]
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_size_t),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("data", ctypes.c_void_p),
+                ("nbytes", ctypes.c_size_t)]
+
+
+class _ArtifactInfo(ctypes.Structure):
+    _fields_ = [("index", ctypes.c_size_t), ("device", ctypes.c_char_p), ("precision", ctypes.c_char_p),
+                ("architecture", ctypes.c_char_p), ("variant", ctypes.c_char_p), ("runnable", ctypes.c_int),
+                ("chosen", ctypes.c_int), ("reason", ctypes.c_char_p)]
+
+
+# ---------------------------------------------------------------- the library
+
+
+def library_path() -> str | None:
+    """Where libmlpack is: $MLPACK_LIBRARY, the packaged build, or the checkout's make build."""
+    env = os.environ.get("MLPACK_LIBRARY")
+    if env:
+        return env
+    found = glob.glob(os.path.join(_HERE, "_libmlpack*.so"))
+    built = os.path.join(_HERE, "c", "build", "libmlpack.so")
+    found += [built] if os.path.exists(built) else []
+    # in a checkout both may exist: the newer one is the one the developer just built
+    return max(found, key=os.path.getmtime) if found else None
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    P, E = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+    sigs = {
+        "mlpack_options_init": (None, [ctypes.POINTER(_Options)]),
+        "mlpack_open": (P, [ctypes.c_char_p, ctypes.POINTER(_Options), E]),
+        "mlpack_close": (None, [P]),
+        "mlpack_input_count": (ctypes.c_size_t, [P]),
+        "mlpack_output_count": (ctypes.c_size_t, [P]),
+        "mlpack_input_info": (ctypes.c_int, [P, ctypes.c_size_t, ctypes.POINTER(_TensorInfo)]),
+        "mlpack_output_info": (ctypes.c_int, [P, ctypes.c_size_t, ctypes.POINTER(_TensorInfo)]),
+        "mlpack_artifact_count": (ctypes.c_size_t, [P]),
+        "mlpack_artifact_info_get": (ctypes.c_int, [P, ctypes.c_size_t, ctypes.POINTER(_ArtifactInfo)]),
+        "mlpack_run": (ctypes.c_int, [P, ctypes.POINTER(_Tensor), ctypes.c_size_t, ctypes.POINTER(_Tensor),
+                                      ctypes.c_size_t, E]),
+        "mlpack_error_code": (ctypes.c_int, [P]),
+        "mlpack_error_message": (ctypes.c_char_p, [P]),
+        "mlpack_error_free": (None, [P]),
+        "mlpack_version_string": (ctypes.c_char_p, []),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL:
+    """The loaded libmlpack (once per process). Error if it is not built."""
+    path = library_path()
+    if path is None:
+        raise errors.Error("libmlpack is not built: run `pip install -e .` or `make -C runtime/c`")
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise errors.Error(f"cannot load libmlpack from {path}: {e}") from None
+    _declare(lib)
+    return lib
+
+
+def available() -> bool:
+    try:
+        library()
+    except errors.Error:
+        return False
+    return True
+
+
+def version() -> str:
+    return library().mlpack_version_string().decode()
+
+
+def _raise(err: ctypes.c_void_p, status: int | None = None):
+    lib = library()
+    code = lib.mlpack_error_code(err) if err else status
+    message = (lib.mlpack_error_message(err) or b"").decode("utf-8", "replace") if err else ""
+    if err:
+        lib.mlpack_error_free(err)
+    message = message or f"libmlpack failed with status {code}"
+    if code == ERR_NO_ARTIFACT and "strict forbids falling back" in message:
+        raise errors.PortableFallbackError(message)
+    cls = {ERR_IO: errors.FormatError, ERR_FORMAT: errors.FormatError, ERR_DIGEST: errors.DigestError,
+           ERR_VERSION: errors.VersionError, ERR_INPUT: errors.InputError,
+           ERR_NO_ARTIFACT: getattr(errors, "NoRunnableArtifactError", errors.Error)}.get(code, errors.Error)
+    raise cls(message)
+
+
+# ---------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    dims: tuple[str, ...]
+    shape: tuple[int | str, ...]  # a count, or a symbol name
+
+
+@dataclass(frozen=True)
+class ArtifactVerdict:
+    index: int
+    device: str
+    precision: str
+    architecture: str
+    variant: str
+    runnable: bool
+    chosen: bool
+    reason: str
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    try:
+        return ir_dtypes.to_numpy(name)
+    except KeyError:
+        raise errors.Error(f"dtype {name!r} has no NumPy equivalent here (bf16 needs ml_dtypes)") from None
+
+
+def _dtype_code(a: np.ndarray, name: str) -> int:
+    try:
+        return DTYPES.index(ir_dtypes.from_numpy(a.dtype))
+    except (ValueError, KeyError, TypeError, errors.Error):
+        raise errors.InputError(f"input {name!r}: dtype {a.dtype} is not one the engine knows") from None
+
+
+def _info(ti: _TensorInfo) -> TensorInfo:
+    dims = tuple(ti.dim_names[k].decode() for k in range(ti.rank))
+    shape = tuple(ti.dim_syms[k].decode() if ti.dim_syms[k] else int(ti.dims[k]) for k in range(ti.rank))
+    return TensorInfo(ti.name.decode(), DTYPES[ti.dtype], dims, shape)
+
+
+# ---------------------------------------------------------------- the model
+
+
+class NativeModel:
+    """A model opened by libmlpack. Run it from one thread at a time; ``close`` when done."""
+
+    def __init__(self, path, *, device=None, precision=None, accuracy_budget=None, strict=False,
+                 threads=None, verify=True):
+        lib = library()
+        opts = _Options()
+        lib.mlpack_options_init(ctypes.byref(opts))
+        if threads is not None:
+            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+                raise errors.Error(f"threads must be a positive integer, got {threads!r}")
+            opts.threads = threads
+        opts.device = device.encode() if device is not None else None
+        opts.precision = precision.encode() if precision is not None else None
+        if accuracy_budget is not None:
+            if isinstance(accuracy_budget, bool) or not isinstance(accuracy_budget, (int, float)) \
+                    or not accuracy_budget >= 0:
+                raise errors.Error(f"accuracy budget {accuracy_budget!r} is not a non-negative number")
+            opts.accuracy_budget = float(accuracy_budget)
+        opts.strict = int(bool(strict))
+        opts.verify = int(bool(verify))
+        self.path = os.fspath(path)
+        err = ctypes.c_void_p()
+        self._lib = lib
+        self._m = lib.mlpack_open(os.fsencode(self.path), ctypes.byref(opts), ctypes.byref(err))
+        if not self._m:
+            _raise(err, ERR_FORMAT)
+        self.inputs = self._infos(lib.mlpack_input_count, lib.mlpack_input_info)
+        self.outputs = self._infos(lib.mlpack_output_count, lib.mlpack_output_info)
+        self.artifacts = [self._verdict(i) for i in range(lib.mlpack_artifact_count(self._m))]
+
+    def _infos(self, count, get) -> list[TensorInfo]:
+        out = []
+        for i in range(count(self._m)):
+            ti = _TensorInfo()
+            get(self._m, i, ctypes.byref(ti))
+            out.append(_info(ti))
+        return out
+
+    def _verdict(self, i: int) -> ArtifactVerdict:
+        a = _ArtifactInfo()
+        self._lib.mlpack_artifact_info_get(self._m, i, ctypes.byref(a))
+        s = lambda b: (b or b"").decode("utf-8", "replace")  # noqa: E731
+        return ArtifactVerdict(int(a.index), s(a.device), s(a.precision), s(a.architecture), s(a.variant),
+                               bool(a.runnable), bool(a.chosen), s(a.reason))
+
+    @property
+    def chosen(self) -> ArtifactVerdict:
+        return next(a for a in self.artifacts if a.chosen)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Outputs by name, copied out of the engine (its buffers live only until the next run)."""
+        if self._m is None:
+            raise errors.Error(f"{self.path}: model is closed")
+        arrays = {name: np.ascontiguousarray(a) for name, a in feeds.items()}
+        ins = (_Tensor * max(len(arrays), 1))()
+        keep = []
+        for i, (name, a) in enumerate(arrays.items()):
+            shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
+            bname = name.encode()
+            keep += [shape, bname]
+            ins[i] = _Tensor(bname, _dtype_code(a, name), a.ndim, shape, a.ctypes.data, a.nbytes)
+        n_out = len(self.outputs)
+        outs = (_Tensor * max(n_out, 1))()
+        err = ctypes.c_void_p()
+        st = self._lib.mlpack_run(self._m, ins, len(arrays), outs, n_out, ctypes.byref(err))
+        if st != OK:
+            _raise(err, st)
+        result = {}
+        for i in range(n_out):
+            t = outs[i]
+            shape = tuple(int(t.shape[k]) for k in range(t.rank))
+            out = np.empty(shape, dtype=_numpy_dtype(DTYPES[t.dtype]))
+            if t.nbytes != out.nbytes:
+                raise errors.Error(f"output {t.name!r}: engine gave {t.nbytes} bytes for shape {shape}")
+            if t.nbytes:
+                ctypes.memmove(out.ctypes.data, t.data, t.nbytes)
+            result[t.name.decode() if t.name else self.outputs[i].name] = out
+        return result
+
+    def __call__(self, **arrays) -> dict[str, np.ndarray]:
+        return self.run(arrays)
+
+    def close(self) -> None:
+        if self._m is not None:
+            self._lib.mlpack_close(self._m)
+            self._m = None
+
+    def __del__(self):
+        if getattr(self, "_m", None) is not None:
+            self.close()
+
+    def __enter__(self) -> NativeModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_model(path, **kw) -> NativeModel:
+    """Open a container with the C engine (keyword options as ``NativeModel``)."""
+    return NativeModel(path, **kw)
+
+
+__all__ = ["NativeModel", "TensorInfo", "ArtifactVerdict", "open_model", "library", "library_path",
+           "available", "version", "DTYPES"]

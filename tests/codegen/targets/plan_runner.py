@@ -1,0 +1,110 @@
+"""A small single-threaded executor of cpu artifacts, per spec/SPEC.md section 7.
+
+It loads the artifact's shared object with ctypes (from a temporary file), calls
+``mlpack_kernel_table_v1``, checks the ABI version, binds symbols from the inputs' shapes,
+lays out the arena, and runs every dispatch's workgroups in order. The codegen tests use it so
+they do not depend on the C engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+
+import numpy as np
+
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir.expr import index_value
+from mlpack.spec.ir.graph import Graph
+
+
+class Dispatch(ctypes.Structure):
+    _fields_ = [("bindings", ctypes.POINTER(ctypes.c_void_p)), ("push", ctypes.POINTER(ctypes.c_int64)),
+                ("workgroup_count", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+
+
+KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(Dispatch), ctypes.c_uint32)
+
+
+class Table(ctypes.Structure):
+    _fields_ = [("abi_version", ctypes.c_uint32), ("kernel_count", ctypes.c_uint32),
+                ("kernels", ctypes.POINTER(ctypes.c_void_p)), ("names", ctypes.POINTER(ctypes.c_char_p))]
+
+
+def eval_expr(e, syms: dict[str, int]) -> int:
+    """Evaluate a plan EXPR (an int, "$sym", or [op, a, b])."""
+    if isinstance(e, int):
+        return e
+    if isinstance(e, str):
+        return syms[e[1:]]
+    op, a, b = e[0], eval_expr(e[1], syms), eval_expr(e[2], syms)
+    return {"add": a + b, "sub": a - b, "mul": a * b, "floordiv": a // b if b else 0,
+            "mod": a % b if b else 0, "div": int(a / b) if b else 0, "max": max(a, b),
+            "min": min(a, b)}[op]
+
+
+class Library:
+    """A loaded kernel library."""
+
+    def __init__(self, elf: bytes):
+        fd, path = tempfile.mkstemp(suffix=".so", prefix="mlpack-test-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(elf)
+        try:
+            self.lib = ctypes.CDLL(path)
+        finally:
+            os.unlink(path)
+        fn = self.lib.mlpack_kernel_table_v1
+        fn.restype = ctypes.POINTER(Table)
+        table = fn().contents
+        if table.abi_version != 1:
+            raise RuntimeError(f"kernel table abi {table.abi_version}, this runner reads 1")
+        self.names = [table.names[i].decode() for i in range(table.kernel_count)]
+        self.kernels = [KERNEL(table.kernels[i]) for i in range(table.kernel_count)]
+
+
+def run_plan(artifact, graph: Graph, inputs: dict[str, np.ndarray], lib: Library | None = None):
+    """Run ``artifact`` on ``inputs`` (arrays in port layout); outputs by name, in port layout."""
+    lib = lib or Library(artifact.elf)
+    plan = artifact.plan
+    arrays_in = [np.ascontiguousarray(inputs[p.name], dtype=dt.to_numpy(graph.types[p.name].dtype))
+                 for p in graph.inputs]
+    syms = {}
+    for src in plan["symbol_sources"]:
+        n = arrays_in[src["input"]].shape[src["axis"]]
+        if syms.setdefault(src["symbol"], n) != n:
+            raise ValueError(f"symbol {src['symbol']} bound to {syms[src['symbol']]} and {n}")
+    outs = []
+    for p in graph.outputs:
+        t = graph.types[p.name]
+        shape = [index_value(t.dims[d], syms) for d in p.layout]
+        outs.append(np.zeros(shape, dtype=dt.to_numpy(t.dtype)))
+    arena_size = eval_expr(plan["arena_size"], syms)
+    arena_raw = np.zeros(arena_size + plan["arena_align"], dtype=np.uint8)
+    base = arena_raw.ctypes.data
+    arena_base = base + (-base) % plan["arena_align"]
+    ptrs = []
+    for b in plan["buffers"]:
+        kind = b["kind"]
+        if kind == "input":
+            ptrs.append(arrays_in[b["index"]].ctypes.data)
+        elif kind == "output":
+            ptrs.append(outs[b["index"]].ctypes.data)
+        elif kind == "weight":
+            ptrs.append(artifact.weights[b["name"]].ctypes.data)
+        else:
+            off, size = eval_expr(b["offset"], syms), eval_expr(b["size"], syms)
+            assert off + size <= arena_size, (off, size, arena_size)
+            ptrs.append(arena_base + off)
+    push = (ctypes.c_int64 * max(1, len(plan["symbols"])))(*[syms[s] for s in plan["symbols"]])
+    for disp in plan["dispatches"]:
+        count = eval_expr(disp["workgroups"], syms)
+        binds = (ctypes.c_void_p * max(1, len(disp["bindings"])))(*[ptrs[j] for j in disp["bindings"]])
+        d = Dispatch(binds, push, count, 0)
+        fn = lib.kernels[disp["kernel"]]
+        for w in range(count):
+            rc = fn(ctypes.byref(d), w)
+            if rc != 0:
+                raise RuntimeError(f"kernel {lib.names[disp['kernel']]} returned {rc}")
+    return {p.name: o for p, o in zip(graph.outputs, outs)}

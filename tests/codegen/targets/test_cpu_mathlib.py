@@ -1,0 +1,89 @@
+"""Accuracy of the cpu target's exp/log/tanh/sigmoid/erf against float64 references.
+
+Each function runs through a real kernel (a one-op graph compiled for the host's x86-64 levels)
+over a dense grid plus special values; the bounds are the ones mathlib.py's docstring states.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mlpack.codegen.targets.cpu import compile_cpu
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.graph import Comprehension, Graph, Port, TensorType
+from plan_runner import run_plan
+
+TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
+
+
+def unary_graph(op: str, n: int) -> Graph:
+    g = Graph("math")
+    g.add_input("x", TensorType("f32", {"i": n}), ("i",))
+    body = ex.unary(op, ex.read("x", {"i": ex.var("i")}, "f32"))
+    g.add_op(Comprehension("y", TensorType("f32", {"i": n}), body))
+    g.outputs.append(Port("y", ("i",)))
+    return g
+
+
+def run_unary(op: str, x: np.ndarray, target: str) -> np.ndarray:
+    g = unary_graph(op, x.size)
+    return run_plan(compile_cpu(g, target), g, {"x": x.astype(np.float32)})["y"]
+
+
+def _erf(x):
+    return np.vectorize(math.erf)(x.astype(np.float64))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+
+
+# (reference, grid, max abs error, max relative error) per mathlib.py's table
+CASES = {
+    "exp": (np.exp, np.linspace(-87, 88, 200001), None, 1.5e-7),
+    "log": (np.log, np.concatenate([np.geomspace(1e-38, 3e38, 100001),
+                                    np.linspace(0.5, 2.0, 100001)]), 1.5e-8, 1.5e-7),
+    "tanh": (np.tanh, np.linspace(-12, 12, 200001), 1.5e-7, 2e-7),
+    "sigmoid": (_sigmoid, np.linspace(-80, 30, 200001), 1.5e-7, 2e-7),
+    "erf": (_erf, np.linspace(-6, 6, 200001), 5e-7, 5e-7),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_accuracy(name, target):
+    ref_fn, grid, abs_bound, rel_bound = CASES[name]
+    x = grid.astype(np.float32)
+    got = run_unary(name, x, target).astype(np.float64)
+    ref = ref_fn(x.astype(np.float64))
+    err = np.abs(got - ref)
+    if rel_bound is not None:
+        # relative where the value is not tiny (log near 1 is bounded absolutely)
+        big = np.abs(ref) >= (0.05 if name == "log" else 1e-30)
+        if name == "erf":
+            big = np.abs(ref) >= 1e-30
+        assert (err[big] / np.abs(ref[big])).max() <= rel_bound, name
+    if abs_bound is not None:
+        small = np.abs(ref) < (0.05 if name == "log" else np.inf)
+        assert err[small].max() <= abs_bound, name
+
+
+def test_small_arguments_keep_relative_accuracy():
+    x = np.geomspace(1e-30, 0.5, 2001).astype(np.float32)
+    for name, fn in (("tanh", np.tanh), ("erf", _erf)):
+        got = run_unary(name, x, "x86_64-v3").astype(np.float64)
+        ref = fn(x.astype(np.float64))
+        assert (np.abs(got - ref) / ref).max() < 4e-7, name
+
+
+def test_special_values():
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 89.0, -110.0, -1.0, 1e-45], np.float32)
+    with np.errstate(all="ignore"):
+        for name, fn in (("exp", np.exp), ("log", np.log), ("tanh", np.tanh), ("erf", _erf),
+                         ("sigmoid", _sigmoid)):
+            got = run_unary(name, x, "x86_64-v2")
+            ref = fn(x.astype(np.float64)).astype(np.float32)
+            np.testing.assert_allclose(got, ref, rtol=3e-7, atol=1e-40, equal_nan=True, err_msg=name)

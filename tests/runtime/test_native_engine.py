@@ -1,0 +1,209 @@
+"""The C engine (libmlpack) through runtime/native.py, checked against the Python runtime:
+the conformance corpus gets the same verdict classes as the Python reader, selection gives the
+same verdicts and reasons as runtime/select.py on this host, a run gives the Python runtime's
+outputs, and the C test suite (`make -C runtime/c test`) passes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from runtime_helpers import artifact, every_target, write
+
+from mlpack.runtime import detect_host, load, native
+from mlpack.runtime.select import select_artifact
+from mlpack.spec import errors
+from mlpack.spec.container import open_container
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "spec" / "conformance"
+CDIR = ROOT / "runtime" / "c"
+EXPECTED = json.loads((CORPUS / "expected.json").read_text())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lib():
+    if not native.available() and shutil.which("make") and shutil.which("cc"):
+        subprocess.run(["make", "-C", str(CDIR)], check=False, capture_output=True)
+    if not native.available():
+        pytest.skip("libmlpack is not built (pip install -e . or make -C runtime/c)")
+
+
+def _engine_class(py_exc: Exception) -> type:
+    """The exception the engine raises for a Python reader error: it has status classes only."""
+    for cls in (errors.DigestError, errors.VersionError):
+        if isinstance(py_exc, cls):
+            return cls
+    return errors.FormatError
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_corpus_verdict_matches_python_reader(name):
+    path = CORPUS / name
+    try:
+        open_container(path).close()
+        py_exc = None
+    except errors.FormatError as e:
+        py_exc = e
+    try:
+        native.open_model(path, device="portable", threads=1).close()
+        c_exc = None
+    except errors.Error as e:
+        c_exc = e
+    if py_exc is None:
+        assert c_exc is None, f"{name}: engine refused a file the Python reader opens: {c_exc}"
+        return
+    assert c_exc is not None, f"{name}: engine opened a file the Python reader refuses ({py_exc})"
+    assert type(c_exc) is _engine_class(py_exc), f"{name}: {type(c_exc).__name__}: {c_exc}"
+    assert EXPECTED[name]["message_contains"] in str(c_exc)
+
+
+@pytest.fixture
+def full(tmp_path, tiny):
+    return write(tmp_path / "full.mlpack", tiny, every_target(tiny))
+
+
+POLICIES = [dict(device="portable"), dict(device="portable", precision="fp32"),
+            dict(device="portable", precision="fp16"), dict(device="portable", accuracy_budget=0.01)]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_selection_matches_python_select(full, policy):
+    host = detect_host()
+    if host.cuda_sm is not None:
+        pytest.skip("the engine does not probe CUDA yet; the Python runtime does")
+    with open_container(full) as box:
+        try:
+            _, py = select_artifact(box, host, code_types=None, **policy)
+        except errors.NoRunnableArtifactError as e:
+            with pytest.raises(errors.NoRunnableArtifactError) as c:
+                native.open_model(full, threads=1, **policy)
+            assert str(c.value) == str(e), "the engines explain the refusal differently"
+            return
+    with native.open_model(full, threads=1, **policy) as m:
+        assert len(m.artifacts) == len(py)
+        for c, p in zip(m.artifacts, py):
+            assert (c.runnable, c.chosen, c.reason) == (p.runnable, p.chosen, p.reason), c.index
+
+
+def test_engine_picks_the_artifact_python_picks(full):
+    # the native artifacts' code is fake: the engine must fail loading the one Python would pick
+    host = detect_host()
+    with open_container(full) as box:
+        winner, _ = select_artifact(box, host, code_types=None)
+    if winner.device == "portable":
+        native.open_model(full, threads=1).close()
+        return
+    with pytest.raises(errors.Error, match=rf"artifact {winner.index}\b"):
+        native.open_model(full, threads=1)
+
+
+def test_no_runnable_artifact_names_each_reason(tmp_path, tiny):
+    arch = detect_host().arch
+    other = ("x86_64-v3", "amd64") if arch == "arm64" else ("aarch64", "arm64")
+    path = write(tmp_path / "foreign.mlpack", tiny, [artifact(tiny, "cpu", target=other[0])])
+    with pytest.raises(errors.NoRunnableArtifactError) as e:
+        native.open_model(path)
+    assert "no artifact runs on this host" in str(e.value)
+    assert f"passed over: {other[1]}, this host is {arch}" in str(e.value)
+
+
+def test_strict_refuses_the_portable_fallback(tmp_path, tiny):
+    path = write(tmp_path / "p.mlpack", tiny, [artifact(tiny)])
+    with pytest.raises(errors.PortableFallbackError, match="no native artifact"):
+        native.open_model(path, strict=True)
+    native.open_model(path, strict=True, device="portable").close()
+
+
+def test_run_matches_python_runtime(tmp_path, tiny):
+    path = write(tmp_path / "t.mlpack", tiny, [artifact(tiny)])
+    x = np.linspace(-4, 4, 12, dtype=np.float32).reshape(3, 4)
+    with native.open_model(path, threads=2) as m:
+        assert [(t.name, t.dtype, t.shape) for t in m.inputs] == [("x", "f32", ("batch", 4))]
+        got = m(x=x)["y"]
+        with pytest.raises(errors.InputError, match="x"):
+            m.run({"x": x.astype(np.float64)})
+        with pytest.raises(errors.InputError):
+            m.run({})
+    with pytest.warns(errors.PortableFallbackWarning):
+        want = load(path)(x=x)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_bad_options_are_errors(full):
+    with pytest.raises(errors.Error, match="device 'tpu'"):
+        native.open_model(full, device="tpu")
+    with pytest.raises(errors.Error):
+        native.open_model(full, threads=0)
+    with pytest.raises(errors.FormatError, match="cannot open"):
+        native.open_model(Path(full).parent / "missing.mlpack")
+
+
+@pytest.mark.skipif(shutil.which("make") is None or shutil.which("cc") is None, reason="no C toolchain")
+def test_c_suite_passes():
+    r = subprocess.run(["make", "-C", str(CDIR), "test"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def _retar_checksum(block: bytearray) -> None:
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+
+
+def _mutants(seed: int, count: int):
+    """Broken variants of the valid corpus files: flipped bytes, truncations, and tar header edits
+    with a recomputed checksum (so they get past it): type flags, sizes, names, magic."""
+    rng = np.random.default_rng(seed)
+    bases = [(CORPUS / n).read_bytes() for n in sorted(EXPECTED) if n.startswith("ok_")]
+    for i in range(count):
+        data = bytearray(bases[i % len(bases)])
+        headers = [p for p in range(0, len(data) - 512, 512) if data[p + 257:p + 262] == b"ustar"]
+        kind = i % 4
+        if kind == 0:
+            for _ in range(int(rng.integers(1, 4))):
+                data[int(rng.integers(len(data)))] ^= 1 << int(rng.integers(8))
+        elif kind == 1:
+            data = data[:int(rng.integers(len(data)))]
+        else:
+            p = headers[int(rng.integers(len(headers)))]
+            block = bytearray(data[p:p + 512])
+            field = int(rng.integers(5))
+            if field == 0:
+                block[156] = rng.choice(list(b"0125x7g\0L"))
+            elif field == 1:
+                block[124:136] = b"%011o\0" % int(rng.integers(0, 70000))
+            elif field == 2:
+                block[int(rng.integers(0, 100))] = rng.choice(list(b"./\0a\xff"))
+            elif field == 3:
+                block[257:265] = b"ustar  \0"
+            else:
+                block[345:349] = b"./x\0"
+            _retar_checksum(block)
+            data[p:p + 512] = block
+        yield bytes(data)
+
+
+def test_mutated_corpus_verdicts_match_python_reader(tmp_path):
+    mismatches = []
+    for i, data in enumerate(_mutants(seed=7, count=600)):
+        path = tmp_path / f"m{i}.mlpack"
+        path.write_bytes(data)
+        try:
+            open_container(path).close()
+            want = None
+        except errors.FormatError as e:
+            want = _engine_class(e)
+        try:
+            native.open_model(path, device="portable", threads=1).close()
+            got = None
+        except (errors.FormatError, errors.NoRunnableArtifactError) as e:
+            got = type(e)
+        except errors.Error:
+            got = None  # the container opened; its (mutated) program did not load
+        if got is not want:
+            mismatches.append((i, want, got))
+    assert not mismatches, mismatches[:10]
