@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ....spec.ir import dtypes as dt
 from ....spec.ir import expr as ex
 from ....spec.ir.expr import Expr
 from ....spec.ir.graph import Comprehension, Graph, Procedure

@@ -8,8 +8,9 @@ inputs and output.)
 
 The body walks the units this workgroup owns (``[units*wg/count, units*(wg+1)/count)``; a
 unit is a row, or a chunk of one when the kernel cuts rows in ``row_chunks``), delinearizes
-each into the outer dims' indices and runs the kernel's strategy (see kernels.py). Scalar expressions are emitted by ``_Expr``: index math is i64 (``nsw`` where it
-only involves loop variables, symbols and constants), floor division and modulo follow Python,
+each into the outer dims' indices and runs the kernel's strategy (see kernels.py).
+Scalar expressions are emitted by ``_Expr``: index math is i64 (``nsw`` where it only
+involves loop variables, symbols and constants), floor division and modulo follow Python,
 guarded reads branch around the load (LLVM if-converts them into masked loads), and
 data-dependent indices of unguarded reads are clamped so a bad index cannot leave the buffer.
 """
@@ -710,7 +711,7 @@ class KernelLowering:
 
     def _row_accumulate(self, row: str) -> None:
         """Reduction loops outside the row loop; the output row holds the accumulators."""
-        k, E, b = self.k, self.E, self.b
+        k, E = self.k, self.E
         ety = storage_type(self.out.dtype)
         with self._row_loop(row):
             self._store(_identity(k.reduce, k.acc_dtype))

@@ -328,3 +328,11 @@ def test_unknown_target():
     m, _ = case_matmul()
     with pytest.raises(UnsupportedTargetError, match="unknown cpu target"):
         compile_cpu(compile_onnx(m), "riscv64")
+
+
+def test_outputs_that_are_inputs_constants_or_repeated_are_copied():
+    nodes = [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Identity", ["c"], ["z"]),
+             helper.make_node("Relu", ["x"], ["r"])]
+    m = model(nodes, [("x", F, [3, 4])], [("y", F, None), ("z", F, None), ("r", F, None)],
+              [init("c", rand(2, 5, seed=1))])
+    check(m, {"x": rand(3, 4)}, "x86_64-v3")
