@@ -14,7 +14,7 @@
 
 #include "engine.h"
 
-#define MP_POOL_SPIN 20000   /* ~tens of microseconds of polling before sleeping */
+#define MP_POOL_SPIN 2000    /* pause iterations (~10-100 us) of polling before sleeping */
 
 struct mp_pool {
   int threads;

@@ -211,9 +211,9 @@ def vectors(g, cases) -> bytes:
     for i, feeds in enumerate(cases):
         outs = run_graph(g, feeds)
         for name, a in feeds.items():
-            tensors[f"case{i}/input/{name}"] = np.ascontiguousarray(a)
+            tensors[f"case{i}/input/{name}"] = np.array(a, order="C")
         for name, a in outs.items():
-            tensors[f"case{i}/output/{name}"] = np.ascontiguousarray(a)
+            tensors[f"case{i}/output/{name}"] = np.array(a, order="C")
     return write_tensors(tensors, {"cases": len(cases)})
 
 
