@@ -52,3 +52,21 @@ def load_light():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def cli(*args):
+    """Run the ``mlpack`` CLI in-process; returns typer's Result (exit_code, stdout, stderr)."""
+    from typer.testing import CliRunner
+
+    from mlpack.packager.cli import app
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def assert_user_error(result, *parts) -> None:
+    """A user mistake: exit code 2 and one paragraph ``error: ...`` naming ``parts``, no traceback."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    err = result.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    for p in parts:
+        assert p in err, err

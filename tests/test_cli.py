@@ -8,24 +8,13 @@ import sys
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from typer.testing import CliRunner
 
-from mlpack.packager.cli import app, main
+from mlpack.packager.cli import main
+import support
 
-runner = CliRunner()
+invoke = support.cli
 
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _assert_one_paragraph_error(result, *parts):
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    err = result.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err, err
-    for p in parts:
-        assert p in err, err
+_assert_one_paragraph_error = support.assert_user_error
 
 
 def test_import_prints_summary_with_symbolic_dims(tiny_model_path):

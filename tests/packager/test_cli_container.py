@@ -12,11 +12,10 @@ import os
 import numpy as np
 import onnx
 import pytest
-from typer.testing import CliRunner
 
-from mlpack.packager.cli import app
 from mlpack.spec import media
 from mlpack.spec.container import open_container
+import support
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -26,20 +25,9 @@ CONFORMANCE = os.path.join(HERE, "..", "..", "spec", "conformance")
 with open(os.path.join(CONFORMANCE, "expected.json")) as _f:
     EXPECTED = json.load(_f)
 
-runner = CliRunner()
+invoke = support.cli
 
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _assert_user_error(result, *parts):
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    err = result.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err, err
-    for p in parts:
-        assert p in err, err
+_assert_user_error = support.assert_user_error
 
 
 @pytest.fixture(scope="module")
