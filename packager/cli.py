@@ -87,6 +87,10 @@ def _errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit, KeyboardInterrupt):
             raise
+        except BrokenPipeError:
+            # `mlpack import ... | head`: the reader left early; nothing is wrong
+            sys.stdout = open(os.devnull, "w")
+            raise typer.Exit(0) from None
         except Exception as e:
             if type(e).__module__.startswith("click"):
                 raise
@@ -304,23 +308,38 @@ def build_cmd(
     name: Optional[str] = typer.Option(None, "--name", help="model name (default: the file's stem)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing but errors"),
 ) -> None:
-    """Compile a model into one container, with reference test vectors, validated before writing."""
-    from .build import build
+    """Compile a model into one container, with reference test vectors, validated before writing.
 
-    report = build(_existing(model), output, targets=target, precisions=precision,
-                   inputs=_existing(inputs, "test inputs") if inputs else None,
-                   dims=_key_int(dim, "--dim"), seed=seed, cases=cases, name=name,
-                   progress=_progress(quiet))
+    Targets: portable (always built), x86_64-v2, x86_64-v3, x86_64-v4, aarch64. A cpu target that
+    cannot lower an op of the model is skipped with a warning, unless named with --target."""
+    import warnings
+
+    from .build import SkippedTargetWarning, build, skip_lines
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkippedTargetWarning)  # printed below, once, as a line
+        report = build(_existing(model), output, targets=target, precisions=precision,
+                       inputs=_existing(inputs, "test inputs") if inputs else None,
+                       dims=_key_int(dim, "--dim"), seed=seed, cases=cases, name=name,
+                       progress=_progress(quiet))
     if quiet:
         return
+    for line in skip_lines(report.skipped):
+        typer.echo(f"warning: {line}", err=True)
     secs = sum(report.timings.values())
     typer.echo(f"wrote {report.path} ({_bytes(report.size)}) in {secs:.1f}s: model {report.name}, "
                f"{len(report.artifacts)} artifact{'s' * (len(report.artifacts) != 1)}, "
                f"{report.cases} test case{'s' * (report.cases != 1)} ({report.reference})")
     for a in report.artifacts:
-        state = (f"validated on {a.cases} cases, max abs err {_err(a.max_abs_error)}, "
-                 f"max rel err {_err(a.max_rel_error)}" if a.validated else "not runnable here")
-        typer.echo(f"  {a.target} {a.precision}: {state}")
+        typer.echo(f"  {a.target} {a.precision}: {_artifact_state(a)}")
+
+
+def _artifact_state(a) -> str:
+    built = f"built in {a.seconds:.1f}s, " if a.seconds is not None else ""
+    if a.validated:
+        return (f"{built}validated on {a.cases} cases, max abs err {_err(a.max_abs_error)}, "
+                f"max rel err {_err(a.max_rel_error)}")
+    return f"{built}not validated: {a.reason or 'not runnable here'}"
 
 
 # ---- inspect
@@ -357,14 +376,43 @@ def _artifact_doc(art) -> dict:
                        for layer in art.layers]}
 
 
+def _engine_rows(path: str) -> list[dict] | None:
+    """The C engine's selection on this host (what ``mlpack.load`` runs); None without it."""
+    from ..runtime import engine
+    from ..spec.errors import Error, NoRunnableArtifactError
+
+    if not engine.available():
+        return None
+    try:
+        handle, load_error = engine.open_engine(path)
+    except NoRunnableArtifactError:
+        return None  # the Python rows below say why for each artifact
+    except Error as e:
+        raise Error(f"the C engine cannot open {path}: {e}") from None
+    with handle, open_reader(path) as reader:
+        verdicts = engine.verdicts(handle, reader, load_error)
+    return [{"index": v.artifact.index, "runnable": v.runnable, "chosen": v.chosen,
+             "reason": v.reason} for v in verdicts]
+
+
+def open_reader(path: str):
+    from ..spec.container import open_container
+
+    return open_container(path, verify=False)  # already verified by the caller's open
+
+
 def _host_doc(container) -> dict:
-    """This host and, per artifact, whether this runtime would pick it and why."""
-    from ..runtime import detect_host
+    """This host and, per artifact, whether ``mlpack.load`` would pick it and why: the C
+    engine's verdicts when libmlpack is built (selection is implemented there), else Python's."""
+    from ..runtime import detect_host, engine
     from ..runtime.model import EXECUTORS
     from ..runtime.select import host_fault, select_artifact
     from ..spec.errors import NoRunnableArtifactError
 
     host = detect_host()
+    rows = _engine_rows(container.path)
+    if rows is not None:
+        return {"host": host.describe(), "engine": engine.describe_engine(), "verdicts": rows}
     try:
         _, verdicts = select_artifact(container, host, code_types=set(EXECUTORS))
         rows = [{"index": v.artifact.index, "runnable": v.runnable, "chosen": v.chosen,
@@ -375,7 +423,7 @@ def _host_doc(container) -> dict:
             fault = host_fault(art, host, set(EXECUTORS))
             rows.append({"index": art.index, "runnable": fault is None, "chosen": False,
                          "reason": f"passed over: {fault}" if fault else "runnable"})
-    return {"host": host.describe(), "verdicts": rows}
+    return {"host": host.describe(), "engine": engine.describe_engine(), "verdicts": rows}
 
 
 def inspect_doc(container, host: bool) -> dict:
@@ -408,7 +456,7 @@ def _inspect_lines(doc: dict) -> list[str]:
                      f"{_err(acc.get('max_abs_error'))} vs {acc.get('reference', '?')}, "
                      f"min runtime {a['min_runtime']}")
     if "host" in doc:
-        lines.append(f"host:       {doc['host']}")
+        lines.append(f"host:       {doc['host']} (selection by {doc['engine']})")
         lines += [f"  [{v['index']}] {v['reason']}" for v in doc["verdicts"]]
     return lines
 

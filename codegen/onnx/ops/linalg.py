@@ -8,6 +8,8 @@ zero points are separate elementwise comprehensions around it.
 
 from __future__ import annotations
 
+import re
+
 from ....spec.ir import expr as ex
 from ..registry import op
 from ..values import Value
@@ -31,6 +33,10 @@ def tmp_hint(n, what: str) -> str:
     return f"{n.output_names[0] if n.output_names else n.op_type}_{what}"
 
 
+def _dim_name(name: str, default: str) -> str:
+    return default if re.fullmatch(r"d\d+", name) else name
+
+
 def matmul(b, n, x: Value, y: Value, dtype: str, hint: str | None = None) -> Value:
     """numpy.matmul semantics: 1-D operands are promoted and the added dim dropped again."""
     if x.rank == 0 or y.rank == 0:
@@ -46,7 +52,9 @@ def matmul(b, n, x: Value, y: Value, dtype: str, hint: str | None = None) -> Val
     rows = [] if x_vec else [xs[-2]]
     cols = [] if y_vec else [ys[-1]]
     shape = tuple(bshape) + tuple(rows) + tuple(cols)
-    names = tuple(bnames) + ("m",) * len(rows) + ("n",) * len(cols)
+    # keep meaningful operand dim names (a batch stays `batch`); positional ones become m, n
+    names = tuple(bnames) + tuple(_dim_name(x.names[-2], "m") for _ in rows) \
+        + tuple(_dim_name(y.names[-1], "n") for _ in cols)
 
     def body(o, r):
         bi, rest = o[:len(bshape)], o[len(bshape):]
