@@ -8,20 +8,27 @@ The steps, each timed in ``BuildReport.timings`` and announced through ``progres
 1. **import** and **compile** the model (``codegen.compile_onnx``) into an IR graph;
 2. **reference outputs**: seeded inputs (or the user's ``.npz``) and what ONNX Runtime computes
    for them, the test vectors every artifact carries (``testvectors.py``);
-3. **lower** each requested target x precision into an artifact (today: the portable program,
-   fp32), with its weights and the vectors;
+3. **lower** each requested target x precision into an artifact, with its weights and the
+   vectors: the portable program, and per cpu target (x86_64-v2/v3/v4, aarch64) the kernels
+   compiled by ``compile_cpu`` (an ELF library plus its plan), each timed on its own
+   (``BuildReport.target_seconds``). A cpu target that cannot lower some op of the model is
+   skipped with a warning (``BuildReport.skipped``; the portable artifact still runs the model)
+   unless the caller named it, which makes it an error;
 4. **validate**: the container is written to a scratch file and opened with the runtime, exactly
-   as a user would; every artifact this host can run runs the vectors. One that misses the
-   tolerance is dead on arrival and the build fails (``DeadOnArrivalError``) with no output;
+   as a user would; every artifact this host can run runs the vectors (native ones in the C
+   engine, libmlpack). One that misses the tolerance, or cannot run at all, is dead on arrival
+   and the build fails (``DeadOnArrivalError``) with no output;
 5. **write** the final container (deterministic bytes, atomic rename) with each artifact's
    measured accuracy in its config. The scratch file is removed whatever happens, Ctrl-C
    included, and the output path only ever appears complete.
 
-A target or precision that is planned but not implemented is refused by name, never skipped.
+A target or precision that is planned but not implemented (cuda; fp16, bf16, int8) is refused by
+name, never skipped.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
@@ -39,12 +46,18 @@ from . import testvectors as tv
 
 # every target name mlpack knows, in the order `inspect` lists them; IMPLEMENTED can build today
 TARGETS = ("portable", "x86_64-v2", "x86_64-v3", "x86_64-v4", "aarch64", "cuda")
-IMPLEMENTED_TARGETS = ("portable",)
+CPU_TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4", "aarch64")
+IMPLEMENTED_TARGETS = ("portable",) + CPU_TARGETS
 PRECISIONS = media.PRECISIONS
 IMPLEMENTED_PRECISIONS = ("fp32",)
 
 # the fp32 tolerance against ONNX Runtime: summation order differs, so bits do not match
 RTOL, ATOL = 1e-4, 1e-5
+
+# LLVM feature names -> the names hosts report (/proc/cpuinfo), where they differ and the
+# runtimes' host detection knows only the kernel's: LLVM says "bmi", Linux and both runtimes
+# "bmi1". AArch64 FP is architectural (Linux requires it) and no host lists "fp-armv8": dropped.
+_HOST_FEATURE_NAMES = {"bmi": "bmi1", "fp-armv8": None}
 
 
 class BuildError(Error):
@@ -62,10 +75,12 @@ class ArtifactReport:
     target: str
     device: str
     precision: str
-    validated: bool  # False where this host cannot run it (the C engine or a GPU will)
+    validated: bool  # False where this host cannot run it (another machine will)
     cases: int = 0
     max_abs_error: float | None = None
     max_rel_error: float | None = None
+    seconds: float | None = None  # compiling this target's code (None: portable, nothing to do)
+    reason: str = ""  # why it was not validated here
 
 
 @dataclass
@@ -81,6 +96,9 @@ class BuildReport:
     layer_sizes: dict[str, int]  # code, weights, vectors: bytes, each blob counted once
     # seconds per step: import, compile, reference, lower, validate, write
     timings: dict[str, float] = field(default_factory=dict)
+    # seconds compiling each native target (part of timings["lower"])
+    target_seconds: dict[str, float] = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (target, why) not built
 
 
 # ---------------------------------------------------------------- choosing what to build
@@ -188,15 +206,105 @@ def _portable_artifact(name: str, graph, sig, weights: bytes, vectors: bytes, re
     return ArtifactSpec(config, layers, media.platform_for("portable"))
 
 
-def _lower(pairs, name, graph, weights, vectors, reference, checks) -> list[ArtifactSpec]:
+class SkippedTargetWarning(UserWarning):
+    """A cpu target cannot lower the model (the op is named); the container runs through its
+    portable artifact there instead. Naming the target explicitly makes this a BuildError."""
+
+
+@dataclass
+class _Native:
+    """One cpu target compiled: the code, its weights archive and how long it took."""
+
+    code: object  # codegen.targets.cpu.compile.CpuArtifact
+    weights: bytes
+    seconds: float
+
+
+def _host_features(features) -> list[str]:
+    out = []
+    for f in features:
+        name = _HOST_FEATURE_NAMES.get(f, f)
+        if name and name not in out:
+            out.append(name)
+    return out
+
+
+def _skip_reason(error: Exception) -> str:
+    return str(error).removeprefix("cpu: ")
+
+
+def _compile_target(graph, target: str, shared: dict) -> _Native:
+    from ..codegen.targets.cpu.compile import compile_cpu
+    from ..spec.tensorfile import write_tensors
+
+    t0 = time.perf_counter()
+    code = compile_cpu(graph, target)
+    weights = write_tensors(code.weights)
+    # one bytes object per distinct archive: the writer stores equal blobs once anyway, and
+    # _layer_sizes counts by identity
+    weights = shared.setdefault(weights, weights)
+    return _Native(code, weights, time.perf_counter() - t0)
+
+
+def compile_targets(pairs, graph, explicit, step, progress, weights: bytes) -> tuple[dict, list]:
+    """Compile every requested cpu target: ({target: _Native}, [(target, why skipped)]).
+
+    A target that cannot lower the model is skipped, or a BuildError if it is in ``explicit``.
+    ``weights`` is the portable artifact's archive, which a cpu target's may equal."""
+    from ..codegen.errors import UnsupportedTargetError
+
+    compiled, skipped, shared = {}, [], {weights: weights}
+    for target in dict.fromkeys(t for t, _ in pairs if t in CPU_TARGETS):
+        with step("lower", f"{target} fp32"):
+            try:
+                compiled[target] = _compile_target(graph, target, shared)
+            except UnsupportedTargetError as e:
+                if target in explicit:
+                    raise BuildError(f"{target}: {_skip_reason(e)} (asked for with --target "
+                                     f"{target}; leave it out to build the portable artifact)"
+                                     ) from None
+                skipped.append((target, _skip_reason(e)))
+                continue
+        if progress:
+            t = compiled[target].code.timings
+            progress(f"  {target}: {compiled[target].seconds:.1f}s (lower {t.get('lower', 0):.1f}s, "
+                     f"llvm {t.get('llvm', 0):.1f}s, link {t.get('link', 0):.1f}s)")
+    return compiled, skipped
+
+
+def skip_lines(skipped) -> list[str]:
+    """One warning line per reason, naming every target it skipped."""
+    by_reason: dict[str, list[str]] = {}
+    for target, why in skipped:
+        by_reason.setdefault(why, []).append(target)
+    return [f"{', '.join(targets)}: skipped: {why}; the container still runs through the portable "
+            "artifact" for why, targets in by_reason.items()]
+
+
+def _cpu_artifact(name: str, target: str, native: _Native, sig, vectors: bytes, reference: str,
+                  check=None) -> ArtifactSpec:
+    code = native.code
+    config = make_config(name, *sig, device="cpu", precision="fp32", target=target,
+                         cpu_features=_host_features(code.features), plan=code.plan,
+                         accuracy=_accuracy(reference, check), min_runtime=media.MIN_RUNTIME)
+    layers = [Layer(media.CODE_ELF, code.elf), Layer(media.WEIGHTS, native.weights),
+              Layer(media.TESTVECTORS, vectors)]
+    return ArtifactSpec(config, layers, media.platform_for(target))
+
+
+def _lower(pairs, name, graph, weights, vectors, reference, checks, compiled) -> list[ArtifactSpec]:
     """One ArtifactSpec per (target, precision); ``checks`` fills in measured accuracy."""
     sig = model_signature(graph)
     out = []
     for i, (target, precision) in enumerate(pairs):
-        if (target, precision) != ("portable", "fp32"):  # _pick admits nothing else yet
+        if (target, precision) == ("portable", "fp32"):
+            out.append(_portable_artifact(name, graph, sig, weights, vectors, reference,
+                                          checks.get(i)))
+        elif target in compiled and precision == "fp32":
+            out.append(_cpu_artifact(name, target, compiled[target], sig, vectors, reference,
+                                     checks.get(i)))
+        else:  # _pick admits nothing else
             raise BuildError(f"target {target} {precision} is not implemented yet (planned)")
-        out.append(_portable_artifact(name, graph, sig, weights, vectors, reference,
-                                      checks.get(i)))
     return out
 
 
@@ -227,28 +335,41 @@ def _dead_on_arrival(result, pairs, output: str) -> DeadOnArrivalError:
                               f"this host: {detail}; nothing written to {output}")
 
 
-def validate_container(path: str, pairs, output: str) -> dict[int, tuple]:
+def _validate_one(model, i: int, pairs, output: str):
+    """The vectors on artifact ``i``: (max abs error, max rel error, cases), or DeadOnArrival."""
+    try:
+        result = model.validate(i)
+    except Error as e:  # the engine cannot load or run the code: as dead as a wrong answer
+        target, precision = pairs[i]
+        raise DeadOnArrivalError(f"artifact {i} ({target}, {precision}) cannot run on this "
+                                 f"host: {e}; nothing written to {output}") from None
+    if not result.ok:
+        raise _dead_on_arrival(result, pairs, output)
+    return (max((o.max_abs_error for o in result.outputs), default=0.0),
+            max((o.max_rel_error for o in result.outputs), default=0.0), result.cases)
+
+
+def validate_container(path: str, pairs, output: str, progress=None) -> tuple[dict, dict]:
     """Open ``path`` with the runtime and run the vectors on every artifact this host can run.
 
-    Returns {artifact index: (max abs error, max rel error, cases)}; raises DeadOnArrivalError
-    for the first artifact that fails."""
+    Returns ({artifact index: (max abs error, max rel error, cases)}, {index: why not run});
+    raises DeadOnArrivalError for the first artifact that fails."""
     from ..runtime import load
     from ..spec.errors import PortableFallbackWarning
 
-    checks = {}
+    checks, passed_over = {}, {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PortableFallbackWarning)  # the build host is not the target
         with load(path) as model:
             for verdict in model.verdicts:
+                i = verdict.artifact.index
                 if not verdict.runnable:
+                    passed_over[i] = verdict.reason.removeprefix("passed over: ")
                     continue
-                result = model.validate(verdict.artifact.index)
-                if not result.ok:
-                    raise _dead_on_arrival(result, pairs, output)
-                checks[result.artifact.index] = (
-                    max((o.max_abs_error for o in result.outputs), default=0.0),
-                    max((o.max_rel_error for o in result.outputs), default=0.0), result.cases)
-    return checks
+                if progress:
+                    progress(f"  validate {pairs[i][0]} {pairs[i][1]}")
+                checks[i] = _validate_one(model, i, pairs, output)
+    return checks, passed_over
 
 
 # ---------------------------------------------------------------- the driver
@@ -309,32 +430,46 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     with step("reference", f"outputs ({tv.reference_name()})"):
         feeds, expected = _vectors(proto, graph, inputs, dims, seed, cases)
         vectors = tv.pack(feeds, expected, tv.reference_name())
-    with step("lower", ", ".join(f"{t} {p}" for t, p in pairs)):
+    with step("lower", "portable fp32"):
         weights = _weights(graph)
-        artifacts = _lower(pairs, name, graph, weights, vectors, tv.reference_name(), {})
+    compiled, skipped = compile_targets(pairs, graph, set(targets or ()), step, progress, weights)
+    _warn_skipped(skipped, progress)
+    pairs = [(t, p) for t, p in pairs if t not in CPU_TARGETS or t in compiled]
+    lower = functools.partial(_lower, pairs, name, graph, weights, vectors, tv.reference_name())
+    artifacts = lower({}, compiled)
     scratch = _scratch_path(output)
     try:
-        with step("validate", ", ".join(t for t, _ in pairs)):
+        with step("validate", "every artifact this host runs"):
             write_container(scratch, name, artifacts)
-            checks = validate_container(scratch, pairs, output)
+            checks, passed_over = validate_container(scratch, pairs, output, progress)
     finally:
         _remove(scratch)
     with step("write"):
-        artifacts = _lower(pairs, name, graph, weights, vectors, tv.reference_name(), checks)
+        artifacts = lower(checks, compiled)
         write_container(output, name, artifacts)
+    seconds = {t: n.seconds for t, n in compiled.items()}
     return BuildReport(output, name, os.path.getsize(output), tv.reference_name(), len(feeds),
-                       _reports(pairs, artifacts, checks), _layer_sizes(artifacts), step.timings)
+                       _reports(pairs, artifacts, checks, passed_over, seconds),
+                       _layer_sizes(artifacts), step.timings, seconds, skipped)
 
 
-def _reports(pairs, artifacts: list[ArtifactSpec], checks: dict) -> list[ArtifactReport]:
+def _warn_skipped(skipped, progress) -> None:
+    for line in skip_lines(skipped):
+        if progress:
+            progress(f"warning: {line}")
+        warnings.warn(SkippedTargetWarning(line), stacklevel=3)
+
+
+def _reports(pairs, artifacts: list[ArtifactSpec], checks: dict, passed_over: dict,
+             seconds: dict) -> list[ArtifactReport]:
     out = []
     for i, ((target, precision), art) in enumerate(zip(pairs, artifacts)):
         device = art.config["artifact"]["device"]
+        report = ArtifactReport(target, device, precision, i in checks, seconds=seconds.get(target),
+                                reason=passed_over.get(i, ""))
         if i in checks:
-            max_abs, max_rel, cases = checks[i]
-            out.append(ArtifactReport(target, device, precision, True, cases, max_abs, max_rel))
-        else:
-            out.append(ArtifactReport(target, device, precision, False))
+            report.max_abs_error, report.max_rel_error, report.cases = checks[i]
+        out.append(report)
     return out
 
 
@@ -346,4 +481,5 @@ def _remove(path: str) -> None:
 
 
 __all__ = ["build", "BuildReport", "ArtifactReport", "BuildError", "DeadOnArrivalError",
-           "TARGETS", "PRECISIONS", "IMPLEMENTED_TARGETS", "IMPLEMENTED_PRECISIONS"]
+           "SkippedTargetWarning", "TARGETS", "CPU_TARGETS", "PRECISIONS", "IMPLEMENTED_TARGETS",
+           "IMPLEMENTED_PRECISIONS"]

@@ -316,16 +316,18 @@ def build_cmd(
 
     from .build import SkippedTargetWarning, build, skip_lines
 
+    progress = _progress(quiet)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SkippedTargetWarning)  # printed below, once, as a line
+        warnings.simplefilter("ignore", SkippedTargetWarning)  # said once, as a line, below
         report = build(_existing(model), output, targets=target, precisions=precision,
                        inputs=_existing(inputs, "test inputs") if inputs else None,
                        dims=_key_int(dim, "--dim"), seed=seed, cases=cases, name=name,
-                       progress=_progress(quiet))
+                       progress=progress)
     if quiet:
         return
-    for line in skip_lines(report.skipped):
-        typer.echo(f"warning: {line}", err=True)
+    if progress is None:  # the progress lines (a terminal) already said it
+        for line in skip_lines(report.skipped):
+            typer.echo(f"warning: {line}", err=True)
     secs = sum(report.timings.values())
     typer.echo(f"wrote {report.path} ({_bytes(report.size)}) in {secs:.1f}s: model {report.name}, "
                f"{len(report.artifacts)} artifact{'s' * (len(report.artifacts) != 1)}, "
@@ -520,7 +522,10 @@ def _validate_rows(path: str) -> list[dict]:
 
 
 def _validate_one(model, index: int) -> dict:
-    result = model.validate(index)
+    try:
+        result = model.validate(index)
+    except Error as e:  # this host should run it and cannot (code the engine cannot load)
+        return {"verdict": "FAIL", "detail": f"cannot run: {one_paragraph(e)}"}
     if result.cases == 0:  # another writer's container may carry none: nothing to hold it to
         return {"verdict": "no vectors", "detail": "the artifact carries no test vectors"}
     out = {"cases": result.cases,

@@ -8,9 +8,10 @@
 It imports only ``mlpack.spec``, NumPy and the standard library (tests/test_layering.py checks),
 so a deployment host installs the runtime without the compiler. Modules: host.py (what this
 machine can run), select.py (the selection algorithm of spec/SPEC.md section 5), portable.py
-(the portable program on the reference interpreter), model.py (load, input checks, validation).
-This Python runtime executes only the portable program; native code (ELF, PTX) is the C
-engine's, so selection here passes native artifacts over with that reason.
+(the portable program on the reference interpreter), native.py (libmlpack through ctypes),
+engine.py (the engine's selection and native executor behind load), model.py (load, input
+checks, validation). ``load`` lets libmlpack select and run native code; Python runs the portable
+program itself, and selects on its own only where libmlpack is not built.
 """
 
 from mlpack.spec.errors import (NoRunnableArtifactError, PortableFallbackError,

@@ -4,6 +4,12 @@
     y = m(x=x)["y"]                          # or m.run({"x": x})
     m.validate().ok                          # the bundled test vectors, on this artifact
 
+Selection is the C engine's (engine.py): the container is opened by the Python reader (exact
+format errors), then by libmlpack, whose verdicts become ``Model.verdicts``. A native artifact runs
+in the engine (``threads``: its thread pool; None: ``MLPACK_NUM_THREADS``, else every core); the
+portable one runs on the NumPy interpreter. Without libmlpack (or with an explicit ``host``, which
+the engine cannot take) Python's select.py chooses among what Python runs: the portable artifact.
+
 Loading copies no weights: the container is memory-mapped and the executor's constants view
 the map. Falling back to the portable interpreter is loud: ``PortableFallbackWarning`` says why
 nothing faster fit (also when the container has no native artifact at all: the reason is then
@@ -34,10 +40,11 @@ from mlpack.spec.ir import dtypes
 from mlpack.spec.tensorfile import read_header, read_tensors
 
 from .host import Host, detect_host
+from . import engine
 from .portable import PortableExecutor
-from .select import Verdict, describe, select_artifact
+from .select import Verdict, check_policy, describe, select_artifact
 
-# the code this Python runtime executes itself; native code waits for the C engine
+# the code this Python runtime executes itself; native code runs in the C engine (engine.py)
 EXECUTORS = {media.PROGRAM_PORTABLE: PortableExecutor}
 
 
@@ -185,35 +192,75 @@ class Model:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                     or threads < 1):
             raise Error(f"threads must be a positive integer, got {threads!r}")
-        self.threads = threads  # the portable interpreter runs on NumPy's threads; kept for the engine
-        self.host = host or detect_host()
+        self.threads = threads  # None: the engine's default (MLPACK_NUM_THREADS, else every core)
+        check_policy(device, precision, accuracy_budget)  # before the engine: same messages
+        # the Python reader first: it names the exact FormatError of a broken file, and its
+        # digest check (plain reads) spares the engine a second one
         self._container = open_container(path)
         self.path = self._container.path
+        self.host = host or detect_host()
+        self._executor = None
         try:
-            art, self.verdicts = select_artifact(
-                self._container, self.host, device=device, precision=precision,
-                accuracy_budget=accuracy_budget, code_types=set(EXECUTORS))
+            policy = {"device": device, "precision": precision, "accuracy_budget": accuracy_budget}
+            if host is None and engine.available():
+                art, why = self._select_in_engine(policy)
+            else:
+                art, why = self._select_in_python(policy, explicit_host=host is not None)
             if art.device == "portable" and device != "portable":
-                self._fall_back(strict)
+                self._fall_back(strict, why)
             self._art = art
             self.artifact = _artifact_info(art, next(v.reason for v in self.verdicts if v.chosen))
             self.inputs = _tensor_infos(art.config["model"]["inputs"])
             self.outputs = _tensor_infos(art.config["model"]["outputs"])
-            self._executor = self._executor_for(art)
+            if self._executor is None:
+                self._executor = self._executor_for(art)
         except BaseException:
-            self._container.close()
+            self.close()
             raise
 
-    def _fall_back(self, strict: bool) -> None:
-        why = _fallback_reason(self.verdicts)
+    def _select_in_engine(self, policy) -> tuple[Artifact, str | None]:
+        """The engine selects (and, for a native artifact, stays open to run it)."""
+        handle, load_error = engine.open_engine(self.path, threads=self.threads, **policy)
+        self.engine = engine.describe_engine()
+        self.verdicts = engine.verdicts(handle, self._container, load_error)
+        art = next(v.artifact for v in self.verdicts if v.chosen)
+        if art.device == "portable":
+            handle.close()  # the NumPy interpreter runs portable programs faster than the engine's
+        else:
+            self._executor = engine.NativeExecutor(handle)
+        why = f"the engine could not load the native artifact it chose: {load_error}" if load_error \
+            else None
+        return art, why
+
+    def _select_in_python(self, policy, explicit_host: bool) -> tuple[Artifact, str | None]:
+        """No engine (or an explicit ``host``, which the engine cannot take): Python selects among
+        the artifacts Python runs, the portable ones."""
+        self.engine = "python" if explicit_host else engine.describe_engine()
+        art, self.verdicts = select_artifact(self._container, self.host, code_types=set(EXECUTORS),
+                                             **policy)
+        native = any(v.artifact.device != "portable" for v in self.verdicts)
+        why = None
+        if not explicit_host and native:
+            why = ("libmlpack is not built (pip install -e . or make -C runtime/c), so native "
+                   "artifacts cannot run")
+        return art, why
+
+    def _fall_back(self, strict: bool, why: str | None) -> None:
+        why = why or _fallback_reason(self.verdicts)
         msg = f"{self.path}: running the portable interpreter (slow): {why}"
         if strict:
             raise PortableFallbackError(msg + " (strict=True forbids falling back)")
         warnings.warn(PortableFallbackWarning(msg), stacklevel=4)
 
     def _executor_for(self, art: Artifact):
-        code = next(layer for layer in art.layers if layer.media_type in EXECUTORS)
-        return EXECUTORS[code.media_type](self._container, art)
+        """An executor for ``art``: the NumPy interpreter for portable code, else the engine."""
+        code = next((layer for layer in art.layers if layer.media_type in EXECUTORS), None)
+        if code is not None:
+            return EXECUTORS[code.media_type](self._container, art)
+        if not engine.available():
+            raise Error(f"{self.path}: artifact {art.index} is native code and libmlpack is not "
+                        "built (pip install -e . or make -C runtime/c)")
+        return engine.NativeExecutor(engine.open_artifact(self._container, art, self.threads))
 
     # ---- running
 
@@ -238,14 +285,20 @@ class Model:
         """Run the bundled test vectors on ``artifact`` (an index or an Artifact;
         None: the chosen one) and
         compare each output with the tolerances recorded in that artifact's config."""
-        art, executor = self._art, self._executor
+        if self._executor is None:
+            raise Error(f"{self.path}: the model is closed")
         if isinstance(artifact, Artifact):
             artifact = artifact.index
-        if artifact is not None and artifact != self._art.index:
-            art = self._runnable(artifact)
-            executor = self._executor_for(art)
-        if executor is None:
-            raise Error(f"{self.path}: the model is closed")
+        if artifact is None or artifact == self._art.index:
+            return self._validate(self._art, self._executor)
+        art = self._runnable(artifact)
+        executor = self._executor_for(art)
+        try:
+            return self._validate(art, executor)
+        finally:
+            executor.close()
+
+    def _validate(self, art: Artifact, executor) -> ValidationResult:
         acc = art.config.get("accuracy") or {}
         rtol, atol = float(acc.get("rtol", 1e-5)), float(acc.get("atol", 1e-6))
         cases = _test_vectors(self._container, art)
@@ -271,7 +324,7 @@ class Model:
     # ---- lifetime
 
     def close(self) -> None:
-        if self._executor is not None:
+        if getattr(self, "_executor", None) is not None:
             self._executor.close()
             self._executor = None
         self._container.close()

@@ -198,7 +198,8 @@ def _policy_fault(art: Artifact, device, precision, budget) -> str | None:
     return None
 
 
-def _check_policy(device, precision, budget) -> None:
+def check_policy(device, precision, budget) -> None:
+    """Error for a device, precision or accuracy budget that is not in the vocabulary."""
     if device is not None and device not in media.DEVICES:
         raise Error(f"device {device!r} is not one of {', '.join(media.DEVICES)}")
     if precision is not None and precision not in media.PRECISIONS:
@@ -259,7 +260,7 @@ def select_artifact(container, host: Host, *, device=None, precision=None, accur
     the caller can execute (None: any known one, which is what ``mlpack inspect --host`` shows).
     Raises NoRunnableArtifactError naming each artifact and why it was passed over.
     """
-    _check_policy(device, precision, accuracy_budget)
+    check_policy(device, precision, accuracy_budget)
     verdicts, candidates = [], []
     for art in container.artifacts:
         fault = host_fault(art, host, code_types)
@@ -285,5 +286,5 @@ def select_artifact(container, host: Host, *, device=None, precision=None, accur
     return winner, verdicts
 
 
-__all__ = ["Verdict", "select_artifact", "describe", "explain", "host_fault", "specificity",
-           "code_layer", "RUNTIME_VERSION"]
+__all__ = ["Verdict", "select_artifact", "check_policy", "describe", "explain", "host_fault",
+           "specificity", "code_layer", "RUNTIME_VERSION"]

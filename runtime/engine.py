@@ -1,0 +1,117 @@
+"""The C engine (libmlpack) behind ``mlpack.load``: its selection, its native executor.
+
+Selection is implemented once, in C (spec/SPEC.md section 5), so ``load`` asks the engine which
+artifact to run and shows the engine's verdicts; Python and C cannot disagree. What the engine
+picked then runs where it runs best:
+
+* a native artifact (ELF kernels) runs in the engine, on its thread pool (``NativeExecutor``);
+* the portable artifact runs on the NumPy interpreter (model.py), which is faster than the
+  engine's tree-walking interpreter; the engine's handle is closed.
+
+The engine has no "run artifact N" call: its selection always decides. To run one particular
+artifact (``Model.validate(i)``, the packager's check of every artifact), ``open_artifact``
+writes that artifact alone into a temporary container, opens it and unlinks the file at once
+(the engine's map keeps the bytes alive), so nothing is left behind whatever happens next.
+
+A chosen native artifact whose code the engine cannot load (a corrupt or foreign ELF) is not
+fatal: ``open_engine`` reopens with ``device="portable"`` and returns the error, and model.py
+falls back loudly, naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from mlpack.spec.container import Artifact, ArtifactSpec, Container, Layer, write_container
+from mlpack.spec.errors import Error, FormatError, InputError, NoRunnableArtifactError
+
+from . import native
+from .select import Verdict, describe
+
+# errors that say the container or the request is wrong: retrying on the portable artifact
+# would not help, so they propagate as they are
+_NOT_A_LOAD_FAILURE = (FormatError, InputError, NoRunnableArtifactError)
+
+
+def available() -> bool:
+    """Whether libmlpack is built and loads in this process."""
+    return native.available()
+
+
+def describe_engine() -> str:
+    return f"libmlpack {native.version()}" if available() else "python (libmlpack is not built)"
+
+
+def _open(path, threads, **policy) -> native.NativeModel:
+    # the caller's strict is applied by model.py, so the message is the same with or without C;
+    # digests were checked by the Python reader that opened the container first
+    return native.open_model(path, threads=threads, strict=False, verify=False, **policy)
+
+
+def open_engine(path, *, device=None, precision=None, accuracy_budget=None, threads=None):
+    """The engine opened on ``path`` with the caller's policy: (NativeModel, load error or None).
+
+    When the artifact the engine chose cannot be loaded, the model is reopened on the portable
+    artifact and the error message is returned beside it."""
+    policy = {"device": device, "precision": precision, "accuracy_budget": accuracy_budget}
+    try:
+        return _open(path, threads, **policy), None
+    except _NOT_A_LOAD_FAILURE:
+        raise
+    except Error as e:
+        if device == "portable":
+            raise
+        return _open(path, threads, **{**policy, "device": "portable"}), str(e)
+
+
+def verdicts(engine: native.NativeModel, container: Container, load_error: str | None):
+    """The engine's verdicts as ``Verdict`` records over the Python reader's artifacts."""
+    out = []
+    for v in engine.artifacts:
+        reason = v.reason
+        art = container.artifacts[v.index]
+        if load_error and v.chosen:  # not what the caller asked for: the engine's retry asked
+            reason = "chosen: portable: runs anywhere; slower (native code failed to load)"
+        elif load_error and v.runnable and art.device != "portable":
+            reason = f"passed over: the engine could not load native code: {load_error}"
+        out.append(Verdict(art, v.runnable, v.chosen, reason))
+    return out
+
+
+class NativeExecutor:
+    """An artifact running in the engine: the executor interface model.py expects."""
+
+    def __init__(self, engine: native.NativeModel):
+        self.engine = engine
+
+    def run(self, feeds):
+        return self.engine.run(feeds)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _spec_of(container: Container, art: Artifact) -> ArtifactSpec:
+    layers = [Layer(layer.media_type, bytes(container.blob(layer.digest)), dict(layer.annotations))
+              for layer in art.layers]
+    return ArtifactSpec(art.config, layers, art.platform, dict(art.annotations))
+
+
+def open_artifact(container: Container, art: Artifact, threads=None) -> native.NativeModel:
+    """The engine opened on ``art`` alone (see the module docstring); NoRunnableArtifactError
+    with the engine's reason when this host cannot run it."""
+    fd, path = tempfile.mkstemp(prefix="mlpack-artifact-", suffix=".mlpack")
+    os.close(fd)
+    try:
+        write_container(path, container.name, [_spec_of(container, art)])
+        return _open(path, threads, device=art.device, precision=art.precision)
+    except Error as e:  # the engine's message names the copy ("artifact 0"): say which it is
+        raise type(e)(f"{describe(art)} cannot run in the engine (opened alone from a temporary "
+                      f"copy): {e}") from None
+    finally:
+        os.unlink(path)
+
+
+__all__ = ["available", "describe_engine", "open_engine", "verdicts", "NativeExecutor",
+           "open_artifact"]

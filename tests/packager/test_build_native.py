@@ -1,0 +1,281 @@
+"""``mlpack build`` with the cpu targets: x86_64-v2/v3/v4 and aarch64 artifacts beside the portable.
+
+Each cpu artifact carries its ELF kernels, a plan, a weights archive and the portable artifact's
+test vectors; every one this host can run is validated through the C engine before the file is
+written. A target that cannot lower an op of the model is skipped with a warning (or refused when
+named), and the container still runs through its portable artifact. Native execution needs
+libmlpack; tests that run native code skip where it is not built or the host is not x86-64 v4.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from support import cli, load_light
+
+import mlpack
+from mlpack.codegen.targets.cpu.target import TARGETS as CPU_TARGETS
+from mlpack.packager import build as build_mod
+from mlpack.packager.build import BuildError, DeadOnArrivalError, SkippedTargetWarning, build
+from mlpack.runtime import detect_host, engine
+from mlpack.spec import media
+from mlpack.spec.container import open_container
+
+ort = pytest.importorskip("onnxruntime")
+
+MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
+MLP = os.path.join(MODELS, "mlp.onnx")
+BERT = os.path.join(MODELS, "bert_block.onnx")
+RTOL, ATOL = 1e-4, 1e-5
+ALL = ["portable", "x86_64-v2", "x86_64-v3", "x86_64-v4", "aarch64"]
+NATIVE_HERE = engine.available() and detect_host().x86_level == 4
+needs_v4 = pytest.mark.skipif(not NATIVE_HERE, reason="needs libmlpack on an x86-64 v4 host")
+
+light = load_light()
+
+
+def _ort(model, feeds):
+    model = model if isinstance(model, onnx.ModelProto) else onnx.load(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def _quiet_load(path, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mlpack.PortableFallbackWarning)
+        return mlpack.load(path, **kw)
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    out = tmp_path_factory.mktemp("native") / "mlp.mlpack"
+    lines = []
+    report = build(MLP, out, progress=lines.append)
+    return out, report, lines
+
+
+# ---------------------------------------------------------------- what the container holds
+
+
+def test_every_implemented_target_is_built_by_default(mlp):
+    _, report, lines = mlp
+    assert [a.target for a in report.artifacts] == ALL == list(build_mod.IMPLEMENTED_TARGETS)
+    assert report.skipped == []
+    assert set(report.target_seconds) == set(ALL[1:])
+    assert all(report.artifacts[i].seconds == report.target_seconds[t] for i, t in enumerate(ALL) if i)
+    # a progress line per target, with its time
+    for target in ALL[1:]:
+        assert f"lower {target} fp32..." in lines
+        assert any(line.strip().startswith(f"{target}: ") and "llvm" in line for line in lines)
+
+
+def test_cpu_artifacts_have_platform_features_plan_and_layers(mlp):
+    out, _, _ = mlp
+    with open_container(out) as c:
+        portable, *cpu = c.artifacts
+        vectors = portable.layer(media.TESTVECTORS).digest
+        for art, target in zip(cpu, ALL[1:]):
+            cfg = art.config["artifact"]
+            assert (art.device, cfg["target"], cfg["precision"]) == ("cpu", target, "fp32")
+            assert art.platform == media.platform_for(target)
+            assert art.annotations[media.ANN_CPU_FEATURES] == ",".join(cfg["cpu_features"])
+            assert [layer.media_type for layer in art.layers] == [
+                media.CODE_ELF, media.WEIGHTS, media.TESTVECTORS]
+            assert art.layer(media.TESTVECTORS).digest == vectors  # one blob for every artifact
+            assert bytes(c.blob(art.layers[0].digest))[:4] == b"\x7fELF"
+            plan = art.config["plan"]
+            assert plan["abi"] == 1 and plan["dispatches"] and plan["symbols"] == ["batch"]
+        # every level's features are a superset of the level below, in the spelling hosts use
+        v2, v3, v4 = (set(a.config["artifact"]["cpu_features"]) for a in cpu[:3])
+        assert v2 < v3 < v4 and "bmi1" in v3 and "avx512f" in v4 and "avx2" not in v2
+        assert cpu[3].config["artifact"]["cpu_features"] == ["neon"]
+        # the weights archives are equal in content here, so stored once
+        assert len({a.layer(media.WEIGHTS).digest for a in cpu}) == 1
+
+
+def test_features_match_the_codegen_targets_up_to_spelling():
+    for t in CPU_TARGETS.values():
+        got = build_mod._host_features(t.features)
+        assert len(got) == len(t.features) - ("fp-armv8" in t.features)
+        assert "bmi" not in got and "fp-armv8" not in got
+
+
+@needs_v4
+def test_every_x86_artifact_was_validated_here(mlp):
+    _, report, _ = mlp
+    for a in report.artifacts:
+        if a.target == "aarch64":
+            assert not a.validated and "arm64, this host is amd64" in a.reason
+        else:
+            assert a.validated and a.cases == 2 and a.max_abs_error < ATOL, a
+
+
+@needs_v4
+def test_validate_command_passes_every_runnable_artifact(mlp):
+    out, _, _ = mlp
+    result = cli("validate", out)
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines()[1:6]]
+    assert [r[-1] for r in rows] == ["ok", "ok", "ok", "ok", "skipped"]
+
+
+@needs_v4
+def test_build_command_prints_times_and_validation(tmp_path):
+    result = cli("build", MLP, "-o", tmp_path / "m.mlpack", "-t", "x86_64-v3", "-t", "aarch64")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "3 artifacts" in out and "portable fp32: validated on 2 cases" in out
+    assert "x86_64-v3 fp32: built in " in out and "s, validated on 2 cases" in out
+    assert "aarch64 fp32: built in" in out and "not validated: arm64, this host is amd64" in out
+
+
+def test_only_named_targets_are_built_and_portable_always(tmp_path):
+    report = build(MLP, tmp_path / "m.mlpack", targets=["x86_64-v2"])
+    assert [a.target for a in report.artifacts] == ["portable", "x86_64-v2"]
+
+
+# ---------------------------------------------------------------- models
+
+
+@needs_v4
+def test_bert_block_all_targets_match_onnxruntime(tmp_path):
+    out = tmp_path / "bert.mlpack"
+    report = build(BERT, out)
+    assert [a.validated for a in report.artifacts] == [True, True, True, True, False]
+    ids = np.random.default_rng(3).integers(0, 100, (2, 7)).astype(np.int64)
+    with mlpack.load(out) as m:
+        assert m.artifact.target == "x86_64-v4"
+        got = m.run({"ids": ids})
+    for name, want in _ort(BERT, {"ids": ids}).items():
+        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def _light_case(tmp_path, name):
+    model = light.random_weight_model(name, 0)
+    out = tmp_path / f"{name}.mlpack"
+    try:
+        report = build(model, out, cases=1, name=name)
+        assert [a.target for a in report.artifacts] == ALL, report.skipped
+        assert all(a.validated for a in report.artifacts[:4])
+        feeds = light.random_inputs(model, seed=1)
+        with mlpack.load(out) as m:
+            assert m.artifact.target == "x86_64-v4"
+            got = m.run(feeds)
+        rtol, atol = light.tolerances(name)
+        for key, want in _ort(model, feeds).items():
+            np.testing.assert_allclose(got[key], want, rtol=max(rtol, RTOL), atol=max(atol, ATOL))
+        return report
+    finally:  # pytest keeps old tmp folders; these files are big
+        out.unlink(missing_ok=True)
+
+
+@needs_v4
+def test_squeezenet_all_targets(tmp_path):
+    _light_case(tmp_path, "squeezenet")
+
+
+@needs_v4
+def test_resnet50_all_cpu_targets_build_in_under_a_minute(tmp_path):
+    report = _light_case(tmp_path, "resnet50")
+    assert sum(report.target_seconds.values()) < 60, report.target_seconds
+
+
+# ---------------------------------------------------------------- ops the cpu target cannot lower
+
+
+def _sin_model():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph([helper.make_node("Sin", ["x"], ["y"])], "sin", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _topk_model():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    outs = [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["batch", 2]),
+            helper.make_tensor_value_info("i", TensorProto.INT64, ["batch", 2])]
+    k = helper.make_tensor("k", TensorProto.INT64, [1], [2])
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1)
+    graph = helper.make_graph([node], "topk", [x], outs, [k])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (_sin_model, "op sin on f32 is not lowered by the cpu target"),
+    (_topk_model, "the cpu target does not lower procedures yet")])
+def test_unlowerable_op_builds_portable_only_with_a_warning(tmp_path, make, fragment):
+    model = make()
+    lines = []
+    with pytest.warns(SkippedTargetWarning) as rec:
+        report = build(model, tmp_path / "m.mlpack", progress=lines.append, name="m")
+    line = "x86_64-v2, x86_64-v3, x86_64-v4, aarch64: skipped: "
+    assert str(rec[0].message).startswith(line) and fragment in str(rec[0].message)
+    assert str(rec[0].message).endswith("the container still runs through the portable artifact")
+    assert any(x.startswith("warning: " + line) for x in lines)
+    assert [a.target for a in report.artifacts] == ["portable"]
+    assert [t for t, _ in report.skipped] == ALL[1:]
+    width = model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    feeds = {"x": np.random.default_rng(0).standard_normal((3, width)).astype(np.float32)}
+    with pytest.warns(mlpack.PortableFallbackWarning, match="no native artifact"):
+        m = mlpack.load(tmp_path / "m.mlpack")
+    with m:
+        got = m.run(feeds)
+    for name, want in _ort(model, feeds).items():
+        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL)
+
+
+def test_unlowerable_op_on_a_named_target_is_an_error(tmp_path):
+    with pytest.raises(BuildError, match=r"x86_64-v3: kernel .*op sin .*--target x86_64-v3"):
+        build(_sin_model(), tmp_path / "m.mlpack", targets=["x86_64-v3"])
+    assert os.listdir(tmp_path) == []
+
+
+def test_cli_prints_the_skip_warning(tmp_path):
+    onnx.save(_sin_model(), tmp_path / "sin.onnx")
+    result = cli("build", tmp_path / "sin.onnx", "-o", tmp_path / "sin.mlpack")
+    assert result.exit_code == 0, result.output
+    assert ("warning: x86_64-v2, x86_64-v3, x86_64-v4, aarch64: skipped: kernel k0_y: op sin on f32"
+            in result.stderr)
+    assert "portable artifact" in result.stderr and "1 artifact," in result.stdout
+
+
+def test_refused_targets_and_precisions_name_what_is_available(tmp_path):
+    with pytest.raises(BuildError, match="target cuda is not implemented yet"):
+        build(MLP, tmp_path / "m.mlpack", targets=["x86_64-v4", "cuda"])
+    with pytest.raises(BuildError, match="precision bf16 is not implemented yet"):
+        build(MLP, tmp_path / "m.mlpack", precisions=["bf16"])
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- dead on arrival
+
+
+@needs_v4
+def test_native_artifact_with_wrong_answers_is_dead_on_arrival(tmp_path, monkeypatch):
+    real = engine.NativeExecutor.run
+    monkeypatch.setattr(engine.NativeExecutor, "run",
+                        lambda self, feeds: {k: v + 1 for k, v in real(self, feeds).items()})
+    with pytest.raises(DeadOnArrivalError, match=r"artifact 1 \(x86_64-v2, fp32\) fails its test"):
+        build(MLP, tmp_path / "m.mlpack", targets=["x86_64-v2"])
+    assert os.listdir(tmp_path) == []
+
+
+@needs_v4
+def test_native_code_that_cannot_load_is_dead_on_arrival(tmp_path, monkeypatch):
+    real = build_mod._cpu_artifact
+
+    def broken(*args, **kw):
+        spec = real(*args, **kw)
+        spec.layers[0].data = b"\x7fELF not really"
+        return spec
+
+    monkeypatch.setattr(build_mod, "_cpu_artifact", broken)
+    with pytest.raises(DeadOnArrivalError, match=r"artifact 1 \(x86_64-v3, fp32\) cannot run"):
+        build(MLP, tmp_path / "m.mlpack", targets=["x86_64-v3"])
+    assert os.listdir(tmp_path) == []
