@@ -1,10 +1,16 @@
 """Run ONNX's backend node suite (shipped in the onnx wheel) through ``mlpack.backend``.
 
     python -m mlpack.conformance [--filter REGEX] [--jobs N] [--json FILE] [--verbose]
+                                 [--native | --compare]
 
 prints passes and failures per operator and in total. Each case runs in a worker process with
 a time limit, and is compared exactly as ONNX's own runner compares (shape, dtype, rtol/atol of
 the case). The recorded floor in tests/conformance/node_floor.txt is checked against this.
+
+By default the cases run on the reference interpreter (``mlpack.backend``'s "interp" mode);
+``--native`` runs them as native code in the C engine (mode "native", no fallback), and
+``--compare`` runs both and lists the cases that pass on the interpreter but not natively,
+grouped by reason (the first line of the error), most common first.
 """
 
 from __future__ import annotations
@@ -51,8 +57,20 @@ def _alarm(signum, frame):
     raise _Timeout()
 
 
-def run_case(case) -> tuple[str, str]:
-    """('pass'|'fail'|'error', detail) for one case."""
+def _detail(message: str) -> str:
+    """An error message on at most 300 characters: its lines with whitespace collapsed, so the
+    first line stays the reason ``--compare`` groups by."""
+    lines = (" ".join(line.split()) for line in message.splitlines())
+    return "\n".join(line for line in lines if line)[:300]
+
+
+def reason_of(detail: str) -> str:
+    """What a failure is grouped by: the first line of its detail."""
+    return (detail.splitlines() or ["?"])[0]
+
+
+def run_case(case, mode: str = "interp") -> tuple[str, str]:
+    """('pass'|'fail'|'error', detail) for one case, on ``mlpack.backend`` in ``mode``."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -67,7 +85,9 @@ def run_case(case) -> tuple[str, str]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with np.errstate(all="ignore"):
-                rep = backend.prepare(case.model)
+                # one engine thread per worker: the workers already use every core
+                rep = backend.prepare(case.model, mode=mode,
+                                      threads=1 if mode == "native" else None)
                 for inputs, ref in case.data_sets:
                     outs = rep.run(inputs)
                     ref = [numpy_helper.to_array(r) if isinstance(r, onnx.TensorProto) else r for r in ref]
@@ -76,40 +96,42 @@ def run_case(case) -> tuple[str, str]:
     except _Timeout:
         return "fail", f"timeout after {CASE_SECONDS}s"
     except Error as e:
-        return "error", f"{type(e).__name__}: {e}"
+        return "error", _detail(f"{type(e).__name__}: {e}")
     except AssertionError as e:
-        return "fail", " ".join(str(e).split())[:300]
+        return "fail", _detail(f"wrong result: {str(e).strip()}")
     except Exception as e:  # an mlpack bug: still report, per case
-        return "fail", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        return "fail", _detail(f"{type(e).__name__}: {e}")
     finally:
         signal.alarm(0)
 
 
 def _worker(args):
-    name, idx, pattern = args
+    name, pattern, mode = args
     cases = _CASES.get(pattern)
     if cases is None:
         cases = _CASES[pattern] = {c.name: c for c in load_cases(pattern)}
-    return name, run_case(cases[name])
+    return name, run_case(cases[name], mode)
 
 
 _CASES: dict = {}
 
 
-def run_suite(pattern: str | None = None, jobs: int | None = None) -> dict[str, tuple[str, str, str]]:
-    """{case name: (op, verdict, detail)} for every node case matching ``pattern``."""
+def run_suite(pattern: str | None = None, jobs: int | None = None,
+              mode: str = "interp") -> dict[str, tuple[str, str, str]]:
+    """{case name: (op, verdict, detail)} for every node case matching ``pattern``, run in the
+    backend's ``mode`` ("interp" or "native")."""
     cases = load_cases(pattern)
     ops = {c.name: op_of(c) for c in cases}
     jobs = jobs or os.cpu_count() or 1
     results = {}
     if jobs == 1:
         for c in cases:
-            results[c.name] = (ops[c.name], *run_case(c))
+            results[c.name] = (ops[c.name], *run_case(c, mode))
         return results
     ctx = mp.get_context("fork")
     with ctx.Pool(jobs, maxtasksperchild=200) as pool:
         for name, (verdict, detail) in pool.imap_unordered(
-                _worker, [(c.name, i, pattern) for i, c in enumerate(cases)], chunksize=8):
+                _worker, [(c.name, pattern, mode) for c in cases], chunksize=8):
             results[name] = (ops[name], verdict, detail)
     return dict(sorted(results.items()))
 
@@ -120,7 +142,7 @@ def report(results, verbose: bool = False, out=None) -> None:
     for name, (op, verdict, detail) in results.items():
         per_op[op][0 if verdict == "pass" else 1] += 1
         if verbose and verdict != "pass":
-            print(f"  {verdict:5} {name}: {detail}", file=out)
+            print(f"  {verdict:5} {name}: {' / '.join(detail.splitlines())}", file=out)
     print(f"{'operator':32} {'pass':>5} {'fail':>5}", file=out)
     for op in sorted(per_op):
         p, f = per_op[op]
@@ -128,6 +150,40 @@ def report(results, verbose: bool = False, out=None) -> None:
     passed = sum(p for p, _ in per_op.values())
     failed = sum(f for _, f in per_op.values())
     print(f"{'TOTAL':32} {passed:5d} {failed:5d}   ({passed} of {passed + failed} node cases pass)", file=out)
+
+
+def gap(interp: dict, native: dict) -> list[tuple[str, list[str]]]:
+    """The cases that pass on the interpreter but not natively, as (reason, case names) groups,
+    most common reason first."""
+    groups: dict[str, list[str]] = collections.defaultdict(list)
+    for name, (_, verdict, _) in interp.items():
+        if verdict == "pass" and native.get(name, ("", "fail", "not run"))[1] != "pass":
+            groups[reason_of(native.get(name, ("", "", "not run"))[2])].append(name)
+    return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+
+
+def report_compare(interp: dict, native: dict, verbose: bool = False, out=None) -> None:
+    """Per operator: passes on the interpreter and natively; then the gap grouped by reason."""
+    out = out or sys.stdout
+    per_op = collections.defaultdict(lambda: [0, 0, 0])
+    for name, (op, verdict, _) in interp.items():
+        per_op[op][2] += 1
+        per_op[op][0] += verdict == "pass"
+        per_op[op][1] += native.get(name, ("", ""))[1] == "pass"
+    print(f"{'operator':32} {'interp':>6} {'native':>6} {'cases':>6}", file=out)
+    for op in sorted(per_op):
+        i, n, total = per_op[op]
+        print(f"{op:32} {i:6d} {n:6d} {total:6d}", file=out)
+    i, n, total = (sum(v[k] for v in per_op.values()) for k in range(3))
+    print(f"{'TOTAL':32} {i:6d} {n:6d} {total:6d}   (interp {i}, native {n} of {total} node "
+          f"cases pass)", file=out)
+    groups = gap(interp, native)
+    print(f"\n{sum(len(c) for _, c in groups)} cases pass on the interpreter but not natively, "
+          f"by reason:", file=out)
+    for reason, cases in groups:
+        shown = cases if verbose else cases[:3]
+        more = f", ... (+{len(cases) - len(shown)})" if len(cases) > len(shown) else ""
+        print(f"{len(cases):5d}  {reason}\n       {', '.join(shown)}{more}", file=out)
 
 
 def main(argv=None) -> int:
@@ -138,9 +194,20 @@ def main(argv=None) -> int:
     ap.add_argument("--verbose", "-v", action="store_true", help="print each failure")
     ap.add_argument("--update-floor", metavar="FILE",
                     help="add the cases that now pass to the floor FILE (it only ever rises)")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--native", action="store_true",
+                     help="run natively (cpu target for this host, in libmlpack), not interpreted")
+    how.add_argument("--compare", action="store_true",
+                     help="run both; list what passes interpreted but not natively, by reason")
     args = ap.parse_args(argv)
+    if args.update_floor and (args.native or args.compare):
+        ap.error("--update-floor records the interpreter's floor: leave out --native/--compare")
+    if args.compare:
+        return _main_compare(args)
     t0 = time.time()
-    results = run_suite(args.filter, args.jobs)
+    mode = "native" if args.native else "interp"
+    results = run_suite(args.filter, args.jobs, mode)
+    print(f"mode: {_describe_mode(mode)}")
     report(results, args.verbose)
     print(f"({time.time() - t0:.0f}s)")
     if args.json:
@@ -155,6 +222,28 @@ def main(argv=None) -> int:
         passing = {n for n, (_, v, _) in results.items() if v == "pass"}
         write_floor(args.update_floor, floor | passing)
         print(f"floor: {len(floor)} -> {len(floor | passing)} cases")
+    return 0
+
+
+def _describe_mode(mode: str) -> str:
+    if mode == "interp":
+        return "interp (the NumPy reference interpreter)"
+    from .backend import host_target
+    from .runtime.engine import describe_engine
+
+    return f"native ({host_target()} code in {describe_engine()})"
+
+
+def _main_compare(args) -> int:
+    t0 = time.time()
+    interp = run_suite(args.filter, args.jobs, "interp")
+    native = run_suite(args.filter, args.jobs, "native")
+    print(f"modes: {_describe_mode('interp')} vs {_describe_mode('native')}")
+    report_compare(interp, native, args.verbose)
+    print(f"({time.time() - t0:.0f}s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"interp": interp, "native": native}, f, indent=0, sort_keys=True)
     return 0
 
 

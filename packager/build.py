@@ -165,9 +165,16 @@ def _compile(proto):
 
 def _size(e):
     """A config dim size: a count, or the size expression as text (``$batch``, ``$seq * 2``)."""
+    from ..spec.ir.expr import free_syms, free_vars, index_value
     from ..spec.ir.printer import format_expr
 
-    return e.value if e.is_const else format_expr(e)
+    if e.is_const:
+        return e.value
+    if not free_syms(e) and not free_vars(e):
+        # a closed expression the compiler left unfolded (``select(ge(2, 4), 1, 2)``, from
+        # ceil_mode pooling) is a count: configs hold counts or symbol expressions only
+        return index_value(e, {})
+    return format_expr(e)
 
 
 def model_signature(graph) -> tuple[list[dict], list[dict]]:
@@ -281,15 +288,24 @@ def skip_lines(skipped) -> list[str]:
             "artifact" for why, targets in by_reason.items()]
 
 
-def _cpu_artifact(name: str, target: str, native: _Native, sig, vectors: bytes, reference: str,
-                  check=None) -> ArtifactSpec:
-    code = native.code
+def cpu_artifact_spec(name: str, target: str, code, weights: bytes, sig, reference: str, *,
+                      vectors: bytes | None = None, check=None) -> ArtifactSpec:
+    """The ArtifactSpec of one cpu artifact: ``code`` is ``compile_cpu``'s CpuArtifact,
+    ``weights`` its weights archive, ``sig`` the ``model_signature``. ``vectors`` (the test
+    vectors layer) may be left out: ``mlpack.backend``'s native mode runs without them."""
     config = make_config(name, *sig, device="cpu", precision="fp32", target=target,
                          cpu_features=_host_features(code.features), plan=code.plan,
                          accuracy=_accuracy(reference, check), min_runtime=media.MIN_RUNTIME)
-    layers = [Layer(media.CODE_ELF, code.elf), Layer(media.WEIGHTS, native.weights),
-              Layer(media.TESTVECTORS, vectors)]
+    layers = [Layer(media.CODE_ELF, code.elf), Layer(media.WEIGHTS, weights)]
+    if vectors is not None:
+        layers.append(Layer(media.TESTVECTORS, vectors))
     return ArtifactSpec(config, layers, media.platform_for(target))
+
+
+def _cpu_artifact(name: str, target: str, native: _Native, sig, vectors: bytes, reference: str,
+                  check=None) -> ArtifactSpec:
+    return cpu_artifact_spec(name, target, native.code, native.weights, sig, reference,
+                             vectors=vectors, check=check)
 
 
 def _lower(pairs, name, graph, weights, vectors, reference, checks, compiled) -> list[ArtifactSpec]:
@@ -481,5 +497,5 @@ def _remove(path: str) -> None:
 
 
 __all__ = ["build", "BuildReport", "ArtifactReport", "BuildError", "DeadOnArrivalError",
-           "SkippedTargetWarning", "TARGETS", "CPU_TARGETS", "PRECISIONS", "IMPLEMENTED_TARGETS",
-           "IMPLEMENTED_PRECISIONS"]
+           "SkippedTargetWarning", "cpu_artifact_spec", "model_signature", "TARGETS",
+           "CPU_TARGETS", "PRECISIONS", "IMPLEMENTED_TARGETS", "IMPLEMENTED_PRECISIONS"]

@@ -240,7 +240,8 @@ class NativeModel:
         """Outputs by name, copied out of the engine (its buffers live only until the next run)."""
         if self._m is None:
             raise errors.Error(f"{self.path}: model is closed")
-        arrays = {name: np.ascontiguousarray(a) for name, a in feeds.items()}
+        # not np.ascontiguousarray: it turns a 0-d array (a scalar input) into shape (1,)
+        arrays = {name: np.asarray(a, order="C") for name, a in feeds.items()}
         ins = (_Tensor * max(len(arrays), 1))()
         keep = []
         for i, (name, a) in enumerate(arrays.items()):

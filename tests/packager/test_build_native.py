@@ -189,13 +189,6 @@ def test_resnet50_all_cpu_targets_build_in_under_a_minute(tmp_path):
 # ---------------------------------------------------------------- ops the cpu target cannot lower
 
 
-def _sin_model():
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
-    graph = helper.make_graph([helper.make_node("Sin", ["x"], ["y"])], "sin", [x], [y])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
 def _topk_model():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
     outs = [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["batch", 2]),
@@ -206,9 +199,8 @@ def _topk_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-@pytest.mark.parametrize("make, fragment", [
-    (_sin_model, "op sin on f32 is not lowered by the cpu target"),
-    (_topk_model, "the cpu target does not lower procedures yet")])
+# TopK is a procedure: the cpu target lowers comprehensions only (so far)
+@pytest.mark.parametrize("make, fragment", [(_topk_model, "the cpu target does not lower procedures yet")])
 def test_unlowerable_op_builds_portable_only_with_a_warning(tmp_path, make, fragment):
     model = make()
     lines = []
@@ -231,17 +223,17 @@ def test_unlowerable_op_builds_portable_only_with_a_warning(tmp_path, make, frag
 
 
 def test_unlowerable_op_on_a_named_target_is_an_error(tmp_path):
-    with pytest.raises(BuildError, match=r"x86_64-v3: kernel .*op sin .*--target x86_64-v3"):
-        build(_sin_model(), tmp_path / "m.mlpack", targets=["x86_64-v3"])
+    with pytest.raises(BuildError, match=r"x86_64-v3: .*procedures.*--target x86_64-v3"):
+        build(_topk_model(), tmp_path / "m.mlpack", targets=["x86_64-v3"])
     assert os.listdir(tmp_path) == []
 
 
 def test_cli_prints_the_skip_warning(tmp_path):
-    onnx.save(_sin_model(), tmp_path / "sin.onnx")
-    result = cli("build", tmp_path / "sin.onnx", "-o", tmp_path / "sin.mlpack")
+    onnx.save(_topk_model(), tmp_path / "topk.onnx")
+    result = cli("build", tmp_path / "topk.onnx", "-o", tmp_path / "topk.mlpack")
     assert result.exit_code == 0, result.output
-    assert ("warning: x86_64-v2, x86_64-v3, x86_64-v4, aarch64: skipped: kernel k0_y: op sin on f32"
-            in result.stderr)
+    assert "warning: x86_64-v2, x86_64-v3, x86_64-v4, aarch64: skipped: " in result.stderr
+    assert "procedures" in result.stderr
     assert "portable artifact" in result.stderr and "1 artifact," in result.stdout
 
 
