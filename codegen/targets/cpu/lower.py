@@ -25,14 +25,22 @@ from llvmlite import ir
 from ....spec.ir import dtypes as dt
 from ....spec.ir.expr import Expr
 from ...errors import UnsupportedTargetError
-from . import mathlib
+from . import halfconv, mathlib
 from .kernels import ACC, Buffer, Kernel, row_dim
 
-I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
 DISPATCH = ir.LiteralStructType([PTR, PTR, I32, I32])
 KERNEL_FN = ir.FunctionType(I32, [PTR, I32])
-FLOAT_TYPES = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
+F32, F16 = ir.FloatType(), ir.HalfType()
+# f16 and bf16 live in f32 registers: loads widen, stores (and casts to them) round to nearest
+# even. Arithmetic on them is not rounded after every op as the interpreter does, only where
+# the value is stored or cast: a fused expression is then more accurate than the interpreter's
+# and differs from it by at most the f16/bf16 rounding of its intermediates. (Rounding after
+# every op was tried: it matched the node suite's fp16 Attention/CausalConv outputs worse.)
+FLOAT_TYPES = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.FloatType(),
+               "bf16": ir.FloatType()}
+NARROW_FLOATS = ("f16", "bf16")
 FAST_SUM = ("reassoc", "contract")   # reductions may reassociate (fp32 rtol 1e-4 holds)
 CONTRACT = ("contract",)             # a*b+c may become an fma
 
@@ -49,6 +57,11 @@ def llvm_type(dtype: str, what: str = "") -> ir.Type:
 
 
 def storage_type(dtype: str) -> ir.Type:
+    """How a dtype lies in memory: bool as i8, f16 as half, bf16 as its i16 bits."""
+    if dtype == "f16":
+        return F16
+    if dtype == "bf16":
+        return I16
     return I8 if dtype == "bool" else llvm_type(dtype)
 
 
@@ -105,8 +118,11 @@ def _signed(dtype: str) -> bool:
 class _Expr:
     """Emits scalar expressions; values are memoized per scope (a loop body is a scope)."""
 
-    def __init__(self, b: ir.IRBuilder, bases: dict, buffers: dict[str, Buffer], kname: str):
+    def __init__(self, b: ir.IRBuilder, bases: dict, buffers: dict[str, Buffer], kname: str,
+                 native_f16: tuple[bool, bool] = (True, True)):
         self.b = b
+        # (loads, stores): whether fpext / fptrunc on half are used (see module.build_module)
+        self.f16_load_native, self.f16_store_native = native_f16
         self.bases = bases            # tensor -> base pointer
         self.buffers = buffers
         self.kname = kname
@@ -243,6 +259,12 @@ class _Expr:
         v = b.load(ptr, typ=ety, align=_itemsize(dtype))
         if dtype == "bool":
             return b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+        if dtype == "f16":
+            if self.f16_load_native:
+                return b.fpext(v, F32)
+            return halfconv.f16_to_f32(b, b.bitcast(v, I16))
+        if dtype == "bf16":
+            return halfconv.bf16_to_f32(b, v)
         return v
 
     def address(self, name: str, idx: list):
@@ -252,13 +274,34 @@ class _Expr:
     def store(self, value, dtype: str, ptr) -> None:
         if dtype == "bool":
             value = self.b.zext(value, I8)
+        elif dtype == "f16":
+            value = (self.b.fptrunc(value, F16) if self.f16_store_native
+                     else self.b.bitcast(halfconv.f32_to_f16(self.b, value), F16))
+        elif dtype == "bf16":
+            value = halfconv.f32_to_bf16(self.b, value)
         self.b.store(value, ptr, align=_itemsize(dtype))
+
+    def round_to(self, v, dtype: str):
+        """An f32 register value rounded to f16 or bf16 (and back to f32)."""
+        b = self.b
+        if dtype == "bf16":
+            return halfconv.bf16_to_f32(b, halfconv.f32_to_bf16(b, v))
+        if self.f16_store_native:
+            return b.fpext(b.fptrunc(v, F16), F32)
+        return halfconv.f16_to_f32(b, halfconv.f32_to_f16(b, v))
 
     # -- casts
 
     def _cast(self, v, src: str, dst: str):
         if src == dst:
             return v
+        out = self._cast_register(v, src, dst)
+        if dst in NARROW_FLOATS and not (src == "bool" or (dt.is_int(src) and dt.bits(src) <= 8)):
+            return self.round_to(out, dst)   # (bool and 8-bit ints are exact in both)
+        return out
+
+    def _cast_register(self, v, src: str, dst: str):
+        """The cast between register types (f16/bf16 are f32 here; _cast rounds to them)."""
         b = self.b
         ty = llvm_type(dst)
         if dst == "bool":
@@ -268,7 +311,9 @@ class _Expr:
         if src == "bool":
             return b.uitofp(v, ty) if dst in FLOAT_TYPES else b.zext(v, ty)
         if src in FLOAT_TYPES and dst in FLOAT_TYPES:
-            return b.fpext(v, ty) if dt.bits(dst) > dt.bits(src) else b.fptrunc(v, ty)
+            if v.type == ty:
+                return v
+            return b.fpext(v, ty) if ty == ir.DoubleType() else b.fptrunc(v, ty)
         if dst in FLOAT_TYPES:
             return b.sitofp(v, ty) if _signed(src) else b.uitofp(v, ty)
         if src in FLOAT_TYPES:
@@ -430,9 +475,24 @@ class _Expr:
             f"cpu: kernel {self.kname}: op {op} on {dtype} is not lowered by the cpu target")
 
     def _int_pow(self, a, x, dtype):
+        """Exact (wrapping) square-and-multiply for exponents >= 0, as NumPy's f64 pow is exact
+        in that range; negative exponents (0, +-1 or a cast inf) take the f64 pow, rounded."""
+        b = self.b
+        zero, one = ir.Constant(a.type, 0), ir.Constant(a.type, 1)
+        # exponents past 63 overflow unless |a| <= 1, where only their parity matters
+        big = b.icmp_unsigned(">", x, ir.Constant(a.type, 63))
+        e = b.select(big, b.or_(ir.Constant(a.type, 62), b.and_(x, one)), x)
+        acc, sq = one, a
+        for bit in range(6):
+            on = b.icmp_unsigned("!=", b.and_(e, ir.Constant(a.type, 1 << bit)), zero)
+            acc = b.select(on, b.mul(acc, sq), acc)
+            sq = b.mul(sq, sq)
+        if not _signed(dtype):
+            return acc
         fa = self._cast(a, dtype, "f64")
         fx = self._cast(x, dtype, "f64")
-        return self._cast(self._float_binary("pow", fa, fx), "f64", dtype)
+        p = self.intrinsic("llvm.rint", ir.DoubleType(), self._float_binary("pow", fa, fx))
+        return b.select(b.icmp_signed("<", x, zero), self._cast(p, "f64", dtype), acc)
 
     def _float_binary(self, op: str, a, x):
         b = self.b
@@ -455,11 +515,10 @@ class _Expr:
         if op == "floordiv":
             return self.intrinsic("llvm.floor", ty, b.fdiv(a, x))
         if op in ("fmod", "mod"):
-            # a - trunc(a/b)*b: exact while a/b is exactly representable (documented limit)
-            q = self.intrinsic("llvm.trunc", ty, b.fdiv(a, x))
-            r = b.fsub(a, b.fmul(q, x))
+            r = mathlib.emit_binary(b, "fmod", a, x)
             if op == "fmod":
                 return r
+            # Python/NumPy mod: the remainder takes the divisor's sign
             zero = ir.Constant(ty, 0.0)
             fix = b.and_(b.fcmp_ordered("!=", r, zero),
                          b.icmp_unsigned("!=", b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", x, zero)))
@@ -467,32 +526,19 @@ class _Expr:
         if op == "pow":
             return self._pow(a, x)
         if op == "atan2":
-            raise UnsupportedTargetError(f"cpu: kernel {self.kname}: op atan2 is not lowered "
-                                         "by the cpu target")
+            return mathlib.emit_binary(b, "atan2", a, x)
         raise UnsupportedTargetError(
             f"cpu: kernel {self.kname}: op {op} on floats is not lowered by the cpu target")
 
     def _pow(self, a, x):
-        """a**x = exp(x log|a|), negated for a < 0 and odd integer x; nan for a < 0, x fractional."""
+        """a**x: small constant integer exponents multiply; everything else is mathlib's pow."""
         b = self.b
-        ty = a.type
-        if isinstance(x, ir.Constant) and x.constant in (1.0, 2.0, 0.5, 3.0):
-            if x.constant == 0.5:
-                return self.intrinsic("llvm.sqrt", ty, a)
+        if isinstance(x, ir.Constant) and x.constant in (1.0, 2.0, 3.0):
             out = a
             for _ in range(int(x.constant) - 1):
                 out = b.fmul(out, a)
             return out
-        absa = self.intrinsic("llvm.fabs", ty, a)
-        r = mathlib.emit(b, "exp", b.fmul(x, mathlib.emit(b, "log", absa)))
-        xi = self.intrinsic("llvm.rint", ty, x)
-        is_int = b.fcmp_ordered("==", xi, x)
-        half = b.fmul(xi, ir.Constant(ty, 0.5))
-        odd = b.fcmp_ordered("!=", self.intrinsic("llvm.rint", ty, half), half)
-        neg = b.fcmp_ordered("<", a, ir.Constant(ty, 0.0))
-        r = b.select(b.and_(neg, odd), b.fneg(r), r)
-        r = b.select(b.and_(neg, b.xor(is_int, ir.Constant(I1, 1))), ir.Constant(ty, math.nan), r)
-        return b.select(b.fcmp_ordered("==", x, ir.Constant(ty, 0.0)), ir.Constant(ty, 1.0), r)
+        return mathlib.emit_binary(b, "pow", a, x)
 
 
 # ---------------------------------------------------------------- reductions
@@ -548,8 +594,9 @@ class KernelLowering:
     """Emits one kernel into a module."""
 
     def __init__(self, module: ir.Module, k: Kernel, buffers: dict[str, Buffer],
-                 symbols: list[str], loops_md):
+                 symbols: list[str], loops_md, native_f16: tuple[bool, bool] = (True, True)):
         self.module = module
+        self.native_f16 = native_f16
         self.k = k
         self.buffers = buffers
         self.symbols = symbols
@@ -601,7 +648,7 @@ class KernelLowering:
         self.loops = Loops(b, self.module)
         n = len(self.bound)
         bases = {t: f.args[j] for j, t in enumerate(self.bound)}
-        E = _Expr(b, bases, self.buffers, self.k.name)
+        E = _Expr(b, bases, self.buffers, self.k.name, self.native_f16)
         self.E = E
         for i, s in enumerate(self.symbols):
             E.bind("$" + s, f.args[n + i])

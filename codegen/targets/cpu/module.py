@@ -96,7 +96,11 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     module.triple = t.triple
     module.data_layout = str(tm.target_data)
     ids = _LoopIds(module)
-    fns = [KernelLowering(module, k, buffers, symbols, ids).emit() for k in kernels]
+    # f16 loads use fpext where it is an instruction (F16C, aarch64; x86-64 v2 would call
+    # __extendhfsf2). Stores use fptrunc only on aarch64: on x86 LLVM folds an f64 -> f32 -> f16
+    # chain (pow, fmod, f64 casts) into one f64 -> f16 fptrunc, which is a __truncdfhf2 call.
+    native_f16 = (t.arch == "arm64" or "f16c" in t.features, t.arch == "arm64")
+    fns = [KernelLowering(module, k, buffers, symbols, ids, native_f16).emit() for k in kernels]
     _table(module, fns, [k.name for k in kernels])
     text = _LoopIds.finalize(str(module))
     # every definition: no libcalls synthesized from loops

@@ -317,10 +317,10 @@ def test_procedures_raise_a_clear_error():
     assert isinstance(info.value, Error)
 
 
-def test_unlowered_op_is_named():
-    nodes = [helper.make_node("Sin", ["x"], ["y"])]
-    m = model(nodes, [("x", F, [4])], [("y", F, None)])
-    with pytest.raises(UnsupportedTargetError, match="op sin"):
+def test_unlowered_dtype_is_named():
+    nodes = [helper.make_node("Cast", ["x"], ["y"], to=TP.FLOAT8E4M3FN)]
+    m = model(nodes, [("x", F, [4])], [("y", TP.FLOAT8E4M3FN, None)], opset=19)
+    with pytest.raises(UnsupportedTargetError, match="dtype f8e4m3fn"):
         compile_cpu(compile_onnx(m), "x86_64-v3")
 
 
