@@ -225,7 +225,7 @@ def _row_chunks(k: Kernel, out: Buffer) -> int:
     for s in sizes:
         work *= s.value
     want = max(1, min(MAX_WORKGROUPS, work // WORK_PER_WORKGROUP))
-    if rows >= want:
+    if rows == 0 or rows >= want:  # an empty output (a zero-size slice) has no row to cut
         return 1
     return max(1, min(-(-want // rows), out.sizes[row].value // MIN_ROW_CHUNK))
 
