@@ -8,10 +8,9 @@ picked then runs where it runs best:
 * the portable artifact runs on the NumPy interpreter (model.py), which is faster than the
   engine's tree-walking interpreter; the engine's handle is closed.
 
-The engine has no "run artifact N" call: its selection always decides. To run one particular
-artifact (``Model.validate(i)``, the packager's check of every artifact), ``open_artifact``
-writes that artifact alone into a temporary container, opens it and unlinks the file at once
-(the engine's map keeps the bytes alive), so nothing is left behind whatever happens next.
+To run one particular artifact (``Model.validate(i)``, the packager's check of every
+artifact), ``open_artifact`` pins it (``mlpack_options.pin_artifact``): the engine opens the
+same file, checks that the host can run that artifact, and loads it; nothing is copied.
 
 A chosen native artifact whose code the engine cannot load (a corrupt or foreign ELF) is not
 fatal: ``open_engine`` reopens with ``device="portable"`` and returns the error, and model.py
@@ -20,10 +19,7 @@ falls back loudly, naming it.
 
 from __future__ import annotations
 
-import os
-import tempfile
-
-from mlpack.spec.container import Artifact, ArtifactSpec, Container, Layer, write_container
+from mlpack.spec.container import Artifact, Container
 from mlpack.spec.errors import Error, FormatError, InputError, NoRunnableArtifactError
 
 from . import native
@@ -92,25 +88,13 @@ class NativeExecutor:
         self.engine.close()
 
 
-def _spec_of(container: Container, art: Artifact) -> ArtifactSpec:
-    layers = [Layer(layer.media_type, bytes(container.blob(layer.digest)), dict(layer.annotations))
-              for layer in art.layers]
-    return ArtifactSpec(art.config, layers, art.platform, dict(art.annotations))
-
-
 def open_artifact(container: Container, art: Artifact, threads=None) -> native.NativeModel:
-    """The engine opened on ``art`` alone (see the module docstring); NoRunnableArtifactError
-    with the engine's reason when this host cannot run it."""
-    fd, path = tempfile.mkstemp(prefix="mlpack-artifact-", suffix=".mlpack")
-    os.close(fd)
+    """The engine opened on ``art`` (pinned); NoRunnableArtifactError with the engine's reason
+    when this host cannot run it."""
     try:
-        write_container(path, container.name, [_spec_of(container, art)])
-        return _open(path, threads, device=art.device, precision=art.precision)
-    except Error as e:  # the engine's message names the copy ("artifact 0"): say which it is
-        raise type(e)(f"{describe(art)} cannot run in the engine (opened alone from a temporary "
-                      f"copy): {e}") from None
-    finally:
-        os.unlink(path)
+        return _open(container.path, threads, artifact=art.index)
+    except Error as e:
+        raise type(e)(f"{describe(art)} cannot run in the engine: {e}") from None
 
 
 __all__ = ["available", "describe_engine", "open_engine", "verdicts", "NativeExecutor",

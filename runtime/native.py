@@ -39,7 +39,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 class _Options(ctypes.Structure):
     _fields_ = [("threads", ctypes.c_int), ("device", ctypes.c_char_p), ("precision", ctypes.c_char_p),
-                ("accuracy_budget", ctypes.c_double), ("strict", ctypes.c_int), ("verify", ctypes.c_int)]
+                ("accuracy_budget", ctypes.c_double), ("strict", ctypes.c_int), ("verify", ctypes.c_int),
+                ("pin_artifact", ctypes.c_int)]
 
 
 class _TensorInfo(ctypes.Structure):
@@ -190,7 +191,7 @@ class NativeModel:
     """A model opened by libmlpack. Run it from one thread at a time; ``close`` when done."""
 
     def __init__(self, path, *, device=None, precision=None, accuracy_budget=None, strict=False,
-                 threads=None, verify=True):
+                 threads=None, verify=True, artifact=None):
         lib = library()
         opts = _Options()
         lib.mlpack_options_init(ctypes.byref(opts))
@@ -207,6 +208,8 @@ class NativeModel:
             opts.accuracy_budget = float(accuracy_budget)
         opts.strict = int(bool(strict))
         opts.verify = int(bool(verify))
+        if artifact is not None:  # run exactly this artifact (the engine still checks the host)
+            opts.pin_artifact = int(artifact) + 1
         self.path = os.fspath(path)
         err = ctypes.c_void_p()
         self._lib = lib

@@ -181,6 +181,20 @@ def test_validate_every_artifact_this_host_runs(mlp):
             m.validate(4)
 
 
+def test_the_engine_runs_a_pinned_artifact_from_the_file_itself(mlp, tmp_path, monkeypatch):
+    """Validating a non-chosen artifact pins it in the engine: no temporary copy is written."""
+    from mlpack.runtime import native
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with native.open_model(mlp, artifact=1) as engine:  # x86_64-v2, not what selection picks
+        assert [v.index for v in engine.artifacts if v.chosen] == [1]
+        assert "artifact 1 was requested" in engine.artifacts[3].reason
+    with mlpack.load(mlp) as m:
+        assert m.validate(1).ok
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(Error, match="there is no artifact 9"):
+        native.open_model(mlp, artifact=9)
+
+
 # ---------------------------------------------------------------- without the engine
 
 

@@ -61,6 +61,8 @@ typedef struct mlpack_options {
   double accuracy_budget;    /* max recorded abs error accepted; < 0 for no budget */
   int strict;                /* non-zero: refuse to fall back to the portable interpreter */
   int verify;                /* non-zero (default): check every blob's digest when opening */
+  int pin_artifact;          /* 0 (default): selection decides; i + 1: run artifact i, which the host
+                                must be able to run (validating each artifact of a container) */
 } mlpack_options;
 
 typedef struct mlpack_tensor_info {

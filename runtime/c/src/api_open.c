@@ -139,7 +139,7 @@ static mlpack_status mp_model_open(mlpack_model *m, const char *path, mlpack_err
   const mp_json *model = mp_json_get(a->config, "model");
   if ((st = mp_sigs_read(model, "inputs", "input", &m->inputs, &m->input_count, err))) return st;
   if ((st = mp_sigs_read(model, "outputs", "output", &m->outputs, &m->output_count, err))) return st;
-  int threads;
+  int threads = 0;
   if ((st = mp_thread_count(m->options.threads, &threads, err))) return st;
   m->options.threads = threads;
   if (!(m->pool = mp_pool_create(threads)))

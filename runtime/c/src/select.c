@@ -192,6 +192,10 @@ static int mp_host_fault(const mp_artifact *a, const mp_host *h, char *why, size
 }
 
 static int mp_policy_fault(const mp_artifact *a, const mlpack_options *o, int has_budget, char *why, size_t n) {
+  if (o->pin_artifact > 0 && a->index + 1 != (size_t)o->pin_artifact) {
+    snprintf(why, n, "artifact %d was requested", o->pin_artifact - 1);
+    return 1;
+  }
   if (o->device && strcmp(a->device, o->device) != 0) {
     snprintf(why, n, "device '%s' was requested", o->device);
     return 1;
@@ -329,6 +333,9 @@ mlpack_status mp_select(const mp_container *c, const mp_host *h, const mlpack_op
                         mp_verdict *verdicts, size_t *chosen, mlpack_error **err) {
   mlpack_status st = mp_check_policy(opts, err);
   if (st) return st;
+  if (opts->pin_artifact < 0 || (size_t)opts->pin_artifact > c->artifact_count)
+    return mp_fail(err, MLPACK_ERR_ARGUMENT, "%s: there is no artifact %d (it has %zu)", c->path,
+                   opts->pin_artifact - 1, c->artifact_count);
   int has_budget = opts->accuracy_budget >= 0;
   const mp_artifact *winner = NULL;
   size_t runnable = 0;
@@ -360,7 +367,9 @@ mlpack_status mp_select(const mp_container *c, const mp_host *h, const mlpack_op
     }
   }
   *chosen = winner->index;
-  int fallback = !strcmp(winner->device, "portable") && !(opts->device && !strcmp(opts->device, "portable"));
+  /* asking for the portable artifact (by device or by index) is no fallback */
+  int fallback = !strcmp(winner->device, "portable") && !(opts->device && !strcmp(opts->device, "portable")) &&
+                 !opts->pin_artifact;
   if (opts->strict && fallback) return mp_fail_strict(c, verdicts, err);
   return MLPACK_OK;
 }

@@ -119,6 +119,31 @@ static void test_requests(void) {
   mlpack_error_free(err);
 }
 
+static mlpack_status pin(const mp_host *h, int artifact_plus_one, int strict, size_t *chosen, mlpack_error **err) {
+  mlpack_options o;
+  mlpack_options_init(&o);
+  o.pin_artifact = artifact_plus_one;
+  o.strict = strict;
+  *chosen = (size_t)-1;
+  *err = NULL;
+  return mp_select(&box, h, &o, v, chosen, err);
+}
+
+static void test_pinned_artifact(void) {
+  size_t c;
+  mlpack_error *err = NULL;
+  CHECK(pin(&avx512, A_V2 + 1, 0, &c, &err) == MLPACK_OK && c == A_V2, "pinned v2: %zu", c);
+  CHECK(strstr(v[A_V4].reason, "artifact") && v[A_V4].runnable, "v4: %s", v[A_V4].reason);
+  CHECK(pin(&avx512, A_PORTABLE + 1, 1, &c, &err) == MLPACK_OK && c == A_PORTABLE,
+        "a pinned portable artifact is no fallback, even strict");
+  CHECK(pin(&avx512, A_ARM + 1, 0, &c, &err) == MLPACK_ERR_NO_ARTIFACT, "pinned arm on amd64");
+  CHECK(err && strstr(mlpack_error_message(err), "arm64"), "%s", err ? mlpack_error_message(err) : "");
+  mlpack_error_free(err);
+  CHECK(pin(&avx512, A_COUNT + 1, 0, &c, &err) == MLPACK_ERR_ARGUMENT, "no such artifact");
+  CHECK(err && strstr(mlpack_error_message(err), "there is no artifact"), "message");
+  mlpack_error_free(err);
+}
+
 static void test_budget(void) {
   size_t c;
   mlpack_error *err;
@@ -218,6 +243,7 @@ int main(void) {
   test_avx512_host();
   test_other_hosts();
   test_requests();
+  test_pinned_artifact();
   test_budget();
   test_no_artifact();
   test_host_detect();
