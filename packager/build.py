@@ -54,11 +54,6 @@ IMPLEMENTED_PRECISIONS = ("fp32",)
 # the fp32 tolerance against ONNX Runtime: summation order differs, so bits do not match
 RTOL, ATOL = 1e-4, 1e-5
 
-# LLVM feature names -> the names hosts report (/proc/cpuinfo), where they differ and the
-# runtimes' host detection knows only the kernel's: LLVM says "bmi", Linux and both runtimes
-# "bmi1". AArch64 FP is architectural (Linux requires it) and no host lists "fp-armv8": dropped.
-_HOST_FEATURE_NAMES = {"bmi": "bmi1", "fp-armv8": None}
-
 
 class BuildError(Error):
     """The build cannot go on: an unknown or unimplemented target, a model it cannot package."""
@@ -227,15 +222,6 @@ class _Native:
     seconds: float
 
 
-def _host_features(features) -> list[str]:
-    out = []
-    for f in features:
-        name = _HOST_FEATURE_NAMES.get(f, f)
-        if name and name not in out:
-            out.append(name)
-    return out
-
-
 def _skip_reason(error: Exception) -> str:
     return str(error).removeprefix("cpu: ")
 
@@ -294,7 +280,8 @@ def cpu_artifact_spec(name: str, target: str, code, weights: bytes, sig, referen
     ``weights`` its weights archive, ``sig`` the ``model_signature``. ``vectors`` (the test
     vectors layer) may be left out: ``mlpack.backend``'s native mode runs without them."""
     config = make_config(name, *sig, device="cpu", precision="fp32", target=target,
-                         cpu_features=_host_features(code.features), plan=code.plan,
+                         cpu_features=media.config_cpu_features(code.features,
+                                                               media.PLATFORMS[target]["architecture"]), plan=code.plan,
                          accuracy=_accuracy(reference, check), min_runtime=media.MIN_RUNTIME)
     layers = [Layer(media.CODE_ELF, code.elf), Layer(media.WEIGHTS, weights)]
     if vectors is not None:

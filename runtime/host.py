@@ -23,6 +23,8 @@ import functools
 import platform
 from dataclasses import dataclass
 
+from ..spec.media import CPU_FEATURE_SPELLINGS
+
 # psABI x86-64 levels, as /proc/cpuinfo spells the flags (pni = SSE3, abm = LZCNT)
 X86_LEVELS = (
     (1, frozenset({"cmov", "cx8", "fpu", "fxsr", "mmx", "sse", "sse2"})),
@@ -31,11 +33,9 @@ X86_LEVELS = (
     (4, frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
 )
 
-# other spellings of the same feature (LLVM's, mostly), added beside the kernel's name
-_X86_ALIASES = {"pni": "sse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2", "abm": "lzcnt",
-                "lahf_lm": "sahf"}
-_ARM_ALIASES = {"asimd": "neon", "asimdhp": "fp16", "fphp": "fullfp16", "asimddp": "dotprod",
-                "asimdfhm": "fp16fml", "i8mm": "i8mm", "bf16": "bf16", "sve": "sve", "sve2": "sve2"}
+# other spellings of the same feature (LLVM's), added beside the cpuinfo name
+_X86_ALIASES = CPU_FEATURE_SPELLINGS["amd64"]
+_ARM_ALIASES = CPU_FEATURE_SPELLINGS["arm64"]
 
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64",
          "armv8l": "arm64", "i686": "386", "i386": "386", "riscv64": "riscv64",

@@ -68,3 +68,32 @@ def platform_for(target: str) -> dict | None:
     """The OCI platform object for a compiler target name; None where none applies (portable)."""
     p = PLATFORMS.get(target)
     return dict(p) if p else None
+
+
+# ---------------------------------------------------------------- CPU feature names
+
+# A config's ``cpu_features`` (and the manifest annotation) use the Linux /proc/cpuinfo names.
+# Hosts also answer to the LLVM spelling of each (this table: cpuinfo name -> LLVM name, where
+# they differ), so the compiler's feature lists and the runtime's detection meet in one place.
+# runtime/c/src/host.c spells the same aliases in its cpuid table ("bmi1|bmi").
+CPU_FEATURE_SPELLINGS = {
+    "amd64": {"pni": "sse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2", "abm": "lzcnt",
+              "lahf_lm": "sahf", "bmi1": "bmi"},
+    "arm64": {"asimd": "neon", "asimdhp": "fp16", "fphp": "fullfp16", "asimddp": "dotprod",
+              "asimdfhm": "fp16fml"},
+}
+# LLVM features with no cpuinfo flag: every host of the architecture has them
+CPU_BASELINE_FEATURES = {"arm64": ("fp-armv8",)}
+
+
+def config_cpu_features(llvm_features, arch: str) -> list[str]:
+    """The config's ``cpu_features`` for code compiled with ``llvm_features`` (LLVM names, no
+    "+") for the OCI architecture ``arch``: cpuinfo names, baseline features left out."""
+    to_cpuinfo = {llvm: name for name, llvm in CPU_FEATURE_SPELLINGS.get(arch, {}).items()}
+    baseline = CPU_BASELINE_FEATURES.get(arch, ())
+    out: list[str] = []
+    for f in llvm_features:
+        name = to_cpuinfo.get(f, f)
+        if f not in baseline and name not in out:
+            out.append(name)
+    return out

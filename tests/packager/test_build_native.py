@@ -94,16 +94,24 @@ def test_cpu_artifacts_have_platform_features_plan_and_layers(mlp):
         # every level's features are a superset of the level below, in the spelling hosts use
         v2, v3, v4 = (set(a.config["artifact"]["cpu_features"]) for a in cpu[:3])
         assert v2 < v3 < v4 and "bmi1" in v3 and "avx512f" in v4 and "avx2" not in v2
-        assert cpu[3].config["artifact"]["cpu_features"] == ["neon"]
+        assert cpu[3].config["artifact"]["cpu_features"] == ["asimd"]
         # the weights archives are equal in content here, so stored once
         assert len({a.layer(media.WEIGHTS).digest for a in cpu}) == 1
 
 
 def test_features_match_the_codegen_targets_up_to_spelling():
     for t in CPU_TARGETS.values():
-        got = build_mod._host_features(t.features)
+        got = media.config_cpu_features(t.features, t.arch)
         assert len(got) == len(t.features) - ("fp-armv8" in t.features)
-        assert "bmi" not in got and "fp-armv8" not in got
+        assert "bmi" not in got and "fp-armv8" not in got and "neon" not in got
+
+
+def test_the_host_reports_every_feature_of_the_levels_it_runs():
+    # the config's names are what both runtimes' host detection reports (cpuinfo spellings)
+    host = detect_host()
+    for t in CPU_TARGETS.values():
+        if t.arch == host.arch and host.x86_level and int(t.name[-1]) <= host.x86_level:
+            assert set(media.config_cpu_features(t.features, t.arch)) <= host.cpu_features
 
 
 @needs_v4
