@@ -78,6 +78,7 @@ class _Native:
     """A compiled graph lowered by the cpu target and loaded once into the C engine."""
 
     def __init__(self, graph, name: str, threads: int | None = None):
+        from .codegen.targets.cpu import narrowconv
         from .codegen.targets.cpu.compile import compile_cpu
         from .packager.build import cpu_artifact_spec, model_signature
         from .runtime import native
@@ -91,12 +92,26 @@ class _Native:
         except UnsupportedTargetError as e:  # say which mode asked, so the reason is unambiguous
             raise UnsupportedTargetError(f"native mode ({self.target}): "
                                          f"{str(e).removeprefix('cpu: ')}") from None
+        # the engine knows no int4/int2/fp8/fp4: such ports travel as u8, one element a byte
+        # (how NumPy holds them), and are viewed back here (narrowconv.py)
+        ins, outs = model_signature(graph)
+        self.narrow = {sig["name"]: sig["dtype"] for sig in ins + outs
+                       if narrowconv.carrier(sig["dtype"]) != sig["dtype"]}
+        self._codes, self._view = narrowconv.to_codes, narrowconv.from_codes
+        ins, outs = ([{**sig, "dtype": narrowconv.carrier(sig["dtype"])} for sig in part]
+                     for part in (ins, outs))
         spec = cpu_artifact_spec(name, self.target, code, write_tensors(code.weights),
-                                 model_signature(graph), "none (mlpack.backend native mode)")
+                                 (ins, outs), "none (mlpack.backend native mode)")
         self.engine = _open_alone(spec, name, threads, write_container, native.open_model)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.engine.run(feeds)
+        if not self.narrow:
+            return self.engine.run(feeds)
+        feeds = {k: self._codes(v, self.narrow[k]) if k in self.narrow else v
+                 for k, v in feeds.items()}
+        outs = self.engine.run(feeds)
+        return {k: self._view(v, self.narrow[k]) if k in self.narrow else v
+                for k, v in outs.items()}
 
 
 def _open_alone(spec, name: str, threads, write_container, open_model):

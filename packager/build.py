@@ -226,17 +226,38 @@ def _skip_reason(error: Exception) -> str:
     return str(error).removeprefix("cpu: ")
 
 
-def _compile_target(graph, target: str, shared: dict) -> _Native:
+def _compile_one(graph, target: str):
+    """compile_cpu in a worker process: (CpuArtifact, seconds), or the UnsupportedTargetError."""
+    from ..codegen.errors import UnsupportedTargetError
     from ..codegen.targets.cpu.compile import compile_cpu
-    from ..spec.tensorfile import write_tensors
 
     t0 = time.perf_counter()
-    code = compile_cpu(graph, target)
-    weights = write_tensors(code.weights)
-    # one bytes object per distinct archive: the writer stores equal blobs once anyway, and
-    # _layer_sizes counts by identity
-    weights = shared.setdefault(weights, weights)
-    return _Native(code, weights, time.perf_counter() - t0)
+    try:
+        code = compile_cpu(graph, target)
+    except UnsupportedTargetError as e:
+        return e, 0.0
+    return code, time.perf_counter() - t0
+
+
+# Models with at least this many ops compile their cpu targets in parallel worker processes
+# (LLVM's optimizer is most of a build: resnet50 spends ~10 s per target in it). Smaller ones
+# compile in this process, where a worker's start (importing llvmlite and mlpack) would cost
+# more than it saves.
+PARALLEL_MIN_OPS = 64
+
+
+def _compile_all(graph, targets: list[str]) -> dict:
+    """{target: (CpuArtifact or UnsupportedTargetError, seconds)}, in parallel when it pays."""
+    workers = min(len(targets), os.cpu_count() or 1)
+    if workers < 2 or len(graph.ops) < PARALLEL_MIN_OPS:
+        return {t: _compile_one(graph, t) for t in targets}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: the build process has ONNX Runtime's threads running by now
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {t: pool.submit(_compile_one, graph, t) for t in targets}
+        return {t: f.result() for t, f in futures.items()}
 
 
 def compile_targets(pairs, graph, explicit, step, progress, weights: bytes) -> tuple[dict, list]:
@@ -245,22 +266,28 @@ def compile_targets(pairs, graph, explicit, step, progress, weights: bytes) -> t
     A target that cannot lower the model is skipped, or a BuildError if it is in ``explicit``.
     ``weights`` is the portable artifact's archive, which a cpu target's may equal."""
     from ..codegen.errors import UnsupportedTargetError
+    from ..spec.tensorfile import write_tensors
 
+    targets = list(dict.fromkeys(t for t, _ in pairs if t in CPU_TARGETS))
     compiled, skipped, shared = {}, [], {weights: weights}
-    for target in dict.fromkeys(t for t, _ in pairs if t in CPU_TARGETS):
-        with step("lower", f"{target} fp32"):
-            try:
-                compiled[target] = _compile_target(graph, target, shared)
-            except UnsupportedTargetError as e:
-                if target in explicit:
-                    raise BuildError(f"{target}: {_skip_reason(e)} (asked for with --target "
-                                     f"{target}; leave it out to build the portable artifact)"
-                                     ) from None
-                skipped.append((target, _skip_reason(e)))
-                continue
+    with step("lower", ", ".join(targets) + " fp32"):
+        results = _compile_all(graph, targets)
+    for target in targets:
+        code, seconds = results[target]
+        if isinstance(code, UnsupportedTargetError):
+            if target in explicit:
+                raise BuildError(f"{target}: {_skip_reason(code)} (asked for with --target "
+                                 f"{target}; leave it out to build the portable artifact)"
+                                 ) from None
+            skipped.append((target, _skip_reason(code)))
+            continue
+        archive = write_tensors(code.weights)
+        # one bytes object per distinct archive: the writer stores equal blobs once anyway, and
+        # _layer_sizes counts by identity
+        compiled[target] = _Native(code, shared.setdefault(archive, archive), seconds)
         if progress:
-            t = compiled[target].code.timings
-            progress(f"  {target}: {compiled[target].seconds:.1f}s (lower {t.get('lower', 0):.1f}s, "
+            t = code.timings
+            progress(f"  {target}: {seconds:.1f}s (lower {t.get('lower', 0):.1f}s, "
                      f"llvm {t.get('llvm', 0):.1f}s, link {t.get('link', 0):.1f}s)")
     return compiled, skipped
 

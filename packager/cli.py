@@ -8,6 +8,7 @@
     mlpack import MODEL.onnx [--ir FILE] [--print-ir]
     mlpack run-reference MODEL.onnx --input NAME=FILE.npy ... --output DIR
     mlpack conformance [--filter REGEX] [--jobs N] [-v]
+    mlpack bench FILE.mlpack [--compare MODEL.onnx] [--threads 1,2] [--repeat N] [--json]
 
 Every command body runs under ``_errors``: an ``mlpack.Error`` (a user's mistake or an
 unsupported model) prints as one paragraph ``error: ...`` on stderr and exits 2, never with a
@@ -601,6 +602,104 @@ def run_cmd(
         target = output / f"{name.replace('/', '_').replace(os.sep, '_')}.npy"
         np.save(target, value)
         typer.echo(f"{name}: {value.dtype}{list(value.shape)} -> {target}")
+
+
+# ---- bench
+
+
+def _thread_counts(text: str) -> list[int]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items or not all(x.isdigit() and int(x) >= 1 for x in items):
+        raise InputError(f"--threads {text!r}: expected positive integers separated by commas, "
+                         "e.g. 1,2")
+    return list(dict.fromkeys(int(x) for x in items))
+
+
+class OutputsDisagree(Error):
+    """mlpack's and ONNX Runtime's outputs differ beyond the benchmark's tolerance."""
+
+    exit_code = EXIT_INTERNAL
+
+
+def _bench_build_seconds(onnx_path: Path, progress) -> float:
+    """How long ``mlpack build`` takes on the model (every default target), into a scratch file."""
+    import tempfile
+    import time
+    import warnings
+
+    from .build import SkippedTargetWarning, build
+
+    if progress:
+        progress(f"building {onnx_path.name} (timed)")
+    with tempfile.TemporaryDirectory(prefix="mlpack-bench-") as tmp:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SkippedTargetWarning)
+            t0 = time.perf_counter()
+            build(onnx_path, os.path.join(tmp, "model.mlpack"))
+            return time.perf_counter() - t0
+
+
+@command("bench")
+def bench_cmd(
+    file: Path = typer.Argument(..., help="the container (.mlpack)"),
+    compare: Optional[Path] = typer.Option(
+        None, "--compare", help="the ONNX model: time ONNX Runtime on it too, count FLOPs, time a build"),
+    threads: str = typer.Option("1,2", "--threads", help="thread counts, comma-separated"),
+    repeat: int = typer.Option(20, "--repeat", help="timed runs per runtime and thread count"),
+    min_seconds: float = typer.Option(2.0, "--min-seconds", help="time at least this long per thread count"),
+    max_seconds: float = typer.Option(30.0, "--max-seconds",
+                                      help="time budget per thread count (at least 3 runs each)"),
+    dim: list[str] = typer.Option(
+        [], "--dim", help="NAME=SIZE: seeded random inputs of this size instead of the test vectors"),
+    seed: int = typer.Option(0, "--seed", help="seed of the random inputs (with --dim)"),
+    no_rss: bool = typer.Option(False, "--no-rss", help="skip measuring peak memory"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
+) -> None:
+    """Time a container on this host (median latency per thread count, peak memory); with
+    --compare MODEL.onnx, against ONNX Runtime on the same inputs (ratio, GFLOP/s, % of the
+    measured matmul peak, outputs checked) and with the model's build time."""
+    import json
+
+    from . import bench
+
+    counts = _thread_counts(threads)
+    if repeat < 1:
+        raise InputError(f"--repeat {repeat}: at least 1")
+    with _open(file):  # a broken or foreign file is a FormatError here, before any timing
+        pass
+    dims = _key_int(dim, "--dim")
+    progress = _progress(json_out)
+    build_seconds = None
+    if compare is not None:
+        from ..codegen.onnx.importer import load_model
+
+        load_model(_existing(compare, "ONNX model"))  # a clear error for a file that is not ONNX
+        build_seconds = _bench_build_seconds(compare, progress)
+    result = bench.bench_model(file, onnx_path=compare, threads=counts, repeat=repeat,
+                               min_seconds=min_seconds, max_seconds=max_seconds, dims=dims,
+                               seed=seed, rss=not no_rss, build_seconds=build_seconds,
+                               progress=progress)
+    words = ["mlpack bench", str(file)] + (["--compare", str(compare)] if compare else [])
+    words += ["--threads", ",".join(map(str, counts)), "--repeat", str(repeat)]
+    words += [f"--dim {d}" for d in dim] + (["--json"] if json_out else [])
+    doc = bench.document([result], " ".join(words))
+    if json_out:
+        typer.echo(json.dumps(doc, indent=1))
+    else:
+        a = result["artifact"]
+        typer.echo(f"model:      {result['model']}: artifact {a['index']} ({a['target']} "
+                   f"{a['precision']}, {a['device']})")
+        shapes = ", ".join(f"{k}{v['shape']}" for k, v in result["inputs"].items())
+        typer.echo(f"inputs:     {shapes} from {result['input_source']}")
+        if result["flops"]:
+            typer.echo(f"flops:      {bench.si(result['flops'])}FLOP per run (Conv, Gemm, "
+                       "MatMul, Einsum)")
+        for line in bench.table_lines([result]) + [""] + bench.summary_lines(doc):
+            typer.echo(line)
+    bad = bench.mismatches([result])
+    if bad:
+        raise OutputsDisagree(f"mlpack and ONNX Runtime disagree beyond rtol {bench.RTOL:g}, "
+                              f"atol {bench.ATOL:g}: {bad[0]}")
 
 
 @app.callback()

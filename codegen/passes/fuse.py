@@ -2,8 +2,14 @@
 
 A map (no reduction) ``%p[i] = f(...)`` read by a consumer at index ``e`` becomes ``f`` with
 ``i := e`` inside the consumer, and ``%p`` is no longer materialized. It is inlined when that
-recomputes nothing: the producer is read exactly once in the whole graph, or its body is a
-single read (a copy, which costs nothing to redo). Reads guarded by ``pad`` are left alone:
+recomputes nothing: the producer is read exactly once in the whole graph by a read whose index
+uses every loop var of its consumer (so each element is computed once: a GELU read by the
+matmul after it, sum{k} gelu(%h[s,k]) * %W[k,n], would be recomputed for every n, and the
+matmul would no longer be a product of two tensors), or its body is a single read (a copy,
+which costs nothing to redo). A guarded read (``pad``) of a copy is
+inlined too: it becomes the copy's own read, guarded with the consumer's pad, and when the copy
+is not a plain renaming of its source's dims, a bounds test on the copy's dims selects the pad
+(a convolution's padding over a reshaped input). Guarded reads of any other map are left alone:
 the padding would have to guard every read inside the inlined body.
 """
 
@@ -11,44 +17,99 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ...spec.ir import expr as ex
 from ...spec.ir.expr import Expr, rebuild, substitute, walk
 from ...spec.ir.graph import Comprehension, Graph, Procedure, tensors_read
 
 
-def _read_counts(g: Graph) -> tuple[Counter, set[str]]:
+def _read_counts(g: Graph) -> tuple[Counter, set[str], set[str], set[str]]:
+    """Reads per tensor, the tensors that must stay (outputs, procedure inputs), the tensors
+    read with a guard (only a copy may still be inlined there), and the tensors some consumer
+    reads more than once per element (an index that leaves out one of its loop vars)."""
     counts: Counter = Counter()
     pinned: set[str] = {p.name for p in g.outputs}
+    guarded: set[str] = set()
+    reused: set[str] = set()
     for op in g.ops:
         if isinstance(op, Procedure):
             pinned |= tensors_read(op)
             continue
+        # a loop var of constant size 1 only ever takes the value 0, so a read indexing that
+        # dim with the constant 0 (broadcast imports write n=0) still reads each element once
+        loop_vars = {d for d, s in op.loop_dims.items() if not (s.is_const and s.value == 1)}
         for n in walk(op.body):
             if n.op == "read":
                 counts[n.arg[0]] += 1
                 if n.arg[2] is not None:
-                    pinned.add(n.arg[0])
-    return counts, pinned
+                    guarded.add(n.arg[0])
+                used = {v.arg for a in n.args for v in walk(a) if v.op == "var"}
+                if not loop_vars <= used:
+                    reused.add(n.arg[0])
+    return counts, pinned, guarded, reused
 
 
-def _inline(e: Expr, producers: dict[str, Comprehension]) -> Expr:
+def _renames_dims(p: Comprehension, g: Graph) -> bool:
+    """Whether the copy ``p`` reads its source at a permutation of its own dims, each dim of
+    the same size: then an index is in ``p``'s range exactly when it is in the source's."""
+    src = p.body
+    src_type = g.types[src.arg[0]]
+    seen = set()
+    for d, ix in zip(src.arg[1], src.args):
+        if (ix.op != "var" or ix.arg in seen or ix.arg not in p.type.dims
+                or not ex.same_size(p.type.dims[ix.arg], src_type.dims[d])):
+            return False
+        seen.add(ix.arg)
+    return len(seen) == len(p.type.dims)
+
+
+def _guarded_copy(e: Expr, p: Comprehension, index: dict[str, Expr], renames: bool) -> Expr:
+    """``p[index; pad]`` for a copy ``p``, written as a guarded read of p's source."""
+    pad = e.arg[2]
+    src = substitute(p.body, index)
+    t, dims, src_pad = src.arg
+    if renames:
+        return Expr("read", src.args, (t, dims, pad), src.dtype)
+    # the source read must not fail where the test below discards it, so it is guarded too
+    inner = Expr("read", src.args, (t, dims, pad if src_pad is None else src_pad), src.dtype)
+    cond = None
+    for d, ix in index.items():
+        ok = ex.binary("and", ex.binary("ge", ix, ex.const(0)), ex.binary("lt", ix, p.type.dims[d]))
+        cond = ok if cond is None else ex.binary("and", cond, ok)
+    return ex.select(cond, inner, ex.const(pad, e.dtype)) if cond is not None else inner
+
+
+def _inline(e: Expr, producers: dict[str, Comprehension], renames=frozenset()) -> Expr:
     if e.op == "read" and e.arg[0] in producers:
         p = producers[e.arg[0]]
-        index = {d: _inline(a, producers) for d, a in zip(e.arg[1], e.args)}
-        return _inline(substitute(p.body, index), producers)
+        index = {d: _inline(a, producers, renames) for d, a in zip(e.arg[1], e.args)}
+        if e.arg[2] is not None:  # only copies are inlinable under a guard
+            return _inline(_guarded_copy(e, p, index, p.out in renames), producers, renames)
+        return _inline(substitute(p.body, index), producers, renames)
     if not e.args:
         return e
-    args = tuple(_inline(a, producers) for a in e.args)
+    args = tuple(_inline(a, producers, renames) for a in e.args)
     return e if args == e.args else rebuild(e, args)
 
 
 def fuse_elementwise(g: Graph) -> Graph:
-    counts, pinned = _read_counts(g)
+    counts, pinned, guarded, reused = _read_counts(g)
     inlinable: dict[str, Comprehension] = {}
+    renames: set[str] = set()
+    # a guarded read of a copy becomes a guarded read of its source: propagate (consumers
+    # come after their producers, so one backward sweep reaches the chain's start)
+    for op in reversed(g.ops):
+        if (isinstance(op, Comprehension) and op.out in guarded and op.reduce is None
+                and op.body.op == "read" and op.out not in pinned):
+            guarded.add(op.body.arg[0])
     for op in g.ops:
         if not isinstance(op, Comprehension) or op.reduce is not None or op.out in pinned:
             continue
-        if counts[op.out] == 1 or op.body.op == "read":
+        if op.out in guarded and op.body.op != "read":
+            continue
+        if (counts[op.out] == 1 and op.out not in reused) or op.body.op == "read":
             inlinable[op.out] = op
+            if op.body.op == "read" and _renames_dims(op, g):
+                renames.add(op.out)
     if not inlinable:
         return g
     kept = []
@@ -56,7 +117,7 @@ def fuse_elementwise(g: Graph) -> Graph:
         if isinstance(op, Comprehension):
             if op.out in inlinable:
                 continue
-            op.body = _inline(op.body, inlinable)
+            op.body = _inline(op.body, inlinable, renames)
         kept.append(op)
     # an inlined producer may itself have read an inlined one: _inline recurses, so all gone
     for name in inlinable:

@@ -17,11 +17,21 @@ from ...spec.ir.verify import verify
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .fuse import fuse_elementwise
+from .absorb import absorb_reductions
+from .affine_gather import fold_affine_gathers
+from .fold_scale import fold_scales
+from .split_dims import split_dims
+from .sums import merge_sums
 
 PASSES = [
     ("dce", eliminate_dead_code),
     ("cse", eliminate_common_subexpressions),
+    ("affine_gather", fold_affine_gathers),
     ("fuse", fuse_elementwise),
+    ("fold_scale", fold_scales),
+    ("sums", merge_sums),
+    ("absorb", absorb_reductions),
+    ("split_dims", split_dims),
     ("dce", eliminate_dead_code),
 ]
 

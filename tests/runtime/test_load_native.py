@@ -138,6 +138,22 @@ def test_bert_block_matches_onnxruntime_at_two_sequence_lengths(bert):
             _close(p.run({"ids": ids}), got)
 
 
+def test_two_models_open_at_once_each_run_their_own_kernels(mlp, bert):
+    # the kernel libraries are dlopen()ed through /proc/self/fd/N and the dynamic loader matches
+    # loaded objects by path: when the first model's memfd number was free again, the second
+    # model's memfd got it and dlopen() handed back the first model's library. Free fds below
+    # it make that happen: the second container's own fd takes one, its memfd the next.
+    x = _x(2)
+    ids = np.random.default_rng(1).integers(0, 100, (1, 7)).astype(np.int64)
+    low = [os.open(os.devnull, os.O_RDONLY) for _ in range(3)]
+    with mlpack.load(mlp) as a:
+        for fd in low:
+            os.close(fd)
+        with mlpack.load(bert) as b:
+            _close(b.run({"ids": ids}), _ort(BERT, {"ids": ids}))
+            _close(a(x=x), _ort(MLP, {"x": x}))
+
+
 def test_threads_give_the_same_answer(mlp):
     x = _x(8)
     with mlpack.load(mlp, threads=1) as one, mlpack.load(mlp, threads=2) as two:

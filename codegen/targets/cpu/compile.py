@@ -9,6 +9,7 @@ import numpy as np
 
 from ... import debug
 from ....spec.ir.graph import Graph
+from . import contraction, narrowconv
 from .kernels import build_kernels, reject_procedures
 from .link import link_shared
 from .module import build_module, optimize_and_emit, target_machine
@@ -38,10 +39,12 @@ def compile_cpu(graph: Graph, target: str) -> CpuArtifact:
     t0 = time.perf_counter()
     reject_procedures(graph)
     bufs = tensor_buffers(graph)
-    kernels = build_kernels(graph, bufs)
+    kernels = contraction.apply(graph, build_kernels(graph, bufs), bufs, t)
     copies, owners = output_copies(graph, bufs, len(kernels))
+    narrowconv.unpack_ports(graph, bufs, owners)
     kernels += copies
     plan, weights = make_plan(graph, kernels, bufs, owners)
+    weights = narrowconv.pack_weights(weights, bufs)
     tm = target_machine(t)
     text = build_module(kernels, bufs, plan["symbols"], t, tm)
     debug.log(f"cpu {target}: LLVM IR before optimization:\n{text}", 3)

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from ....spec.ir import expr as ex
 from ....spec.ir.expr import Expr
 from ....spec.ir.graph import Comprehension, Graph, Procedure
-from ...errors import UnsupportedTargetError
 
 ACC = "acc"                  # the epilogue's name for the reduction's value
 MIN_VECTOR_TRIP = 8          # a loop shorter than this is a poor innermost loop
@@ -40,6 +39,7 @@ class Buffer:
     layout: tuple[str, ...]
     sizes: dict[str, Expr]
     dtype: str
+    packed: bool = True   # int4/int2/fp4 two (four) per byte; ports hold one per byte (narrowconv)
 
     def contiguous_dim(self) -> str | None:
         """The last layout dim that is not of constant size 1 (unit stride)."""
@@ -63,6 +63,7 @@ class Kernel:
     row_chunks: int = 1            # workgroup units per row (rows too few to share out)
     reads: list[str] = field(default_factory=list)
     fused: list[str] = field(default_factory=list)   # IR ops it computes, for messages
+    gemm: object = None            # contraction.Contraction when strategy == "gemm"
 
 
 # ---------------------------------------------------------------- helpers
@@ -239,8 +240,11 @@ def schedule(k: Kernel, out: Buffer, buffers: dict[str, Buffer]) -> None:
     _, row = row_dim(out)
     scores = {r: _score(k.body, r, s, buffers) for r, s in k.rdims.items()}
     best = max(reversed(list(k.rdims)), key=lambda r: scores[r]) if k.rdims else None
+    # (an f16/bf16 sum or product accumulated in its output row would round every partial
+    # result; the interpreter accumulates them in f32)
     can_row = (row is not None and k.reduce in ("sum", "prod", "max", "min")
-               and k.acc_dtype == out.dtype)
+               and k.acc_dtype == out.dtype
+               and not (k.acc_dtype in ("f16", "bf16") and k.reduce in ("sum", "prod")))
     # ties and near-ties go to ``row``: a strided reduction walks far through memory per output
     # element, while a strided row stays within a few cache lines
     if can_row and (best is None or _score(k.body, row, out.sizes[row], buffers) + ROW_BIAS
@@ -256,25 +260,22 @@ def schedule(k: Kernel, out: Buffer, buffers: dict[str, Buffer]) -> None:
 
 
 def reject_procedures(g: Graph) -> None:
-    """Procedures (TopK, NonZero, NMS, ...: sequential code, data-dependent sizes) are not lowered."""
-    for op in g.ops:
-        if isinstance(op, Procedure):
-            names = ", ".join("%" + n for n in op.outs)
-            raise UnsupportedTargetError(
-                f"cpu: {names} is computed by a procedure (sequential code or data-dependent "
-                "sizes: NonZero, TopK, Unique, NonMaxSuppression, ...); the cpu target does not "
-                "lower procedures yet")
+    """Refuse the procedures the cpu target cannot lower (procedure.py says which and why)."""
+    from .procedure import check_procedures
+    check_procedures(g)
 
 
 def build_kernels(g: Graph, buffers: dict[str, Buffer]) -> list[Kernel]:
     """The graph's comprehensions as kernels, in order, with epilogues fused."""
     reject_procedures(g)
-    ops = [op for op in g.ops]
+    from ....spec.ir.graph import tensors_read as op_reads
+    from .procedure import procedure_kernel
+    ops = [op for op in g.ops if not isinstance(op, Procedure)]
     producers = {op.out: op for op in ops}
     readers: dict[str, list[str]] = {}
-    for op in ops:
-        for t in tensors_read(op.body):
-            readers.setdefault(t, []).append(op.out)
+    for op in g.ops:   # a procedure reading a reduction keeps it from fusing away
+        for t in sorted(op_reads(op)):
+            readers.setdefault(t, []).append(op.outs[0])
     pinned = {p.name for p in g.outputs}
     fused_into: dict[str, tuple] = {}
     for m in ops:
@@ -284,7 +285,10 @@ def build_kernels(g: Graph, buffers: dict[str, Buffer]) -> list[Kernel]:
     epilogue_of = {m.out: (r, index) for r_out, (m, index) in fused_into.items()
                    for r in [producers[r_out]]}
     kernels = []
-    for op in ops:
+    for op in g.ops:
+        if isinstance(op, Procedure):   # sequential code, one workgroup: procedure.py
+            kernels.append(procedure_kernel(g, op, len(kernels)))
+            continue
         if op.out in fused_into:
             continue
         if op.out in epilogue_of:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from dataclasses import replace
 
 from llvmlite import ir
 
 from ....spec.ir import dtypes as dt
 from ....spec.ir.expr import Expr
 from ...errors import UnsupportedTargetError
-from . import halfconv, mathlib
+from . import halfconv, hoist, mathlib, narrowconv
 from .kernels import ACC, Buffer, Kernel, row_dim
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -34,13 +35,21 @@ DISPATCH = ir.LiteralStructType([PTR, PTR, I32, I32])
 KERNEL_FN = ir.FunctionType(I32, [PTR, I32])
 F32, F16 = ir.FloatType(), ir.HalfType()
 # f16 and bf16 live in f32 registers: loads widen, stores (and casts to them) round to nearest
-# even. Arithmetic on them is not rounded after every op as the interpreter does, only where
-# the value is stored or cast: a fused expression is then more accurate than the interpreter's
-# and differs from it by at most the f16/bf16 rounding of its intermediates. (Rounding after
-# every op was tried: it matched the node suite's fp16 Attention/CausalConv outputs worse.)
+# even, and so does every op on them, as the interpreter (NumPy, the ONNX reference) computes
+# each f16 op in f32 and rounds it. Reductions too: an f16 sum accumulates its rounded terms in
+# f32 (never in the f16 output row: kernels.schedule), a sum of products multiplies its rounded
+# factors unrounded as the interpreter's einsum does (KernelLowering._term), and an epilogue
+# sees the reduction's value rounded. (Rounding only at stores left the node suite's fp16
+# Attention/CausalConv outputs an f16 ulp past its tolerance.)
 FLOAT_TYPES = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.FloatType(),
                "bf16": ir.FloatType()}
 NARROW_FLOATS = ("f16", "bf16")
+# fp8/fp4 live in f32 registers too, int4/int2 in i8 ones (narrowconv.py converts them)
+FLOAT_TYPES.update({d: F32 for d in narrowconv.FLOATS})
+NARROW_FLOATS += tuple(sorted(narrowconv.FLOATS))
+# ops whose f16 result needs no rounding: exact on f16 values, or rounded already
+_F16_EXACT = frozenset({"const", "var", "sym", "read", "cast", "select", "neg", "abs", "max",
+                        "min", "floor", "ceil", "round", "sign"})
 FAST_SUM = ("reassoc", "contract")   # reductions may reassociate (fp32 rtol 1e-4 holds)
 CONTRACT = ("contract",)             # a*b+c may become an fma
 
@@ -51,6 +60,8 @@ def llvm_type(dtype: str, what: str = "") -> ir.Type:
         return FLOAT_TYPES[dtype]
     if dtype == "bool":
         return I1
+    if dtype in narrowconv.INTS:
+        return I8
     if dt.is_int(dtype) and dt.bits(dtype) in (8, 16, 32, 64):
         return ir.IntType(dt.bits(dtype))
     raise UnsupportedTargetError(f"cpu: dtype {dtype} is not supported{what}")
@@ -62,11 +73,11 @@ def storage_type(dtype: str) -> ir.Type:
         return F16
     if dtype == "bf16":
         return I16
-    return I8 if dtype == "bool" else llvm_type(dtype)
+    return I8 if dtype == "bool" or narrowconv.handles(dtype) else llvm_type(dtype)
 
 
 def _itemsize(dtype: str) -> int:
-    return 1 if dtype == "bool" else dt.bits(dtype) // 8
+    return 1 if dtype == "bool" or narrowconv.handles(dtype) else dt.bits(dtype) // 8
 
 
 class Loops:
@@ -107,7 +118,7 @@ def _const(dtype: str, value) -> ir.Constant:
     if dtype == "bool":
         return ir.Constant(I1, int(bool(value)))
     v = int(value)
-    bits = dt.bits(dtype)
+    bits = ty.width   # (int4/int2 registers are i8, sign- or zero-extended)
     return ir.Constant(ty, v & ((1 << bits) - 1) if v < 0 else v)
 
 
@@ -123,7 +134,10 @@ class _Expr:
         self.b = b
         # (loads, stores): whether fpext / fptrunc on half are used (see module.build_module)
         self.f16_load_native, self.f16_store_native = native_f16
-        self.bases = bases            # tensor -> base pointer
+        self.bases = bases            # tensor -> base pointer (narrowconv.Base for narrow dtypes)
+        for t, buf in buffers.items():
+            if t in bases and narrowconv.handles(buf.dtype):
+                bases[t] = narrowconv.Base(bases[t], buf.dtype, buf.packed)
         self.buffers = buffers
         self.kname = kname
         self.env: list[dict[str, ir.Value]] = [{}]
@@ -162,6 +176,8 @@ class _Expr:
             if key in m:
                 return m[key]
         v = self._emit(e)
+        if e.dtype in ("f16", "bf16") and e.op not in _F16_EXACT:
+            v = self.round_to(v, e.dtype)   # every f16/bf16 op rounds, as the interpreter's
         self.memo[-1][key] = v
         self.keep.append(e)
         return v
@@ -255,6 +271,8 @@ class _Expr:
 
     def _load(self, ety, dtype: str, base, flat):
         b = self.b
+        if isinstance(base, (narrowconv.Base, narrowconv.Ref)):
+            return narrowconv.load(b, base, flat)
         ptr = b.gep(base, [flat], inbounds=True, source_etype=ety)
         v = b.load(ptr, typ=ety, align=_itemsize(dtype))
         if dtype == "bool":
@@ -268,10 +286,15 @@ class _Expr:
         return v
 
     def address(self, name: str, idx: list):
+        if isinstance(self.bases[name], narrowconv.Base):
+            return self.bases[name].at(self._flat(name, idx))
         return self.b.gep(self.bases[name], [self._flat(name, idx)], inbounds=True,
                           source_etype=storage_type(self.buffers[name].dtype))
 
     def store(self, value, dtype: str, ptr) -> None:
+        if isinstance(ptr, narrowconv.Ref):
+            ptr.store(self.b, value)
+            return
         if dtype == "bool":
             value = self.b.zext(value, I8)
         elif dtype == "f16":
@@ -282,8 +305,10 @@ class _Expr:
         self.b.store(value, ptr, align=_itemsize(dtype))
 
     def round_to(self, v, dtype: str):
-        """An f32 register value rounded to f16 or bf16 (and back to f32)."""
+        """An f32 register value rounded to f16, bf16 or a narrow float (and back to f32)."""
         b = self.b
+        if narrowconv.handles(dtype):
+            return narrowconv.round_to(b, dtype, v)
         if dtype == "bf16":
             return halfconv.bf16_to_f32(b, halfconv.f32_to_bf16(b, v))
         if self.f16_store_native:
@@ -296,8 +321,11 @@ class _Expr:
         if src == dst:
             return v
         out = self._cast_register(v, src, dst)
-        if dst in NARROW_FLOATS and not (src == "bool" or (dt.is_int(src) and dt.bits(src) <= 8)):
-            return self.round_to(out, dst)   # (bool and 8-bit ints are exact in both)
+        if dst in narrowconv.INTS:
+            return narrowconv.round_to(self.b, dst, out)   # wrap, as ml_dtypes does
+        exact = src == "bool" or (dt.is_int(src) and dt.bits(src) <= 8 and dst in ("f16", "bf16"))
+        if dst in NARROW_FLOATS and not exact:
+            return self.round_to(out, dst)   # (bool and 8-bit ints are exact in f16 and bf16)
         return out
 
     def _cast_register(self, v, src: str, dst: str):
@@ -324,7 +352,7 @@ class _Expr:
                 return b.fptoui(v, ty)
             wide = b.fptosi(v, I64)
             return wide if ty == I64 else b.trunc(wide, ty)
-        sb, db = dt.bits(src), dt.bits(dst)
+        sb, db = v.type.width, ty.width   # register widths (int4/int2 are in i8)
         if db < sb:
             return b.trunc(v, ty)
         if db > sb:
@@ -506,7 +534,7 @@ class _Expr:
         if op == "div":
             return b.fdiv(a, x)
         if op in ("max", "min"):
-            return self.intrinsic("llvm.maximum" if op == "max" else "llvm.minimum", ty, a, x)
+            return float_minmax(b, op, a, x)
         rel = {"eq": "==", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
         if op in rel:
             return b.fcmp_ordered(rel[op], a, x)
@@ -541,6 +569,22 @@ class _Expr:
         return mathlib.emit_binary(b, "pow", a, x)
 
 
+def float_minmax(b: ir.IRBuilder, kind: str, a, x):
+    """max(a, x) (min for kind "min") that propagates NaN, as compares and a select.
+
+    llvm.maximum also orders -0 below +0, and its x86 lowering (blends on the sign bit plus
+    NaN fix-ups) is several times longer than vmaxps and kept pooling windows from being
+    vectorized; signed zeros compare equal at any tolerance, so they may come out either way."""
+    rel = ">" if kind == "max" else "<"
+    if isinstance(a, ir.Constant) and not isinstance(x, ir.Constant):
+        a, x = x, a   # the constant second
+    if isinstance(x, ir.Constant) and isinstance(x.constant, float) and not math.isnan(x.constant):
+        # relu: a NaN ``a`` fails the compare and is kept
+        return b.select(b.fcmp_ordered("<" if kind == "max" else ">", a, x), x, a)
+    take_a = b.or_(b.fcmp_ordered(rel, a, x), b.fcmp_unordered("uno", a, a))
+    return b.select(take_a, a, x)
+
+
 # ---------------------------------------------------------------- reductions
 
 
@@ -554,14 +598,16 @@ def _identity(kind: str, dtype: str) -> ir.Constant:
     return _const(dtype, dt.highest(dtype))
 
 
-def _combine(E: _Expr, kind: str, acc, x, dtype: str):
+def _combine(E: _Expr, kind: str, acc, x, dtype: str, inner: bool = False):
     b = E.b
     if dtype in FLOAT_TYPES:
         if kind == "sum":
             return b.fadd(acc, x, flags=FAST_SUM)
         if kind == "prod":
             return b.fmul(acc, x, flags=FAST_SUM)
-        return E.intrinsic("llvm.maximum" if kind == "max" else "llvm.minimum", acc.type, acc, x)
+        if inner:   # a scalar accumulator: the vectorizer turns llvm.maximum into a reduction
+            return E.intrinsic("llvm.maximum" if kind == "max" else "llvm.minimum", acc.type, acc, x)
+        return float_minmax(b, kind, x, acc)
     if dtype == "bool":
         return (b.or_ if kind in ("sum", "max") else b.and_)(acc, x)
     if kind == "sum":
@@ -655,6 +701,10 @@ class KernelLowering:
         wg, count = f.args[n + len(self.symbols):]
         self._sizes()
         self.allocas = self._allocas()
+        if self.k.strategy == "gemm":   # packed, register-blocked tiles: contraction.py
+            from .contraction import emit_gemm
+            emit_gemm(self, wg, count)
+            return
         outer, row = row_dim(self.out)
         chunks = ir.Constant(I64, self.k.row_chunks)
         units = chunks
@@ -663,6 +713,11 @@ class KernelLowering:
         w64, c64 = b.zext(wg, I64), b.zext(count, I64)
         start = b.udiv(b.mul(units, w64), c64)
         end = b.udiv(b.mul(units, b.add(w64, ir.Constant(I64, 1))), c64)
+        if narrowconv.shares_bytes(self.out):
+            # packed int4/int2/fp4: a store rewrites its whole byte, so workgroup 0 does every
+            # unit and no two threads ever share a byte (the others find nothing to do)
+            first = b.icmp_unsigned("==", w64, ir.Constant(I64, 0))
+            start, end = b.select(first, ir.Constant(I64, 0), units), units
         with self.loops.loop(start, end, "unit") as u:
             with E.scope():
                 r = u
@@ -733,7 +788,32 @@ class KernelLowering:
             with self.E.scope(**{row: j}):
                 yield
 
-    def _row(self, row: str | None) -> None:
+    def _row(self, row: str | None, depth: int = 0) -> None:
+        """The row, branching first on any select whose condition is the same for the whole
+        row (a concatenation on an outer dim: hoist.py), so each arm gets a plain row loop."""
+        k, b = self.k, self.b
+        outer = {d for d in self.out.layout if d != row}
+        sel = hoist.invariant_select([k.body, k.epilogue], outer) if depth < hoist.MAX_HOISTED \
+            else None
+        if sel is None:
+            self._row_body(row)
+            return
+        cond = self.E(sel.args[0])
+        fn = b.block.function
+        arms = [fn.append_basic_block("sel.then"), fn.append_basic_block("sel.else")]
+        merge = fn.append_basic_block("sel.merge")
+        b.cbranch(cond, *arms)
+        for block, arm in zip(arms, sel.args[1:]):
+            b.position_at_end(block)
+            self.k = replace(k, body=hoist.replace_node(k.body, sel, arm),
+                             epilogue=hoist.replace_node(k.epilogue, sel, arm))
+            with self.E.scope():   # values made in one arm do not dominate the other
+                self._row(row, depth + 1)
+            b.branch(merge)
+        self.k = k
+        b.position_at_end(merge)
+
+    def _row_body(self, row: str | None) -> None:
         k = self.k
         if k.strategy == "map":
             with self._row_loop(row):
@@ -749,6 +829,8 @@ class KernelLowering:
         k, E = self.k, self.E
         if k.epilogue is None:
             return E._cast(value, k.acc_dtype, self.out.dtype)
+        if k.acc_dtype in NARROW_FLOATS and k.strategy != "row":
+            value = E.round_to(value, k.acc_dtype)   # the reduction's tensor is of that dtype
         with E.scope(**{ACC: value}):
             res = E(k.epilogue)
         return E._cast(res, k.epilogue.dtype, self.out.dtype)
@@ -774,8 +856,21 @@ class KernelLowering:
         with self._row_loop(row):
             ptr = self._out_ptr()
             acc = E._load(ety, self.out.dtype, ptr, ir.Constant(I64, 0))
-            x = E._cast(E(k.body), k.body.dtype, k.acc_dtype)
+            x = self._term(k.acc_dtype)
             self._store(_combine(E, k.reduce, acc, x, k.acc_dtype))
+
+    def _term(self, vdt: str):
+        """One step's value of the reduction body. An f16/bf16 sum of products multiplies its
+        (rounded) factors in f32 without rounding the product, as the interpreter's einsum
+        does (softmax probabilities times V in attention); other bodies round as every op."""
+        k, E = self.k, self.E
+        if k.reduce != "sum" or vdt not in ("f16", "bf16") or k.body.dtype != vdt:
+            return E._cast(E(k.body), k.body.dtype, vdt)
+        out = None
+        for f in _factors(k.body):
+            v = E(f)
+            out = v if out is None else self.b.fmul(out, v, flags=CONTRACT)
+        return out
 
     def _nest(self, dims: list[str], inner, vectorize_last: bool = False) -> None:
         if not dims:
@@ -801,10 +896,10 @@ class KernelLowering:
             b.store(ir.Constant(I64, 0), self.allocas["idx"])
 
         def step():
-            x = E._cast(E(k.body), k.body.dtype, vdt)
+            x = self._term(vdt)
             cur = b.load(acc)
             if not arg:
-                b.store(_combine(E, k.reduce, cur, x, vdt), acc)
+                b.store(_combine(E, k.reduce, cur, x, vdt, inner=True), acc)
                 return
             better = _arg_better(E, k.reduce, x, cur, vdt)
             b.store(b.select(better, x, cur), acc)
@@ -815,6 +910,13 @@ class KernelLowering:
         if arg:
             return b.load(self.allocas["idx"])
         return b.load(acc)
+
+
+def _factors(e: Expr) -> list[Expr]:
+    """The factors of a product chain of one dtype (as the interpreter's einsum splits it)."""
+    if e.op == "mul" and all(a.dtype == e.dtype for a in e.args):
+        return _factors(e.args[0]) + _factors(e.args[1])
+    return [e]
 
 
 def _const_one(v) -> bool:

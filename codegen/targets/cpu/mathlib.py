@@ -501,6 +501,23 @@ def _atanh(M: _Math, x):
 # ---------------------------------------------------------------- pow, fmod
 
 
+_POW_SQUARING_MAX = 64.0   # |x| up to 2^6: six squarings
+
+
+def _pow_by_squaring(D: _Math, a, n):
+    """a ** n for an f64 integer-valued n with |n| <= 64, by binary exponentiation; a
+    negative n takes the reciprocal at the end. (n outside that range: any value; the caller
+    does not select it, and the clamp keeps the conversion defined.)"""
+    b = D.b
+    k = b.fptosi(D.clamp(D.abs(n), 0.0, _POW_SQUARING_MAX), I64)
+    r, base = D.c(1.0), a
+    for i in range(7):
+        bit = b.trunc(b.lshr(k, ir.Constant(I64, i)), ir.IntType(1))
+        r = D.sel(bit, b.fmul(r, base), r)
+        base = b.fmul(base, base)
+    return D.sel(D.lt(n, 0.0), b.fdiv(D.c(1.0), r), r)
+
+
 def _pow(M: _Math, a, x):
     """C/NumPy pow: exp(x log|a|) computed in f64 (so f32 results are within 1 ulp), negated
     for a negative base and odd integer x, nan for a negative finite base and fractional x;
@@ -509,9 +526,13 @@ def _pow(M: _Math, a, x):
     D = _Math(b, F64)
     ad, xd = M.to(a, F64), M.to(x, F64)
     r = _exp64(D, b.fmul(xd, _log64(D, D.abs(ad))))
-    r = M.to(r, M.ty)
     xi = M.call("llvm.rint", x)
     is_int = b.fcmp_ordered("==", xi, x)
+    # small integer exponents by repeated squaring in f64: exact wherever the result is, as
+    # NumPy's pow is (3 ** 6 must be 729, not 728.99.., once an integer output truncates it)
+    small = b.and_(is_int, b.fcmp_ordered("<=", M.abs(x), M.c(_POW_SQUARING_MAX)))
+    r = D.sel(small, _pow_by_squaring(D, D.abs(ad), M.to(xi, F64)), r)   # |a|: sign below
+    r = M.to(r, M.ty)
     half = b.fmul(xi, M.c(0.5))
     odd = b.and_(is_int, b.fcmp_ordered("!=", M.call("llvm.rint", half), half))
     sign = b.icmp_signed("<", b.bitcast(a, M.ity), M.ci(0))

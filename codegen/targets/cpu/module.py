@@ -89,6 +89,34 @@ def _table(module: ir.Module, fns: list[ir.Function], names: list[str]) -> None:
     b.ret(tab)
 
 
+def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str]) -> list[ir.Function]:
+    """The table's functions, where a kernel whose code is identical to an earlier one's (a
+    repeated layer: resnet50's 76 kernels are 52 distinct functions) is dropped from the module
+    and its table entry points at the earlier function. Code is compared as LLVM text with the
+    kernel's own name blanked and each metadata reference replaced by its content (loop ids
+    differ only by their self-reference), so only the same instructions on the same constants
+    and the same loop hints match; LLVM then optimizes each distinct function once."""
+    canon: dict[str, str] = {}
+    for md in module.metadata:   # defined before use: operands are canonical already
+        body = str(md).split(" = ", 1)[1]
+        body = re.sub(r"!(\d+)", lambda m: canon.get(m.group(1), m.group(0)), body)
+        canon[md.name] = re.sub(r'"LOOPSELF\d+"', '"LOOPSELF"', body)
+    first: dict[str, ir.Function] = {}
+    out = []
+    for f, name in zip(fns, names):
+        impl = module.globals.get(f"{name}.impl")
+        text = str(f) + ("" if impl is None else str(impl))
+        key = re.sub(r"!(\d+)", lambda m: canon.get(m.group(1), m.group(0)),
+                     text.replace(name, "K"))
+        kept = first.setdefault(key, f)
+        if kept is not f:
+            del module.globals[f.name]
+            if impl is not None:
+                del module.globals[impl.name]
+        out.append(kept)
+    return out
+
+
 def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: list[str],
                  t: CpuTarget, tm) -> str:
     """The module's LLVM IR text (before optimization)."""
@@ -100,8 +128,11 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     # __extendhfsf2). Stores use fptrunc only on aarch64: on x86 LLVM folds an f64 -> f32 -> f16
     # chain (pow, fmod, f64 casts) into one f64 -> f16 fptrunc, which is a __truncdfhf2 call.
     native_f16 = (t.arch == "arm64" or "f16c" in t.features, t.arch == "arm64")
-    fns = [KernelLowering(module, k, buffers, symbols, ids, native_f16).emit() for k in kernels]
-    _table(module, fns, [k.name for k in kernels])
+    from .procedure import PROCEDURE, ProcedureLowering   # sequential code: procedure.py
+    fns = [(ProcedureLowering if k.strategy == PROCEDURE else KernelLowering)(
+        module, k, buffers, symbols, ids, native_f16).emit() for k in kernels]
+    _table(module, _share_identical(module, fns, [k.name for k in kernels]),
+           [k.name for k in kernels])
     text = _LoopIds.finalize(str(module))
     # every definition: no libcalls synthesized from loops
     return re.sub(r"^(define .*\))( [^\n{]*)?\n\{", lambda m: f'{m.group(1)}{m.group(2) or ""}'

@@ -17,9 +17,10 @@ import numpy as np
 from ....spec.ir import dtypes as dt
 from ....spec.ir import expr as ex
 from ....spec.ir.expr import Expr
-from ....spec.ir.graph import Graph
+from ....spec.ir.graph import Graph, Procedure
 from ....spec.ir.program import encode_expr
 from ...errors import UnsupportedTargetError
+from . import procedure
 from .kernels import MAX_WORKGROUPS, WORK_PER_WORKGROUP, Buffer, Kernel, copy_kernel, row_dim
 
 ARENA_ALIGN = 64
@@ -28,7 +29,8 @@ ARENA_ALIGN = 64
 def tensor_buffers(g: Graph) -> dict[str, Buffer]:
     """The memory layout of every tensor the kernels touch (outputs: first port naming them)."""
     bufs: dict[str, Buffer] = {}
-    produced = {op.out for op in g.ops}
+    # a procedure result sized at run time is laid out at its bound; a copy kernel trims it
+    produced = {o for op in g.ops for o in op.outs} - procedure.bounded_tensors(g)
     for p in g.inputs:
         t = g.types[p.name]
         bufs[p.name] = Buffer(p.name, p.layout, dict(t.dims), t.dtype)
@@ -38,15 +40,16 @@ def tensor_buffers(g: Graph) -> dict[str, Buffer]:
         if p.name in produced and p.name not in bufs:
             t = g.types[p.name]
             bufs[p.name] = Buffer(p.name, p.layout, dict(t.dims), t.dtype)
+    procedure.add_procedure_buffers(g, bufs)
     for op in g.ops:
-        if op.out not in bufs:
+        if not isinstance(op, Procedure) and op.out not in bufs:
             bufs[op.out] = Buffer(op.out, tuple(op.type.dims), dict(op.type.dims), op.type.dtype)
     return bufs
 
 
 def output_copies(g: Graph, bufs: dict[str, Buffer], first_index: int) -> tuple[list[Kernel], list[str]]:
     """Copy kernels for outputs no kernel writes in place, and each output's buffer tensor."""
-    produced = {op.out for op in g.ops}
+    produced = {o for op in g.ops for o in op.outs} - procedure.bounded_tensors(g)
     owners: list[str] = []
     copies: list[Kernel] = []
     for i, p in enumerate(g.outputs):
@@ -62,7 +65,10 @@ def output_copies(g: Graph, bufs: dict[str, Buffer], first_index: int) -> tuple[
 
 
 def nbytes(buf: Buffer) -> Expr:
-    size = ex.simplify_size(ex.product([buf.sizes[d] for d in buf.layout]) * ex.const(
+    count = ex.product([buf.sizes[d] for d in buf.layout])
+    per = 8 // dt.bits(buf.dtype) if buf.dtype != "bool" and dt.bits(buf.dtype) < 8 else 0
+    # int4/int2/fp4 are packed two (four) to a byte: round the byte count up
+    size = ex.simplify_size(ex.floordiv(count + (per - 1), ex.const(per)) if per else count * ex.const(
         1 if buf.dtype == "bool" else dt.bits(buf.dtype) // 8))
     if size.is_const:
         return ex.const(-(-size.value // ARENA_ALIGN) * ARENA_ALIGN)
@@ -97,11 +103,15 @@ def _pick_slot(slots: list[_Slot], need: Expr) -> _Slot:
     return s
 
 
-def assign_arena(kernels: list[Kernel], arena: list[str], bufs: dict[str, Buffer]) -> tuple[dict, Expr]:
-    """Tensor -> (offset, size) expressions, and the arena size."""
+def assign_arena(kernels: list[Kernel], arena: list[str], bufs: dict[str, Buffer],
+                 bounds: dict[str, Expr] | None = None) -> tuple[dict, Expr]:
+    """Tensor -> (offset, size) expressions, and the arena size. ``bounds``: computed symbols
+    -> their bounds, at which slots are sized (the arena is allocated before the run)."""
+    def need(t: str) -> Expr:
+        return nbytes(procedure.alloc_sizes(bufs[t], bounds or {}))
     last_use: dict[str, int] = {}
     for i, k in enumerate(kernels):
-        for t in [k.out, *k.reads]:
+        for t in [*procedure.kernel_writes(k), *k.reads]:
             last_use[t] = i
     in_arena = set(arena)
     slots: list[_Slot] = []
@@ -110,23 +120,29 @@ def assign_arena(kernels: list[Kernel], arena: list[str], bufs: dict[str, Buffer
         for t, s in slot_of.items():
             if last_use[t] < i and t in s.tenants and not s.free and s.tenants[-1] == t:
                 s.free = True
-        if k.out in in_arena:
-            s = _pick_slot(slots, nbytes(bufs[k.out]))
-            s.free = False
-            s.tenants.append(k.out)
-            slot_of[k.out] = s
+        for t in procedure.kernel_writes(k):
+            if t in in_arena:
+                s = _pick_slot(slots, need(t))
+                s.free = False
+                s.tenants.append(t)
+                slot_of[t] = s
     offsets, total = {}, ex.const(0)
     for s in slots:
         offsets[id(s)] = total
         total = ex.simplify_size(total + s.size)
-    placed = {t: (offsets[id(s)], nbytes(bufs[t])) for t, s in slot_of.items()}
+    placed = {t: (offsets[id(s)], need(t)) for t, s in slot_of.items()}
     return placed, total
 
 
 def symbol_sources(g: Graph) -> tuple[list[str], list[dict]]:
+    """The symbols in push order and where each input-bound one is read (procedures compute
+    the others: procedure.computed_sources)."""
     syms = g.symbols()
     sources = []
+    computed = procedure.computed_bounds(g)
     for s in syms:
+        if s in computed:
+            continue
         for i, p in enumerate(g.inputs):
             dims = g.types[p.name].dims
             axis = next((a for a, d in enumerate(p.layout)
@@ -143,6 +159,11 @@ def symbol_sources(g: Graph) -> tuple[list[str], list[dict]]:
 def workgroups(k: Kernel, out: Buffer) -> Expr:
     """min(units, clamp(work / WORK_PER_WORKGROUP, 1, MAX_WORKGROUPS)) as an expression,
     where units = rows * row_chunks (what the kernel shares out)."""
+    if isinstance(k, procedure.ProcedureKernel):   # sequential code: one workgroup
+        return ex.const(1)
+    if k.gemm is not None:   # a gemm kernel shares out tiles (contraction.py)
+        from .contraction import workgroups as gemm_workgroups
+        return gemm_workgroups(k, out)
     outer, _ = row_dim(out)
     rows = ex.product([*[out.sizes[d] for d in outer], ex.const(k.row_chunks)])
     work = ex.product([*out.sizes.values(), *k.rdims.values()])
@@ -160,9 +181,10 @@ def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
     for i, p in enumerate(g.inputs):
         index[p.name] = len(entries)
         entries.append({"kind": "input", "index": i})
+    shapes = procedure.output_shapes(g)   # outputs sized at run time: the runtime allocates
     for i, owner in enumerate(output_owners):
         index[owner] = len(entries)
-        entries.append({"kind": "output", "index": i})
+        entries.append({"kind": "output", "index": i, **shapes.get(i, {})})
     used = {t for k in kernels for t in k.reads}
     weights = {}
     for name, c in g.constants.items():
@@ -170,15 +192,23 @@ def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
             index[name] = len(entries)
             entries.append({"kind": "weight", "name": name})
             weights[name] = np.ascontiguousarray(c.data)
-    arena = [k.out for k in kernels if k.out not in index]
-    placed, total = assign_arena(kernels, arena, bufs)
+    from .contraction import packed_weights   # B operands packed for gemm kernels
+    for name, data in packed_weights(kernels).items():
+        index[name] = len(entries)
+        entries.append({"kind": "weight", "name": name})
+        weights[name] = data
+    arena = [t for k in kernels for t in procedure.kernel_writes(k) if t not in index]
+    placed, total = assign_arena(kernels, arena, bufs, procedure.computed_bounds(g))
     for t in arena:
         off, size = placed[t]
         index[t] = len(entries)
         entries.append({"kind": "arena", "offset": encode_expr(off), "size": encode_expr(size)})
     dispatches = [{"kernel": i, "workgroups": encode_expr(workgroups(k, bufs[k.out])),
-                   "bindings": [index[t] for t in [k.out, *k.reads]]}
+                   "bindings": [index[t] for t in [*procedure.kernel_writes(k), *k.reads]]}
                   for i, k in enumerate(kernels)]
-    plan = {"abi": 1, "symbols": syms, "symbol_sources": sources, "buffers": entries,
+    computed = procedure.computed_sources(g, kernels)
+    plan = {"abi": 1, "symbols": syms, "symbol_sources": sources + computed, "buffers": entries,
             "arena_size": encode_expr(total), "arena_align": ARENA_ALIGN, "dispatches": dispatches}
+    if computed or shapes:   # computed symbols and run-time output shapes: ABI 1.1
+        plan["abi_minor"] = procedure.ABI_MINOR
     return plan, weights

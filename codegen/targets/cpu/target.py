@@ -28,6 +28,8 @@ class CpuTarget:
     elf_machine: str            # what readelf calls the machine
     vector_bits: int            # widest vector register, for schedule heuristics
     options: dict = field(default_factory=dict)
+    vector_registers: int = 16  # architectural vector registers (gemm tile register budget)
+    fma: bool = True            # fused multiply-add instructions (llvm.fma is no libcall)
 
     @property
     def feature_string(self) -> str:
@@ -36,13 +38,13 @@ class CpuTarget:
 
 TARGETS: dict[str, CpuTarget] = {t.name: t for t in (
     CpuTarget("x86_64-v2", "x86_64-unknown-linux-gnu", "x86-64", _X86_V2, "amd64",
-              "Advanced Micro Devices X86-64", 128),
+              "Advanced Micro Devices X86-64", 128, fma=False),
     CpuTarget("x86_64-v3", "x86_64-unknown-linux-gnu", "x86-64", _X86_V3, "amd64",
               "Advanced Micro Devices X86-64", 256),
     CpuTarget("x86_64-v4", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4, "amd64",
-              "Advanced Micro Devices X86-64", 512),
+              "Advanced Micro Devices X86-64", 512, vector_registers=32),
     CpuTarget("aarch64", "aarch64-unknown-linux-gnu", "generic", ("fp-armv8", "neon"), "arm64",
-              "AArch64", 128),
+              "AArch64", 128, vector_registers=32),
 )}
 
 

@@ -13,7 +13,12 @@
  * Dispatches run in plan order with a barrier between them.
  *
  * Versioning: abi_version changes when any type below changes incompatibly; an engine refuses a
- * table whose version it does not know, with a message naming both versions.
+ * table whose version it does not know, with a message naming both versions. MLPACK_ABI_MINOR
+ * counts compatible additions to what a plan may ask of the engine (the plan's "abi_minor"; an
+ * engine refuses a plan whose minor is newer than its own):
+ *   1.1  computed symbols: a plan symbol may be computed by one dispatch (one workgroup), whose
+ *        kernel writes the symbol's value into its push slot; later dispatches read it. Outputs
+ *        whose shape needs such a symbol carry a "shape" and are allocated at run time.
  */
 #ifndef MLPACK_ABI_H
 #define MLPACK_ABI_H
@@ -21,12 +26,15 @@
 #include <stdint.h>
 
 #define MLPACK_ABI_VERSION 1u
+#define MLPACK_ABI_MINOR 1u
 #define MLPACK_KERNEL_TABLE_SYMBOL "mlpack_kernel_table_v1"
 
 /* What one dispatch hands its kernel. */
 typedef struct mlpack_dispatch {
   void *const *bindings;      /* base pointers of the bound buffers, in the dispatch's "bindings" order */
-  const int64_t *push;        /* push constants: the values of the plan's "symbols", in order */
+  int64_t *push;              /* push constants: the values of the plan's "symbols", in order; a
+                               * kernel writes only the slots of the symbols its dispatch computes
+                               * (ABI 1.1) and reads every other one */
   uint32_t workgroup_count;   /* the dispatch's workgroup count (evaluated from the plan) */
   uint32_t reserved;
 } mlpack_dispatch;

@@ -2,7 +2,10 @@
  *
  * The ELF is copied into an anonymous memfd and dlopen()ed through /proc/self/fd/N: no file is
  * ever written to disk (nothing to clean up, nothing another user could swap under us). The fd
- * is closed right after dlopen, which keeps its own mapping. The library exports one symbol,
+ * stays open as long as the library is loaded: the dynamic loader matches a new dlopen() against
+ * loaded objects by path name, so if the fd number were freed, the next model's memfd could get
+ * the same number and dlopen() would hand back the earlier model's library. The library exports
+ * one symbol,
  * MLPACK_KERNEL_TABLE_SYMBOL; its table's abi_version must be one we know.
  */
 #define _GNU_SOURCE
@@ -19,6 +22,7 @@
 
 struct mp_library {
   void *handle;
+  int fd; /* the memfd the library was loaded from, open until unload (see above) */
 };
 
 static int mp_memfd(const char *name) {
@@ -93,12 +97,12 @@ mlpack_status mp_library_load(const void *elf, size_t size, const char *what, mp
   void *handle = NULL;
   mlpack_status st = mp_write_all(fd, elf, size, what, err);
   if (st == MLPACK_OK) st = mp_dlopen_fd(fd, what, &handle, err);
-  close(fd);  /* dlopen keeps its own mapping */
-  if (st != MLPACK_OK) return st;
+  if (st != MLPACK_OK) { close(fd); return st; }
   dlerror();
   void *sym = dlsym(handle, MLPACK_KERNEL_TABLE_SYMBOL);
   if (!sym) {
     dlclose(handle);
+    close(fd);
     return mp_fail(err, MLPACK_ERR_LOAD, "%s: the kernel library does not export %s", what,
                    MLPACK_KERNEL_TABLE_SYMBOL);
   }
@@ -106,10 +110,15 @@ mlpack_status mp_library_load(const void *elf, size_t size, const char *what, mp
   memcpy(&fn, &sym, sizeof fn);  /* object pointer -> function pointer without a pedantic cast */
   const mlpack_kernel_table *t = fn();
   st = mp_check_table(t, what, err);
-  if (st != MLPACK_OK) { dlclose(handle); return st; }
+  if (st != MLPACK_OK) { dlclose(handle); close(fd); return st; }
   mp_library *lib = calloc(1, sizeof *lib);
-  if (!lib) { dlclose(handle); return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", what); }
+  if (!lib) {
+    dlclose(handle);
+    close(fd);
+    return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", what);
+  }
   lib->handle = handle;
+  lib->fd = fd;
   *out = lib;
   *table = t;
   return MLPACK_OK;
@@ -118,5 +127,6 @@ mlpack_status mp_library_load(const void *elf, size_t size, const char *what, mp
 void mp_library_unload(mp_library *lib) {
   if (!lib) return;
   if (lib->handle) dlclose(lib->handle);
+  close(lib->fd);
   free(lib);
 }

@@ -257,6 +257,39 @@ def mlp_plan(second_kernel: int = 1, weight_b: str = "b") -> dict:
                            {"kernel": second_kernel, "workgroups": "$batch", "bindings": [2, 3, 4]}]}
 
 
+def computed_plan(minor: int = 1, bound="$n") -> dict:
+    """Plan ABI 1.1: $count is computed by dispatch 0 (kernel `compact`), bounded by $n."""
+    scratch = ["mul", "$n", 4]
+    return {"abi": 1, "abi_minor": minor, "symbols": ["n", "count"],
+            "symbol_sources": [{"symbol": "n", "input": 0, "axis": 0},
+                               {"symbol": "count", "dispatch": 0, "bound": bound}],
+            "buffers": [{"kind": "input", "index": 0}, {"kind": "output", "index": 0, "shape": ["$count"]},
+                        {"kind": "arena", "offset": 0, "size": scratch}],
+            "arena_size": scratch, "arena_align": 64,
+            "dispatches": [{"kernel": 3, "workgroups": 1, "bindings": [2, 0]},
+                           {"kernel": 4, "workgroups": "$count", "bindings": [1, 2]}]}
+
+
+def write_native_computed(out: str, lib: bytes, target: str, features) -> None:
+    """native_computed*: a data-dependent output size through a computed symbol."""
+    sig_in = [c.signature("x", "f32", [("n", "$n")])]
+    sig_out = [c.signature("y", "f32", [("k", "$count")])]
+    variants = {"native_computed": computed_plan(), "native_computed_newer": computed_plan(minor=9),
+                "native_computed_unbounded": computed_plan(bound=1)}
+    for name, plan in variants.items():
+        config = c.make_config("compact", sig_in, sig_out, device="cpu", precision="fp32", target=target,
+                               accuracy=ACCURACY, cpu_features=features, plan=plan)
+        art = c.ArtifactSpec(config, [c.Layer(media.CODE_ELF, lib)], media.platform_for(target))
+        c.write_container(os.path.join(out, name + ".mlpack"), "compact", [art])
+    tensors = {}
+    xs = [np.array([1.5, -2, 0, 3, -1, 0.25], np.float32), -np.ones(3, np.float32), np.zeros(0, np.float32)]
+    for i, x in enumerate(xs):
+        tensors[f"case{i}/input/x"] = x
+        tensors[f"case{i}/output/y"] = 2 * x[x > 0]
+    with open(os.path.join(out, "native_computed.vectors"), "wb") as f:
+        f.write(write_tensors(tensors, {"cases": len(xs)}))
+
+
 def write_native(out: str) -> None:
     w = RNG.standard_normal((4, 3)).astype(np.float32)
     b = np.array([0.1, -0.2, 0.3], np.float32)
@@ -277,6 +310,7 @@ def write_native(out: str) -> None:
         art = c.ArtifactSpec(config, [c.Layer(media.CODE_ELF, libs[lib]), c.Layer(media.WEIGHTS, weights)],
                              media.platform_for(target))
         c.write_container(os.path.join(out, name + ".mlpack"), "mlp", [art])
+    write_native_computed(out, libs["good"], target, features)
     cases = []
     for batch in (5, 37):
         x = RNG.standard_normal((batch, 4)).astype(np.float32)

@@ -220,6 +220,40 @@ static void test_native_errors(void) {
   mlpack_close(m);
 }
 
+/* plan ABI 1.1: an output whose size a kernel computes (the count of positives) */
+static void test_native_computed(void) {
+  for (int threads = 1; threads <= 2; threads++) {
+    mlpack_error *err = NULL;
+    mlpack_model *m = open_model("native_computed", threads, &err);
+    CHECK(m != NULL, "native_computed: open failed: %s", err ? mlpack_error_message(err) : "?");
+    mlpack_error_free(err);
+    if (!m) return;
+    run_cases("native_computed", m, 3);
+    mlpack_close(m);
+  }
+  expect_open_error("native_computed_newer", MLPACK_ERR_VERSION, "ABI 1.9");
+  mlpack_error *err = NULL;
+  mlpack_model *m = open_model("native_computed_unbounded", 1, &err);
+  CHECK(m != NULL, "native_computed_unbounded: open failed: %s", err ? mlpack_error_message(err) : "?");
+  mlpack_error_free(err);
+  if (!m) return;
+  float x[4] = {1, 2, -3, 4};
+  int64_t shape[1] = {4};
+  mlpack_tensor in = {.name = "x", .dtype = MLPACK_F32, .rank = 1, .shape = shape, .data = x};
+  mlpack_tensor out[1];
+  err = NULL;
+  CHECK(mlpack_run(m, &in, 1, out, 1, &err) == MLPACK_ERR_RUNTIME, "a symbol past its bound was not refused");
+  CHECK_CONTAINS(mlpack_error_message(err), "count=3, outside its bound 0..1");
+  mlpack_error_free(err);
+  x[0] = x[1] = -1;  /* count 1: within the bound, and the model runs again after the error */
+  err = NULL;
+  CHECK(mlpack_run(m, &in, 1, out, 1, &err) == MLPACK_OK, "run after a bound error: %s",
+        err ? mlpack_error_message(err) : "?");
+  CHECK(out[0].rank == 1 && out[0].shape[0] == 1 && ((float *)out[0].data)[0] == 8.0f, "output of count 1");
+  mlpack_error_free(err);
+  mlpack_close(m);
+}
+
 static void expect_run_error(mlpack_model *m, const mlpack_tensor *in, size_t n, const char *part) {
   mlpack_tensor out[4];
   mlpack_error *err = NULL;
@@ -273,6 +307,7 @@ int main(int argc, char **argv) {
   dir = getenv("MLPACK_FIXTURES") ? getenv("MLPACK_FIXTURES") : "build/fixtures";
   test_native();
   test_native_errors();
+  test_native_computed();
   test_input_errors();
   test_portable_fixtures();
   return mp_check_report("test_run");

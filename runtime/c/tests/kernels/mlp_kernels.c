@@ -4,6 +4,10 @@
  * compiler's libraries it imports nothing. y = relu(x @ w + b) with x f32[batch, 4],
  * w f32[4, 3], b f32[3]; one workgroup per row; push[0] is batch. Variants (-D) break one rule
  * each: BAD_ABI (abi_version 99), NO_TABLE (the symbol is not exported).
+ *
+ * A computed symbol (plan ABI 1.1): y = 2 * (the positive elements of x), x f32[n]. `compact`
+ * (one workgroup) keeps the positives in a scratch at its bound n and writes their count into
+ * push[1]; `twice` (one workgroup per kept element) reads the count like any symbol.
  */
 #include "mlpack_abi.h"
 
@@ -39,13 +43,34 @@ static int32_t broken(const mlpack_dispatch *d, uint32_t row) {
   return row == 1 ? 7 : 0;
 }
 
-static const mlpack_kernel_fn kernels[] = {matmul, bias_relu, broken};
-static const char *const names[] = {"matmul", "bias_relu", "broken"};
+/* bindings: tmp (f32[n], scratch), x; push: n, count (written) */
+static int32_t compact(const mlpack_dispatch *d, uint32_t w) {
+  const float *x = d->bindings[1];
+  float *t = d->bindings[0];
+  int64_t count = 0;
+  if (w != 0) return 1;
+  for (int64_t i = 0; i < d->push[0]; i++)
+    if (x[i] > 0.0f) t[count++] = x[i];
+  d->push[1] = count;
+  return 0;
+}
+
+/* bindings: y (f32[count]), tmp */
+static int32_t twice(const mlpack_dispatch *d, uint32_t w) {
+  const float *t = d->bindings[1];
+  float *y = d->bindings[0];
+  if ((int64_t)w >= d->push[1]) return 1;
+  y[w] = 2.0f * t[w];
+  return 0;
+}
+
+static const mlpack_kernel_fn kernels[] = {matmul, bias_relu, broken, compact, twice};
+static const char *const names[] = {"matmul", "bias_relu", "broken", "compact", "twice"};
 
 #ifdef BAD_ABI
-static const mlpack_kernel_table table = {99u, 3, kernels, names};
+static const mlpack_kernel_table table = {99u, 5, kernels, names};
 #else
-static const mlpack_kernel_table table = {MLPACK_ABI_VERSION, 3, kernels, names};
+static const mlpack_kernel_table table = {MLPACK_ABI_VERSION, 5, kernels, names};
 #endif
 
 #ifdef NO_TABLE

@@ -1,0 +1,185 @@
+"""The benchmark suite: build every model of benchmarks/models.py, time it in mlpack and in ONNX
+Runtime, print a table, and optionally write JSON and a chart.
+
+    python -m benchmarks.run                                   # every model, 1 and 2 threads
+    python -m benchmarks.run --models mlp,resnet50 --threads 1 --json out.json --chart out.png
+    python benchmarks/run.py --list
+
+Per model: the ONNX file is made (or reused) in the cache folder, ``mlpack build`` turns it into
+a container once (timed: the build time, every default target), then packager/bench.py times
+both runtimes in this process, alternating, at each thread count, compares their outputs and
+measures each one's peak memory in a child process (the timing code is shared with
+``mlpack bench``). Each model gets a time budget per thread count (``--max-seconds``): a model
+that is slow today gets fewer runs (never fewer than three) rather than being dropped. A model
+that fails to build is reported and the run goes on; the exit code is 1 if any model failed or
+any outputs disagree, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+if __package__ in (None, ""):  # python benchmarks/run.py: make the checkout importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import models as bench_models  # noqa: E402
+from benchmarks import report  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _say(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)
+
+
+def _relative(path) -> str | None:
+    """A path as the JSON records it: relative to the checkout when inside it (no machine paths)."""
+    if path is None:
+        return None
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(ROOT))
+    except ValueError:
+        return p.name
+
+
+def _csv(text: str, what: str, cast=str) -> list:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        return [cast(x) for x in items]
+    except ValueError:
+        raise SystemExit(f"error: {what} {text!r}: expected a comma-separated list") from None
+
+
+def build_one(name: str, folder: Path, seed: int):
+    """(onnx path, container path, build seconds, skipped targets) for model ``name``."""
+    from mlpack.packager.build import SkippedTargetWarning, build
+
+    onnx_path = bench_models.materialize(name, folder, seed)
+    container = folder / f"{name}.mlpack"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkippedTargetWarning)
+        t0 = time.perf_counter()
+        built = build(onnx_path, container)
+        seconds = time.perf_counter() - t0
+    return onnx_path, container, seconds, [f"{t}: {why}" for t, why in built.skipped]
+
+
+def run(names, threads, *, folder: Path, seed: int, repeat: int, min_seconds: float,
+        max_seconds: float, rss: bool) -> tuple[list[dict], list[str]]:
+    """Every model's result dict, and one line per model that could not be benchmarked."""
+    from mlpack.packager import bench
+
+    results, failures = [], []
+    for i, name in enumerate(names):
+        _say(f"[{i + 1}/{len(names)}] {name}: build")
+        try:
+            onnx_path, container, seconds, skipped = build_one(name, folder, seed)
+            _say(f"{name}: built in {seconds:.1f}s")
+            r = bench.bench_model(container, onnx_path=onnx_path, name=name, threads=threads,
+                                  repeat=repeat, min_seconds=min_seconds,
+                                  max_seconds=max_seconds, rss=rss, build_seconds=seconds,
+                                  refresh_peak=True, progress=_say)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # one model's failure is reported; the others still run
+            if os.environ.get("MLPACK_DEBUG"):
+                traceback.print_exc()
+            line = f"{name}: {type(e).__name__}: {' '.join(str(e).split())}"
+            failures.append(line)
+            print(f"FAILED {line}", file=sys.stderr, flush=True)
+            continue
+        r["container"], r["onnx"] = _relative(r["container"]), _relative(r["onnx"])
+        r["skipped_targets"] = skipped
+        results.append(r)
+        if r["outputs"] and not r["outputs"]["match"]:
+            print(f"MISMATCH {name}: {r['outputs']['detail']}", file=sys.stderr, flush=True)
+    return results, failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split(
+        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(bench_models.NAMES),
+                        help="comma-separated model names (default: all; --list shows them)")
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--repeat", type=int, default=20,
+                        help="timed runs per runtime and thread count (the time budget may cut it)")
+    parser.add_argument("--min-seconds", type=float, default=2.0,
+                        help="keep timing at least this long per model and thread count")
+    parser.add_argument("--max-seconds", type=float, default=20.0,
+                        help="time budget per model and thread count (at least 3 runs each)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--chart", type=Path, default=None, help="write a bar chart (PNG) here")
+    parser.add_argument("--cache", type=Path, default=bench_models.DEFAULT_FOLDER,
+                        help="folder for the ONNX files and containers (default benchmarks/.models)")
+    parser.add_argument("--seed", type=int, default=bench_models.SEED, help="weights' seed")
+    parser.add_argument("--no-rss", action="store_true", help="skip the peak-memory children")
+    parser.add_argument("--list", action="store_true", help="list the models and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(bench_models.NAMES))
+        return 0
+    names = _csv(args.models, "--models")
+    unknown = [n for n in names if n not in bench_models.NAMES]
+    if unknown:
+        parser.error(f"unknown model {unknown[0]!r}; the models are: {', '.join(bench_models.NAMES)}")
+    threads = _csv(args.threads, "--threads", int)
+    if not threads or min(threads) < 1:
+        parser.error("--threads: positive integers, e.g. 1,2")
+    if args.repeat < 1:
+        parser.error("--repeat: at least 1")
+    if args.chart is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--chart needs matplotlib (pip install -e '.[bench]')")
+
+    from mlpack.packager import bench
+
+    t0 = time.perf_counter()
+    _say("measuring the matmul peak")
+    for t in threads:
+        bench.matmul_peak(t)
+    results, failures = run(names, threads, folder=args.cache, seed=args.seed,
+                            repeat=args.repeat, min_seconds=args.min_seconds,
+                            max_seconds=args.max_seconds, rss=not args.no_rss)
+    _say("measuring the matmul peak again (the best of both counts)")
+    for t in threads:
+        bench.matmul_peak(t, refresh=True)
+    command = "python -m benchmarks.run" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
+    doc = bench.document(results, command)
+    doc["failures"] = failures
+    doc["seconds"] = round(time.perf_counter() - t0, 1)
+    for line in bench.table_lines(results):
+        print(line)
+    print()
+    for line in bench.summary_lines(doc):
+        print(line)
+    bad = bench.mismatches(results)
+    for line in bad:
+        print(f"MISMATCH (outputs disagree beyond rtol {bench.RTOL:g}, atol {bench.ATOL:g}): "
+              f"{line}")
+    for line in failures:
+        print(f"FAILED: {line}")
+    print(f"({doc['seconds']:.0f}s; load average at the end: {doc['machine']['load_average']})")
+    if args.json is not None:
+        import json
+
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    if args.chart is not None:
+        if results:
+            report.chart(doc, args.chart)
+        else:
+            print("no results: no chart written", file=sys.stderr)
+    return 1 if bad or failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

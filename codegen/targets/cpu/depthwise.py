@@ -1,0 +1,356 @@
+"""Depthwise (and other narrow) convolutions as direct kernels vectorized along output rows.
+
+A contraction that the GEMM path leaves (contraction.py: fewer than MIN_N output columns
+share a B operand, as in a depthwise convolution, ``y[n,c,h,w] = sum{kh,kw} x[n,c,h*s+kh-p,
+w*s+kw-p] * W[c,0,kh,kw]``, one output channel per group) runs here when:
+
+* its body is the product of two f32 reads (each maybe wrapped in a ``select`` whose condition
+  only restates the read's own bounds guard, as grouped convolutions are lowered);
+* one read (X) moves with the output's unit-stride dim ``w`` (the *row*) only in X's own
+  unit-stride dim, affinely with a constant step ``s``; the other (W) does not move with it;
+* the reduction is small and of constant size (it is unrolled).
+
+Each workgroup unit is one output row (every other output dim fixed). The row is cut into
+tiles of up to ``MAX_VECTORS`` vectors of accumulators; per tile and per unrolled reduction
+point, W is one scalar broadcast and X is ``s`` masked vector loads (shuffled down to every
+s-th lane when s > 1) starting at the row's input offset: the masks drop the lanes whose input
+index leaves X's row (the padding of the convolution, and the lanes past the end of the output
+row), so no padded copy of X is needed. A reduction point whose other X indices (the input
+row, the channel) are out of bounds is skipped as a whole. The tile then goes through a stack
+buffer to the kernel's epilogue, in a loop the vectorizer may take (unit-stride stores).
+
+Indices other than ``w`` may be anything the expression emitter evaluates (a channel shuffle
+absorbed into the read, for instance): they are evaluated once per row and reduction point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from ....spec.ir import expr as ex
+from ....spec.ir.expr import Expr
+from .kernels import MAX_WORKGROUPS, WORK_PER_WORKGROUP, Buffer, Kernel, _coeff, row_dim
+from .target import CpuTarget
+
+MAX_POINTS = 64       # reduction points unrolled per tile (3x3, 5x5, 7x7 windows fit)
+MAX_VECTORS = 4       # accumulator vectors per tile
+MIN_ROW = 4           # shorter output rows waste most of a vector
+MAX_ACCS = 12         # accumulator vectors per unit (rows x vectors), with room for loads
+
+
+@dataclass
+class Direct:
+    """How a kernel runs as a direct, row-vectorized contraction (Kernel.gemm, strategy gemm)."""
+    x: Expr               # the read moving with the row (guard kept: it masks lanes)
+    w: Expr               # the read fixed along the row (a scalar per reduction point)
+    row: str              # the output's unit-stride dim
+    outer: list[str]      # the other output dims (not of size 1), a unit each
+    xdim: str             # X's dim that moves with the row
+    step: int             # its index's coefficient in the row var
+    points: list[dict]    # every reduction point: rdim -> value
+    vl: int
+    nvec: int
+    fma: bool
+    rows: int = 1         # output rows per unit (of the last outer dim, ``outer[-1]``)
+
+
+# ---------------------------------------------------------------- classification
+
+
+def _bounds(e: Expr, ranges: dict[str, Expr]) -> tuple[int, int] | None:
+    """(lo, hi) of an index affine in vars of constant ranges, else None."""
+    if any(n.op in ("read", "sym") for n in ex.walk(e)):
+        return None
+    lo = hi = 0
+    for v in ex.free_vars(e):
+        c = _coeff(e, v)
+        r = ranges.get(v)
+        if not isinstance(c, int) or r is None or not r.is_const:
+            return None
+        span = c * (r.value - 1)
+        lo, hi = lo + min(0, span), hi + max(0, span)
+    c0 = ex.simplify_size(ex.substitute(e, {v: ex.const(0) for v in ex.free_vars(e)}))
+    if not c0.is_const:
+        return None
+    return lo + c0.value, hi + c0.value
+
+
+def _implied(cond: Expr, read: Expr, sizes: dict[str, Expr], ranges: dict[str, Expr]) -> bool:
+    """Whether ``cond`` holds wherever the guarded ``read`` is in bounds: each conjunct bounds
+    one of the read's indices by its size, or holds over the vars' ranges."""
+    if cond.op == "and":
+        return all(_implied(a, read, sizes, ranges) for a in cond.args)
+    if cond.op not in ("ge", "lt") or read.arg[2] is None:
+        return False
+    e, bound = cond.args
+    index = dict(zip(read.arg[1], read.args))
+    for d, ix in index.items():
+        if ix == e and ((cond.op == "ge" and bound.is_const and bound.value == 0)
+                        or (cond.op == "lt" and ex.same_size(bound, sizes[d]))):
+            return True
+    b = _bounds(e, ranges)
+    if b is None or not bound.is_const:
+        return False
+    return b[0] >= bound.value if cond.op == "ge" else b[1] < bound.value
+
+
+def _factor(e: Expr, bufs, ranges) -> Expr | None:
+    """The read a body factor amounts to, or None."""
+    if e.op == "select":
+        cond, a, z = e.args
+        if not (z.is_const and z.value == 0 and a.op == "read" and a.arg[2] == 0.0):
+            return None
+        if not _implied(cond, a, bufs[a.arg[0]].sizes, ranges):
+            return None
+        e = a
+    if e.op != "read" or e.dtype != "f32":
+        return None
+    return e
+
+
+def classify(k: Kernel, bufs: dict[str, Buffer], t: CpuTarget) -> Direct | None:
+    if k.reduce != "sum" or k.acc_dtype != "f32" or k.strategy == "gemm" or k.body.op != "mul":
+        return None
+    out = bufs[k.out]
+    outer, row = row_dim(out)
+    if row is None:
+        return None
+    size = out.sizes[row]
+    if size.is_const and size.value < MIN_ROW:
+        return None
+    if not all(s.is_const for s in k.rdims.values()):
+        return None
+    npoints = 1
+    for s in k.rdims.values():
+        npoints *= s.value
+    if not 1 <= npoints <= MAX_POINTS:
+        return None
+    ranges = {**out.sizes, **k.rdims}
+    reads = [_factor(a, bufs, ranges) for a in k.body.args]
+    if any(r is None or r.arg[0] == k.out for r in reads):
+        return None
+    moving = [r for r in reads if any(row in ex.free_vars(ix) for ix in r.args)]
+    if len(moving) != 1:
+        return None
+    x = moving[0]
+    w = reads[1] if reads[0] is x else reads[0]
+    xbuf = bufs[x.arg[0]]
+    inner = xbuf.contiguous_dim()
+    step = None
+    for d, ix in zip(x.arg[1], x.args):
+        if row not in ex.free_vars(ix):
+            continue
+        c = _coeff(ix, row)
+        if d != inner or not isinstance(c, int) or c < 1 or c > 4:
+            return None
+        step = c
+    # the lanes' index must be affine in the reduction vars too (the loads' offsets are
+    # evaluated per point, so any form does, but a read of another tensor is no index)
+    if any(n.op == "read" for ix in (*x.args, *w.args) for n in ex.walk(ix)):
+        return None
+    points = [{}]
+    for r, s in k.rdims.items():
+        points = [{**p, r: i} for p in points for i in range(s.value)]
+    lanes = max(4, t.vector_bits // 32)
+    vl = lanes
+    if size.is_const:
+        while vl > 4 and vl // 2 >= size.value:
+            vl //= 2
+    per = -(-size.value // vl) if size.is_const else MAX_VECTORS
+    nvec = min(MAX_VECTORS, per)
+    # short rows: several rows of the last outer dim per unit share the broadcasts of W and
+    # the lane masks, and the loop overhead (a 7x7 plane is one unit)
+    rows = 1
+    if outer and not any(outer[-1] in ex.free_vars(ix) for ix in w.args):
+        hs = out.sizes[outer[-1]]
+        most = max(1, MAX_ACCS // nvec)
+        if hs.is_const:
+            rows = -(-hs.value // -(-hs.value // most))
+    return Direct(x, w, row, outer, inner, step, points, vl, nvec, t.fma, rows)
+
+
+def apply(k: Kernel, bufs: dict[str, Buffer], t: CpuTarget) -> bool:
+    """Turn ``k`` into a direct kernel when it is one (see the top); whether it was."""
+    d = classify(k, bufs, t)
+    if d is None:
+        return False
+    k.gemm = d
+    k.strategy = "gemm"
+    k.row_chunks = 1
+    return True
+
+
+def workgroups(k: Kernel, out: Buffer) -> Expr:
+    """As plan.workgroups for a row kernel: one unit per output row."""
+    d = k.gemm
+    rows = ex.product([out.sizes[o] if o != d.outer[-1] or d.rows == 1
+                       else ex.ceildiv(out.sizes[o], ex.const(d.rows)) for o in d.outer])
+    work = ex.product([*out.sizes.values(), *k.rdims.values()])
+    per = ex.binary("max", ex.const(1), ex.binary(
+        "min", ex.const(MAX_WORKGROUPS), ex.floordiv(work, ex.const(WORK_PER_WORKGROUP))))
+    return ex.binary("min", rows, per)
+
+
+# ---------------------------------------------------------------- lowering
+
+
+I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
+F32 = ir.FloatType()
+
+
+def _c(v: int) -> ir.Constant:
+    return ir.Constant(I64, v)
+
+
+def _intrinsic(module, name: str, fnty: ir.FunctionType) -> ir.Function:
+    if name in module.globals:
+        return module.globals[name]
+    return ir.Function(module, fnty, name=name)
+
+
+def emit_direct(L, wg, count) -> None:
+    """The body of a direct kernel (called through contraction.emit_gemm)."""
+    d: Direct = L.k.gemm
+    b, E = L.b, L.E
+    osz = E.sizes[L.out.name]
+    vty = ir.VectorType(F32, d.vl)
+    ity = ir.VectorType(I64, d.vl)
+    mty = ir.VectorType(I1, d.vl)
+    pty = ir.PointerType()
+    mload = _intrinsic(b.module, f"llvm.masked.load.v{d.vl}f32.p0",
+                       ir.FunctionType(vty, [pty, I32, mty, vty]))
+    fma = _intrinsic(b.module, f"llvm.fma.v{d.vl}f32", ir.FunctionType(vty, [vty, vty, vty])) \
+        if d.fma else None
+    zero = ir.Constant(vty, [0.0] * d.vl)
+    splat0 = ir.Constant(ir.VectorType(I32, d.vl), [0] * d.vl)
+    tile = d.nvec * d.vl
+    accs = [[b.alloca(vty, name=f"acc{r}.{i}") for i in range(d.nvec)] for r in range(d.rows)]
+    buf = b.alloca(ir.ArrayType(F32, tile), name="tile")
+    x = d.x
+    xbuf = L.buffers[x.arg[0]]
+    xsizes = E.sizes[x.arg[0]]
+    wlen = xsizes[d.xdim]
+    xindex = dict(zip(x.arg[1], x.args))
+    hdim = d.outer[-1] if d.outer else None
+    # units: the outer dims, the last in blocks of d.rows
+    sizes = {o: osz[o] for o in d.outer}
+    if d.rows > 1:
+        sizes[hdim] = b.udiv(b.add(osz[hdim], _c(d.rows - 1)), _c(d.rows))
+    units = _c(1)
+    for o in d.outer:
+        units = b.mul(units, sizes[o], flags=("nsw",))
+    w64, c64 = b.zext(wg, I64), b.zext(count, I64)
+    start = b.udiv(b.mul(units, w64), c64)
+    end = b.udiv(b.mul(units, b.add(w64, _c(1))), c64)
+    rowlen = osz[d.row]
+    ntiles = b.udiv(b.add(rowlen, _c(tile - 1)), _c(tile))
+    lane_ix = [ir.Constant(ity, [t * d.vl + j for j in range(d.vl)]) for t in range(d.step)]
+    zeros_i = ir.Constant(ity, [0] * d.vl)
+
+    def splat(v, ty):
+        und = ir.Constant(ty, ir.Undefined)
+        return b.shuffle_vector(b.insert_element(und, v, ir.Constant(I32, 0)), und, splat0)
+
+    def x_vectors(i):
+        """X's vector for accumulator i at the bound point and row: ``step`` masked loads
+        (lanes outside X's row, or a row out of bounds, load nothing and read 0)."""
+        idx, ok = [], None
+        for dim in xbuf.layout:
+            v = E._cast(E(xindex[dim]), xindex[dim].dtype, "i64")
+            idx.append(v)
+            if dim != d.xdim and x.arg[2] is not None:
+                inb = b.icmp_unsigned("<", v, xsizes[dim])
+                ok = inb if ok is None else b.and_(ok, inb)
+        pos = idx[list(xbuf.layout).index(d.xdim)]   # X's index of the tile's first lane
+        flat = E._flat(x.arg[0], idx)
+        okv = None if ok is None else splat(ok, mty)
+        parts = []
+        for t in range(d.step):
+            first = b.add(pos, _c(i * d.vl * d.step))
+            lane = b.add(splat(first, ity), lane_ix[t])
+            m = b.and_(b.icmp_signed(">=", lane, zeros_i), b.icmp_signed("<", lane, splat(wlen, ity)))
+            if okv is not None:
+                m = b.and_(m, okv)
+            # (no inbounds: masked-off lanes may lie outside the buffer)
+            ptr = b.gep(E.bases[x.arg[0]], [b.add(flat, _c(i * d.vl * d.step + t * d.vl))],
+                        source_etype=F32)
+            parts.append(b.call(mload, [ptr, ir.Constant(I32, 4), m, zero]))
+        if d.step == 1:
+            return parts[0]
+        if d.step == 2:   # every other lane of the two loads
+            return b.shuffle_vector(parts[0], parts[1], ir.Constant(
+                ir.VectorType(I32, d.vl), [2 * j for j in range(d.vl)]))
+        out = ir.Constant(vty, ir.Undefined)
+        for j in range(d.vl):
+            q, r = divmod(j * d.step, d.vl)
+            out = b.insert_element(out, b.extract_element(parts[q], ir.Constant(I32, r)),
+                                   ir.Constant(I32, j))
+        return out
+
+    with L.loops.loop(start, end, "unit") as u, E.scope():
+        rest = u
+        for o in reversed(d.outer):
+            if o == d.outer[0]:
+                E.bind(o, rest)
+                break
+            E.bind(o, b.urem(rest, sizes[o]))
+            rest = b.udiv(rest, sizes[o])
+        for dim in L.out.layout:
+            if _one(L.out.sizes[dim]):
+                E.bind(dim, _c(0))
+        h0 = None
+        if d.rows > 1:
+            h0 = b.mul(E.lookup(hdim), _c(d.rows))
+            last = b.sub(osz[hdim], _c(1))
+        hs = []
+        for r in range(d.rows):   # rows past the end repeat the last one (not stored)
+            if h0 is None:
+                hs.append(None)
+            else:
+                h = b.add(h0, _c(r))
+                hs.append(b.select(b.icmp_unsigned("<", h, last), h, last))
+        with L.loops.loop(_c(0), ntiles, "tile") as ti, E.scope():
+            w0 = b.mul(ti, _c(tile))
+            E.bind(d.row, w0)
+            for row in accs:
+                for a in row:
+                    b.store(zero, a)
+            for p in d.points:
+                with E.scope(**{r: _c(v) for r, v in p.items()}):
+                    ws = splat(E(d.w), vty)
+                    for r, h in enumerate(hs):
+                        with E.scope(**({} if h is None else {hdim: h})):
+                            for i, acc in enumerate(accs[r]):
+                                xv = x_vectors(i)
+                                cur = b.load(acc)
+                                new = b.call(fma, [xv, ws, cur]) if fma is not None \
+                                    else b.fadd(cur, b.fmul(xv, ws))
+                                b.store(new, acc)
+            n = b.sub(rowlen, w0)
+            n = b.select(b.icmp_unsigned("<", n, _c(tile)), n, _c(tile))
+            for r, h in enumerate(hs):
+                after = None
+                if h is not None:
+                    fn = b.block.function
+                    body, after = fn.append_basic_block("row.st"), fn.append_basic_block("row.next")
+                    b.cbranch(b.icmp_unsigned("<", b.add(h0, _c(r)), osz[hdim]), body, after)
+                    b.position_at_end(body)
+                for i, a in enumerate(accs[r]):
+                    ptr = b.gep(buf, [_c(0), _c(i * d.vl)], inbounds=True)
+                    b.store(b.load(a), b.bitcast(ptr, vty.as_pointer()), align=4)
+                with E.scope(**({} if h is None else {hdim: h})), \
+                        L.loops.loop(_c(0), n, "e.col", vectorize=True) as j, E.scope():
+                    E.bind(d.row, b.add(w0, j, flags=("nsw",)))
+                    v = b.load(b.gep(buf, [_c(0), j], inbounds=True), typ=F32)
+                    L._store(L._finish(v))
+                if after is not None:
+                    b.branch(after)
+                    b.position_at_end(after)
+    b.ret_void()
+    L.loops_md(L.loops.latches)
+
+
+def _one(s: Expr) -> bool:
+    return s.is_const and s.value == 1

@@ -1,0 +1,293 @@
+"""cpu gemm kernels (codegen/targets/cpu/contraction.py) against ONNX Runtime.
+
+Convolutions (padding, stride 2, groups, depthwise, 1x1, a dynamic batch), matmuls whose M, N
+and K are not multiples of any tile, a batched matmul with a constant right operand, and the
+capsule einsum, each compiled for x86_64-v2, v3 and v4 (the test host runs all three) and run
+by the Python plan runner; fp32 rtol 1e-4 / atol 1e-5. Also: the contractions do take the gemm
+path, and every target packs weights the same way. Then contractions whose B is read at run
+time (attention with symbolic batch and sequence, two-input matmuls, the BERT block) and the
+row-vectorized direct kernels of depthwise.py (depthwise, strided, shuffled and narrow
+convolutions), on the same three targets.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+from mlpack.codegen.compile import compile_onnx
+from mlpack.codegen.targets.cpu import compile_cpu
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+from support import MODELS_DIR, oracle_outputs
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from plan_runner import run_plan  # tests/codegen/targets/plan_runner.py
+
+TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
+RTOL, ATOL = 1e-4, 1e-5
+F = TP.FLOAT
+
+
+def model(nodes, inputs, inits=()):
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info(*i) for i in inputs],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          [numpy_helper.from_array(a, n) for n, a in inits])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def rand(*shape, seed=0, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def conv_case(cin, cout, size, k, stride=1, pad=None, group=1, batch=1, relu=True, dyn=False):
+    pad = k // 2 if pad is None else pad
+    w = rand(cout, cin // group, k, k, seed=1, scale=1 / np.sqrt(cin * k * k / group))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], pads=[pad] * 4,
+                              strides=[stride] * 2, group=group)]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    shape = ["N" if dyn else batch, cin, size, size]
+    m = model(nodes, [("x", F, shape)], [("w", w), ("b", rand(cout, seed=2))])
+    return m, {"x": rand(batch, cin, size, size)}
+
+
+def matmul_case(m_, k, n, batch=None, bias=False):
+    xs = (m_, k) if batch is None else (batch, m_, k)
+    ws = (k, n) if batch is None else (batch, k, n)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["t" if bias else "y"])]
+    inits = [("w", rand(*ws, seed=1, scale=1 / np.sqrt(k)))]
+    if bias:
+        nodes.append(helper.make_node("Add", ["t", "b"], ["y"]))
+        inits.append(("b", rand(n, seed=2)))
+    return model(nodes, [("x", F, list(xs))], inits), {"x": rand(*xs)}
+
+
+def gemm_trans_case():
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["t"], transB=1),
+             helper.make_node("Tanh", ["t"], ["y"])]
+    m = model(nodes, [("x", F, [5, 30])], [("w", rand(21, 30, seed=1, scale=0.2)),
+                                           ("b", rand(21, seed=2))])
+    return m, {"x": rand(5, 30)}
+
+
+def capsule_case():
+    spec = importlib.util.spec_from_file_location("mlpack_test_capsule",
+                                                  os.path.join(MODELS_DIR, "capsule.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    m = mod.einsum_model(2, 7, 8)
+    return m, {m.graph.input[0].name: mod.poses(2, 7, 8)}
+
+
+CASES = {
+    "conv3x3_pad_bias_relu": lambda: conv_case(8, 24, 9, 3, batch=2, dyn=True),
+    "conv3x3_stride2": lambda: conv_case(6, 20, 11, 3, stride=2, relu=False),
+    "conv5x5_pad2_wide": lambda: conv_case(3, 70, 10, 5),
+    "conv1x1": lambda: conv_case(32, 40, 7, 1),   # NCHW: x read in place, masked last block
+    "conv1x1_even": lambda: conv_case(24, 20, 8, 1, batch=2, dyn=True),   # 64 columns
+    "conv1x1_grouped": lambda: conv_case(16, 24, 12, 1, group=2),
+    "conv1x1_stride2": lambda: conv_case(16, 33, 9, 1, stride=2, relu=False),
+    "conv_grouped": lambda: conv_case(8, 32, 8, 3, group=2),
+    "conv_depthwise": lambda: conv_case(8, 8, 8, 3, group=8),
+    "matmul_ragged": lambda: matmul_case(13, 77, 41),
+    "matmul_bias_big_n": lambda: matmul_case(7, 33, 200, bias=True),
+    "matmul_batched_const": lambda: matmul_case(5, 19, 23, batch=3),
+    "gemm_transb_tanh": gemm_trans_case,
+    "capsule_einsum": capsule_case,
+}
+NOT_GEMM = {"conv_depthwise"}   # one output channel per group: a direct kernel (depthwise.py)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_contraction_matches_ort(case, target):
+    m, feeds = CASES[case]()
+    g = compile_onnx(m)
+    art = compile_cpu(g, target)
+    assert ("Contraction" in _strategies(g, target)) == (case not in NOT_GEMM), case
+    want = oracle_outputs(m, feeds)
+    got = run_plan(art, g, feeds)
+    np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=RTOL, atol=ATOL)
+
+
+def test_packed_weights_are_target_independent():
+    """Every cpu target packs B the same way, so a container stores one weights archive."""
+    m, _ = conv_case(16, 48, 8, 3)
+    g = compile_onnx(m)
+    arts = [compile_cpu(g, t) for t in (*TARGETS, "aarch64")]
+    for a in arts[1:]:
+        assert a.weights.keys() == arts[0].weights.keys()
+        for name in a.weights:
+            np.testing.assert_array_equal(a.weights[name], arts[0].weights[name])
+
+
+def test_dynamic_batch_one_library():
+    """One artifact runs several batch sizes (M depends on the batch symbol)."""
+    m, _ = conv_case(4, 16, 6, 3, dyn=True)
+    g = compile_onnx(m)
+    art = compile_cpu(g, "x86_64-v4")
+    for n in (1, 3):
+        feeds = {"x": rand(n, 4, 6, 6, seed=n)}
+        got = run_plan(art, g, feeds)
+        np.testing.assert_allclose(got[g.outputs[0].name], oracle_outputs(m, feeds)[0],
+                                   rtol=RTOL, atol=ATOL)
+
+
+# ---------------------------------------------------------------- B read at run time
+
+
+def attention_case(seq=23, batch=2, heads=4, dh=16, dyn=True):
+    """Scores Q.K^T (B packed at run time: K is strided along the key axis), softmax, P.V (V
+    read in place: unit stride along the head's 16 columns)."""
+    hid = heads * dh
+    shape = ["B" if dyn else batch, "S" if dyn else seq, hid]
+    split = numpy_helper.from_array(np.array([0, 0, heads, dh], np.int64), "split")
+    scale = numpy_helper.from_array(np.array(1 / np.sqrt(dh), np.float32), "scale")
+    nodes = [helper.make_node("Reshape", [t, "split"], [t + "4"]) for t in "qkv"]
+    nodes += [helper.make_node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
+              helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+              helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
+              helper.make_node("MatMul", ["qt", "kt"], ["s"]),
+              helper.make_node("Mul", ["s", "scale"], ["ss"]),
+              helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vt"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info(t, F, shape) for t in "qkv"],
+                          [helper.make_tensor_value_info("y", F, None)], [split, scale])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return m, {t: rand(batch, seq, hid, seed=i) for i, t in enumerate("qkv")}
+
+
+def matmul2_case(m_, k, n, batch=2, dyn=False, relu=False):
+    """Two graph inputs: x[b, m, k] @ y[b, k, n] (y in place when n is a multiple of 16)."""
+    xs = ["B" if dyn else batch, "M" if dyn else m_, k]
+    ys = ["B" if dyn else batch, k, n]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["t" if relu else "y"])]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["t"], ["y"]))
+    mdl = model(nodes, [("x", F, xs), ("w", F, ys)])
+    return mdl, {"x": rand(batch, m_, k), "w": rand(batch, k, n, seed=1)}
+
+
+RUNTIME_CASES = {
+    "attention_dynamic": (attention_case, 2),
+    "attention_static_seq7": (lambda: attention_case(seq=7, batch=1, dyn=False), 1),  # N=7: scalar
+    "attention_seq40": (lambda: attention_case(seq=40, batch=1), 2),
+    "matmul2_direct": (lambda: matmul2_case(19, 24, 32, relu=True), 1),
+    "matmul2_packed_ragged": (lambda: matmul2_case(21, 13, 37), 1),
+    "matmul2_dynamic": (lambda: matmul2_case(9, 40, 48, batch=3, dyn=True), 1),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", list(RUNTIME_CASES))
+def test_runtime_b_matches_ort(case, target):
+    build, gemms = RUNTIME_CASES[case]
+    m, feeds = build()
+    g = compile_onnx(m)
+    art = compile_cpu(g, target)
+    want = oracle_outputs(m, feeds)
+    got = run_plan(art, g, feeds)
+    np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=RTOL, atol=ATOL)
+    assert _gemm_count(g, target) >= gemms
+
+
+def _gemm_count(g, target) -> int:
+    """How many of the graph's kernels take the gemm strategy."""
+    from mlpack.codegen.targets.cpu import contraction
+    from mlpack.codegen.targets.cpu.kernels import build_kernels
+    from mlpack.codegen.targets.cpu.plan import tensor_buffers
+    from mlpack.codegen.targets.cpu.target import get_target
+    bufs = tensor_buffers(g)
+    ks = contraction.apply(g, build_kernels(g, bufs), bufs, get_target(target))
+    return sum(k.strategy == "gemm" for k in ks)
+
+
+def test_attention_one_library_many_sizes():
+    """Symbolic batch and sequence: one artifact, several sizes (N, K and M all vary)."""
+    m, _ = attention_case()
+    g = compile_onnx(m)
+    art = compile_cpu(g, "x86_64-v4")
+    for b, s in ((1, 1), (1, 16), (3, 33)):
+        feeds = {t: rand(b, s, 64, seed=i + s) for i, t in enumerate("qkv")}
+        got = run_plan(art, g, feeds)
+        np.testing.assert_allclose(got[g.outputs[0].name], oracle_outputs(m, feeds)[0],
+                                   rtol=RTOL, atol=ATOL)
+
+
+def test_bert_block_dynamic():
+    """tests/models/bert_block.onnx ($batch, $seq): attention on the gemm path too."""
+    import onnx
+    m = onnx.load(os.path.join(MODELS_DIR, "bert_block.onnx"))
+    g = compile_onnx(m)
+    assert _gemm_count(g, "x86_64-v4") >= 8   # q, k, v, scores, context, out, ffn x2
+    art = compile_cpu(g, "x86_64-v4")
+    for b, s in ((1, 64), (2, 19)):
+        ids = np.random.default_rng(s).integers(0, 1000, (b, s)).astype(np.int64)
+        got = run_plan(art, g, {"ids": ids})
+        np.testing.assert_allclose(got[g.outputs[0].name], oracle_outputs(m, {"ids": ids})[0],
+                                   rtol=RTOL, atol=ATOL)
+
+
+# ---------------------------------------------------------------- direct (depthwise) kernels
+
+
+def shuffle_dw_case(c=24, size=13, stride=1, groups=4):
+    """A channel shuffle (absorbed into the depthwise read: a non-affine channel index under
+    a bounds select) then a depthwise 3x3 and batchnorm, as in ShuffleNet."""
+    shape = numpy_helper.from_array(np.array([1, groups, c // groups, size, size], np.int64), "s5")
+    back = numpy_helper.from_array(np.array([1, c, size, size], np.int64), "s4")
+    w = rand(c, 1, 3, 3, seed=1, scale=0.3)
+    bn = [numpy_helper.from_array(rand(c, seed=i + 2, scale=0.5) + (1.0 if i == 3 else 0.0), n)
+          for i, n in enumerate(["bs", "bb", "bm", "bv"])]
+    bn[3] = numpy_helper.from_array(np.abs(numpy_helper.to_array(bn[3])) + 0.5, "bv")
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Reshape", ["r", "s5"], ["r5"]),
+             helper.make_node("Transpose", ["r5"], ["t5"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t5", "s4"], ["sh"]),
+             helper.make_node("Conv", ["sh", "w"], ["c"], pads=[1] * 4, strides=[stride] * 2,
+                              group=c),
+             helper.make_node("BatchNormalization", ["c", "bs", "bb", "bm", "bv"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", F, [1, c, size, size])],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          [shape, back, numpy_helper.from_array(w, "w"), *bn])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return m, {"x": rand(1, c, size, size)}
+
+
+DIRECT_CASES = {
+    "dw3x3": lambda: conv_case(8, 8, 8, 3, group=8),
+    "dw3x3_wide_row": lambda: conv_case(4, 4, 70, 3, group=4, relu=False),
+    "dw3x3_stride2": lambda: conv_case(16, 16, 15, 3, stride=2, group=16),
+    "dw5x5_pad1": lambda: conv_case(6, 6, 23, 5, pad=1, group=6),
+    "dw3x3_dynamic_batch": lambda: conv_case(5, 5, 7, 3, group=5, batch=2, dyn=True),
+    "dw_multiplier2": lambda: conv_case(4, 8, 9, 3, group=4),
+    "conv_few_out_channels": lambda: conv_case(3, 5, 20, 3),
+    "shuffle_dw_bn": shuffle_dw_case,
+    "shuffle_dw_bn_stride2": lambda: shuffle_dw_case(c=16, size=14, stride=2),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", list(DIRECT_CASES))
+def test_direct_matches_ort(case, target):
+    m, feeds = DIRECT_CASES[case]()
+    g = compile_onnx(m)
+    assert "Direct" in _strategies(g, target), case
+    art = compile_cpu(g, target)
+    want = oracle_outputs(m, feeds)
+    got = run_plan(art, g, feeds)
+    np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=RTOL, atol=ATOL)
+
+
+def _strategies(g, target) -> list[str]:
+    from mlpack.codegen.targets.cpu import contraction
+    from mlpack.codegen.targets.cpu.kernels import build_kernels
+    from mlpack.codegen.targets.cpu.plan import tensor_buffers
+    from mlpack.codegen.targets.cpu.target import get_target
+    bufs = tensor_buffers(g)
+    ks = contraction.apply(g, build_kernels(g, bufs), bufs, get_target(target))
+    return [type(k.gemm).__name__ for k in ks if k.strategy == "gemm"]

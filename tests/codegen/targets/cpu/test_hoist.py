@@ -1,0 +1,131 @@
+"""Row-invariant selects (codegen/targets/cpu/hoist.py) and the compare-and-select min/max of
+lower.py, against ONNX Runtime on x86_64-v2, v3 and v4, fp32 rtol 1e-4 / atol 1e-5.
+
+Concatenations inlined into a pooling, a relu and a batchnorm-like map (two- and four-way, a
+symbolic batch so the concatenated channel is not the first dim), pooling with padding, and
+NaN propagation through max/min, relu, MaxPool and ReduceMax (against the IR interpreter:
+ONNX Runtime's MaxPool and ReduceMax drop NaN).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from mlpack.codegen.compile import compile_onnx
+from mlpack.codegen.targets.cpu import compile_cpu
+from mlpack.codegen.targets.cpu import hoist
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.interp import run_graph
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+from support import oracle_outputs
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from plan_runner import run_plan  # tests/codegen/targets/plan_runner.py
+
+TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
+RTOL, ATOL = 1e-4, 1e-5
+F = TP.FLOAT
+
+
+def model(nodes, inputs, inits=()):
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info(*i) for i in inputs],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          [numpy_helper.from_array(a, n) for n, a in inits])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def check(m, feeds, target, oracle="ort"):
+    """``oracle="interp"``: the IR interpreter, for NaN inputs (ORT's MaxPool and ReduceMax
+    drop NaN; the IR's max propagates it, as NumPy does)."""
+    g = compile_onnx(m)
+    art = compile_cpu(g, target)
+    got = run_plan(art, g, feeds)[g.outputs[0].name]
+    if oracle == "ort":
+        want = oracle_outputs(m, feeds)[0]
+    else:
+        res = run_graph(g, feeds)
+        want = res[g.outputs[0].name] if isinstance(res, dict) else res[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, equal_nan=True)
+
+
+def concat_pool_case(n_in=2, batch=1, pads=0):
+    names = [f"x{i}" for i in range(n_in)]
+    nodes = [helper.make_node("Relu", [x], [f"r{i}"]) for i, x in enumerate(names)]
+    nodes += [helper.make_node("Concat", [f"r{i}" for i in range(n_in)], ["c"], axis=1),
+              helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                               pads=[pads] * 4)]
+    chans = [5 + 3 * i for i in range(n_in)]
+    m = model(nodes, [(x, F, ["N", c, 13, 13]) for x, c in zip(names, chans)])
+    return m, {x: rand(batch, c, 13, 13, seed=i) for i, (x, c) in enumerate(zip(names, chans))}
+
+
+def concat_affine_case(batch=1):
+    """A concat read by a per-channel scale and shift (densenet's batchnorm after a concat)."""
+    nodes = [helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+             helper.make_node("Mul", ["c", "s"], ["m"]),
+             helper.make_node("Add", ["m", "t"], ["y"])]
+    m = model(nodes, [("a", F, [batch, 6, 9, 11]), ("b", F, [batch, 4, 9, 11])],
+              [("s", rand(10, 1, 1, seed=3)), ("t", rand(10, 1, 1, seed=4))])
+    return m, {"a": rand(batch, 6, 9, 11, seed=1), "b": rand(batch, 4, 9, 11, seed=2)}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("n_in,batch,pads", [(2, 1, 0), (4, 1, 1), (3, 2, 0)])
+def test_concat_into_pooling(target, n_in, batch, pads):
+    m, feeds = concat_pool_case(n_in, batch, pads)
+    check(m, feeds, target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_concat_into_map(target, batch):
+    m, feeds = concat_affine_case(batch)
+    check(m, feeds, target)
+
+
+def _with_nans(*shape, seed=0):
+    x = rand(*shape, seed=seed)
+    x.flat[::7] = np.nan
+    x.flat[3::11] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_minmax_propagate_nan(target):
+    nodes = [helper.make_node("Max", ["a", "b"], ["p"]), helper.make_node("Min", ["p", "a"], ["q"]),
+             helper.make_node("Relu", ["q"], ["y"])]
+    m = model(nodes, [("a", F, [4, 37]), ("b", F, [4, 37])])
+    check(m, {"a": _with_nans(4, 37), "b": _with_nans(4, 37, seed=1)[::-1].copy()}, target,
+          oracle="interp")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op", ["MaxPool", "ReduceMax"])
+def test_max_reductions_propagate_nan(target, op):
+    if op == "MaxPool":
+        node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1] * 4)
+    else:
+        node = helper.make_node("ReduceMax", ["x"], ["y"], axes=[2], keepdims=0)
+    m = model([node], [("x", F, [1, 3, 10, 10])])
+    x = rand(1, 3, 10, 10)
+    x[0, 1, 4, 6] = np.nan
+    check(m, {"x": x}, target, oracle="interp")
+
+
+def test_invariant_select_finds_outer_conditions():
+    c, w = ex.var("c"), ex.var("w")
+    a = ex.read("A", {"c": c, "w": w}, "f32")
+    b = ex.read("B", {"c": c, "w": w}, "f32")
+    on_c = ex.select(ex.binary("lt", c, ex.const(4)), a, b)
+    on_w = ex.select(ex.binary("lt", w, ex.const(4)), a, b)
+    assert hoist.invariant_select([on_w, on_c], {"c"}) is on_c
+    assert hoist.invariant_select([on_w], {"c"}) is None
+    assert hoist.replace_node(on_c, on_c, a) is a

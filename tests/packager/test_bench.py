@@ -1,0 +1,122 @@
+"""``mlpack bench`` and what it rests on: the FLOP counter and the alternating timer.
+
+The command runs on a tiny container with --compare (examples/models/mlp.onnx) and must give a
+JSON document whose numbers are all there and positive; its refusals are one paragraph with
+exit code 2. Kept fast: one thread count, a few runs, short time budgets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import support
+from mlpack.packager.bench import time_alternating
+from mlpack.packager.flops import count_flops
+
+pytest.importorskip("onnxruntime")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MLP = os.path.join(HERE, "..", "..", "examples", "models", "mlp.onnx")
+FAST = ["--threads", "1", "--repeat", "3", "--min-seconds", "0.05", "--max-seconds", "1"]
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "mlp.mlpack"
+    result = support.cli("build", MLP, "-o", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_bench_compare_json_has_positive_numbers(container, monkeypatch):
+    from mlpack.packager import bench
+
+    monkeypatch.setattr(bench, "PEAK_N", 512)  # the peak's matmul, small: a test, not a measure
+    monkeypatch.setattr(bench, "_PEAKS", {})
+    result = support.cli("bench", container, "--compare", MLP, *FAST, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["machine"]["cores"] >= 1 and doc["matmul_peak_gflops"]["1"] > 0
+    (model,) = doc["models"]
+    assert model["model"] == "mlp" and model["artifact"]["precision"] == "fp32"
+    assert model["input_source"].startswith("the container's test vectors")
+    assert model["flops"] > 0 and model["build_seconds"] > 0
+    assert model["outputs"]["match"] is True
+    (row,) = model["threads"]
+    assert row["threads"] == 1 and row["ratio"] > 0
+    for side in ("mlpack", "ort"):
+        t = row[side]
+        assert t["runs"] >= 3 and 0 < t["min_s"] <= t["median_s"]
+        assert t["gflops"] > 0 and t["percent_of_peak"] > 0
+        assert model["peak_rss"][side]["peak_mib"] > 0
+    assert doc["geomean_ratio"]["1"] == pytest.approx(row["ratio"])
+
+
+def test_bench_without_compare_times_mlpack_alone(container):
+    result = support.cli("bench", container, *FAST, "--no-rss", "--dim", "batch=4")
+    assert result.exit_code == 0, result.output
+    assert "x[4, 16] from seeded random (seed 0)" in result.stdout
+    assert "mlpack ms" in result.stdout and "ORT/mlpack" in result.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["absent.mlpack"], "absent.mlpack: no such file"),
+    ([MLP], "not a tar archive"),  # an ONNX file where the container should be
+])
+def test_bench_refuses_bad_files(args, fragment):
+    support.assert_user_error(support.cli("bench", *args), fragment)
+
+
+def test_bench_refuses_bad_options(container, tmp_path):
+    support.assert_user_error(support.cli("bench", container, "--threads", "0"), "--threads")
+    not_onnx = tmp_path / "junk.onnx"
+    not_onnx.write_bytes(b"\x00not a model")
+    support.assert_user_error(support.cli("bench", container, "--compare", not_onnx),
+                              "junk.onnx", "not a readable ONNX model")
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                           for n, s in inputs],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                               for n in outputs], list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_flops_of_conv_matmul_gemm_einsum():
+    w = numpy_helper.from_array(np.zeros((4, 3, 3, 3), np.float32), "w")
+    wg = numpy_helper.from_array(np.zeros((4, 2, 1, 1), np.float32), "wg")  # 2 groups of 2
+    b = numpy_helper.from_array(np.zeros((6, 7), np.float32), "b")
+    model = _model(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),      # -> [n, 4, 8, 8]
+         helper.make_node("Conv", ["c", "wg"], ["g"], group=2),               # -> [n, 4, 8, 8]
+         helper.make_node("Relu", ["g"], ["r"]),                               # not counted
+         helper.make_node("MatMul", ["m", "b"], ["mm"]),                       # [2,5,6] @ [6,7]
+         helper.make_node("Gemm", ["a", "b"], ["gm"], transA=1),               # A is [6, 3]
+         helper.make_node("Einsum", ["e", "b"], ["es"], equation="...ij,jk->...ik")],
+        [("x", ["n", 3, 8, 8]), ("m", [2, 5, 6]), ("a", [6, 3]), ("e", [4, 2, 6])],
+        ["r", "mm", "gm", "es"], [w, wg, b])
+    count = count_flops(model, {"x": (2, 3, 8, 8)})  # the symbolic batch pinned to 2
+    assert count.by_op == {"Conv": 2 * (2 * 4 * 8 * 8 * 3 * 3 * 3 + 2 * 4 * 8 * 8 * 2),
+                           "MatMul": 2 * 2 * 5 * 7 * 6, "Gemm": 2 * 3 * 7 * 6,
+                           "Einsum": 2 * 4 * 2 * 6 * 7}
+    assert count.total == sum(count.by_op.values()) and count.unknown == []
+
+
+def test_time_alternating_gives_each_callable_its_runs():
+    calls = {"a": 0, "b": 0}
+
+    def bump(name):
+        calls[name] += 1
+        return name
+
+    timings, results = time_alternating({"a": lambda: bump("a"), "b": lambda: bump("b")},
+                                        repeat=5, min_seconds=0.0, max_seconds=1.0)
+    assert results == {"a": "a", "b": "b"}
+    for name, t in timings.items():
+        assert t.runs >= 5 and 0 <= t.min_s <= t.median_s and calls[name] > t.runs  # + warm-up
