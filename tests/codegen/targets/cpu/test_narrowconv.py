@@ -184,15 +184,21 @@ def test_floats_wrap_into_narrow_ints_like_ml_dtypes(dtype):
     assert_same_bits(run_plan(compile_cpu(g, TARGET), g, {"a": x})["y"], run_graph(g, {"a": x})["y"], x)
 
 
-@pytest.mark.parametrize("a", NARROW)
-@pytest.mark.parametrize("b", NARROW)
+def _interpreter_casts(a: str, b: str) -> bool:
+    """Whether ml_dtypes (so the interpreter, the oracle here) casts ``a`` to ``b`` at all: it
+    has no e8m0 <-> other fp8 or int4 <-> uint4 casts, among others."""
+    try:
+        np.zeros(1, dt.to_numpy(a)).astype(dt.to_numpy(b))
+    except TypeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("a, b", [(a, b) for a in NARROW for b in NARROW if _interpreter_casts(a, b)])
 def test_narrow_to_narrow(a, b):
     x = codes(a)
     g = cast_graph(a, b, x.size)
-    try:
-        want = run_graph(g, {"a": x})["y"]
-    except TypeError:   # ml_dtypes has no such cast (e8m0 <-> others, int4 <-> uint4, ...)
-        pytest.skip(f"the interpreter cannot cast {a} to {b}")
+    want = run_graph(g, {"a": x})["y"]
     got = run_plan(compile_cpu(g, TARGET), g, {"a": x})["y"]
     if a == b == "f8e5m2":
         # the only format with several nans: they pass through an f32 register, so a copy
