@@ -202,7 +202,6 @@ def model_inputs(model, dims: dict | None = None, seed: int = 0) -> tuple[dict, 
     The first test-vector case when the container has one and no ``dims`` are given; otherwise
     seeded random arrays (floats N(0, 1), integers in [0, 10), booleans fair coins) with every
     size symbol bound to ``dims`` (default 1)."""
-    from ..spec.ir import dtypes as dt
     from .testvectors import _random_array
 
     if not dims:
@@ -238,7 +237,6 @@ def matmul_peak(threads: int, n: int | None = None, refresh: bool = False) -> fl
         return _PEAKS[threads]
     n = n or PEAK_N
     try:
-        import onnx
         from onnx import TensorProto, helper
     except ImportError:
         return None

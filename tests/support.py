@@ -70,3 +70,14 @@ def assert_user_error(result, *parts) -> None:
     assert err.startswith("error: ") and "\n" not in err, err
     for p in parts:
         assert p in err, err
+
+
+def one_output_model(nodes, inputs, inits=(), opset: int = 17):
+    """An ONNX model of ``nodes`` whose one output is ``y`` (f32, shape inferred): ``inputs``
+    are ``make_tensor_value_info`` argument tuples, ``inits`` (name, array) pairs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info(*i) for i in inputs],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(a, n) for n, a in inits])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)

@@ -32,7 +32,7 @@ def _split_one(op: Comprehension) -> bool:
             continue
         bounds = steps + [size.arg]
         taken = set(op.loop_dims) | ex.free_vars(op.body)
-        names, value, stride = [], ex.const(0), 1
+        value, stride = ex.const(0), 1
         parts: dict[str, int] = {}
         # least significant part first: r = c + 32*b + 96*a
         for k, top in enumerate(bounds):

@@ -43,7 +43,6 @@ workgroup's contiguous range of units reuses one packed B panel from cache.
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,7 +50,7 @@ from llvmlite import ir
 
 from ....spec.ir import expr as ex
 from ....spec.ir.expr import Expr
-from . import depthwise
+from . import depthwise, mathlib
 from .kernels import (
     MAX_WORKGROUPS,
     WORK_PER_WORKGROUP,
@@ -524,46 +523,6 @@ def _c(v: int) -> ir.Constant:
     return ir.Constant(I64, v)
 
 
-def _fma_fn(module: ir.Module, vty: ir.VectorType) -> ir.Function:
-    name = f"llvm.fma.v{vty.count}f32"
-    if name in module.globals:
-        return module.globals[name]
-    return ir.Function(module, ir.FunctionType(vty, [vty, vty, vty]), name=name)
-
-
-_NO_UNROLL = [0]
-
-
-@contextmanager
-def _loop(L, start, end, name: str, unroll: bool = False):
-    """A counted loop like lower.Loops.loop; unless ``unroll``, LLVM is told not to unroll it
-    (the micro-kernel is unrolled already, and unrolling it further costs compile time)."""
-    b = L.b
-    pre = b.block
-    fn = pre.function
-    header = fn.append_basic_block(f"{name}.head")
-    body = fn.append_basic_block(f"{name}.body")
-    exit_ = fn.append_basic_block(f"{name}.exit")
-    b.branch(header)
-    b.position_at_end(header)
-    i = b.phi(I64, name=name)
-    i.add_incoming(start, pre)
-    b.cbranch(b.icmp_signed("<", i, end), body, exit_)
-    b.position_at_end(body)
-    yield i
-    nxt = b.add(i, _c(1), flags=("nsw",))
-    i.add_incoming(nxt, b.block)
-    br = b.branch(header)
-    if not unroll:
-        m = L.module
-        _NO_UNROLL[0] += 1
-        # "LOOPSELF<n>" placeholders become self-referencing loop ids (module._LoopIds)
-        md = m.add_metadata([ir.MetaDataString(m, f"LOOPSELF{10 ** 9 + _NO_UNROLL[0]}"),
-                             m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.disable")])])
-        br.set_metadata("llvm.loop", md)
-    b.position_at_end(exit_)
-
-
 class _Gemm:
     """Emits a gemm kernel's body into a KernelLowering whose entry block is current."""
 
@@ -745,7 +704,7 @@ class _Gemm:
             r = c.k[depth]
             ext = self.kext[r]
             lo, hi = span if depth == 0 else (_c(0), ext)
-            with _loop(L, lo, hi, f"k.{r}") as i:
+            with L.loops.loop(lo, hi, f"k.{r}", unroll=False) as i:
                 nb = boff
                 if self.SB is not None and r in self.SB:
                     nb = self.add(boff, self.mul(self.SB[r], i))
@@ -765,7 +724,7 @@ class _Gemm:
                     bv.append(b.load(p, typ=self.vty, align=4))
         undef = ir.Constant(self.vty, ir.Undefined)
         mask = ir.Constant(ir.VectorType(ir.IntType(32), c.vl), [0] * c.vl)
-        fma = _fma_fn(b.module, self.vty) if c.fma else None
+        fma = mathlib.intrinsic(b.module, "llvm.fma", self.vty, 3) if c.fma else None
         nv = len(bv)
         for r, row in enumerate(rows):
             a = b.load(b.gep(row, [off], inbounds=True, source_etype=F32), typ=F32, align=4)
@@ -782,11 +741,7 @@ class _Gemm:
 
     def _masked_load(self, ptr, mask):
         vty = self.vty
-        name = f"llvm.masked.load.v{self.c.vl}f32.p0"
-        m = self.b.module
-        fn = m.globals.get(name) or ir.Function(m, ir.FunctionType(
-            vty, [ir.PointerType(), ir.IntType(32), ir.VectorType(ir.IntType(1), self.c.vl), vty]),
-            name=name)
+        fn = mathlib.masked_load(self.b.module, vty)
         return self.b.call(fn, [ptr, ir.Constant(ir.IntType(32), 4), mask,
                                 ir.Constant(vty, [0.0] * self.c.vl)])
 

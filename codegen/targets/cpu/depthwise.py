@@ -31,6 +31,7 @@ from llvmlite import ir
 
 from ....spec.ir import expr as ex
 from ....spec.ir.expr import Expr
+from . import mathlib
 from .kernels import MAX_WORKGROUPS, WORK_PER_WORKGROUP, Buffer, Kernel, _coeff, row_dim
 from .target import CpuTarget
 
@@ -204,12 +205,6 @@ def _c(v: int) -> ir.Constant:
     return ir.Constant(I64, v)
 
 
-def _intrinsic(module, name: str, fnty: ir.FunctionType) -> ir.Function:
-    if name in module.globals:
-        return module.globals[name]
-    return ir.Function(module, fnty, name=name)
-
-
 def emit_direct(L, wg, count) -> None:
     """The body of a direct kernel (called through contraction.emit_gemm)."""
     d: Direct = L.k.gemm
@@ -218,11 +213,8 @@ def emit_direct(L, wg, count) -> None:
     vty = ir.VectorType(F32, d.vl)
     ity = ir.VectorType(I64, d.vl)
     mty = ir.VectorType(I1, d.vl)
-    pty = ir.PointerType()
-    mload = _intrinsic(b.module, f"llvm.masked.load.v{d.vl}f32.p0",
-                       ir.FunctionType(vty, [pty, I32, mty, vty]))
-    fma = _intrinsic(b.module, f"llvm.fma.v{d.vl}f32", ir.FunctionType(vty, [vty, vty, vty])) \
-        if d.fma else None
+    mload = mathlib.masked_load(b.module, vty)
+    fma = mathlib.intrinsic(b.module, "llvm.fma", vty, 3) if d.fma else None
     zero = ir.Constant(vty, [0.0] * d.vl)
     splat0 = ir.Constant(ir.VectorType(I32, d.vl), [0] * d.vl)
     tile = d.nvec * d.vl

@@ -89,7 +89,9 @@ class Loops:
         self.latches: list[ir.Instruction] = []
 
     @contextmanager
-    def loop(self, start, end, name: str, vectorize: bool = False):
+    def loop(self, start, end, name: str, vectorize: bool = False, unroll: bool = True):
+        """``unroll=False`` tells LLVM not to unroll the loop (a micro-kernel's K loop, whose
+        body is unrolled already: unrolling it further only costs compile time)."""
         b = self.b
         pre = b.block
         fn = pre.function
@@ -108,7 +110,21 @@ class Loops:
         br = b.branch(header)
         if vectorize:
             self.latches.append(br)
+        elif not unroll:
+            _disable_unroll(self.module, br)
         b.position_at_end(exit_)
+
+
+_NO_UNROLL = [0]   # numbers the no-unroll loop ids; only their uniqueness matters
+
+
+def _disable_unroll(m: ir.Module, br) -> None:
+    _NO_UNROLL[0] += 1
+    # "LOOPSELF<n>" placeholders become self-referencing loop ids (module._LoopIds); these are
+    # numbered far from _LoopIds' own so the two never meet in one module
+    md = m.add_metadata([ir.MetaDataString(m, f"LOOPSELF{10 ** 9 + _NO_UNROLL[0]}"),
+                         m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.disable")])])
+    br.set_metadata("llvm.loop", md)
 
 
 def _const(dtype: str, value) -> ir.Constant:
@@ -182,12 +198,15 @@ class _Expr:
         self.keep.append(e)
         return v
 
+    # ops below which index arithmetic is data, so may overflow (no nsw)
+    NOT_PURE = ("read",)
+
     def _is_pure_index(self, e: Expr) -> bool:
         """No reads below: index arithmetic that cannot overflow (nsw is safe)."""
         key = id(e)
         hit = self.pure.get(key)
         if hit is None:
-            hit = e.op != "read" and all(self._is_pure_index(a) for a in e.args)
+            hit = e.op not in self.NOT_PURE and all(self._is_pure_index(a) for a in e.args)
             self.pure[key] = hit
             self.keep.append(e)
         return hit

@@ -58,13 +58,29 @@ FUNCTIONS = ("exp", "log", "tanh", "sigmoid", "erf", "sin", "cos", "tan", "asin"
 BINARY_FUNCTIONS = ("pow", "atan2", "fmod")
 
 
+def declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
+    """The function ``name`` of ``module``, declared with ``fnty`` the first time it is asked for."""
+    if name in module.globals:
+        return module.globals[name]
+    return ir.Function(module, fnty, name=name)
+
+
+def type_suffix(ty: ir.Type) -> str:
+    """How LLVM names an overloaded intrinsic's type: f32, f64, f16, i32, v16f32, ..."""
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{type_suffix(ty.element)}"
+    return {"float": "f32", "double": "f64", "half": "f16"}.get(str(ty), str(ty))
+
+
 def intrinsic(module: ir.Module, name: str, ty: ir.Type, nargs: int) -> ir.Function:
-    """Declare (once) the LLVM intrinsic ``name`` overloaded on ``ty``."""
-    suffix = {"float": "f32", "double": "f64", "half": "f16"}.get(str(ty), str(ty))
-    full = f"{name}.{suffix}"
-    if full in module.globals:
-        return module.globals[full]
-    return ir.Function(module, ir.FunctionType(ty, [ty] * nargs), name=full)
+    """Declare (once) the LLVM intrinsic ``name`` overloaded on ``ty`` (a scalar or vector)."""
+    return declare(module, f"{name}.{type_suffix(ty)}", ir.FunctionType(ty, [ty] * nargs))
+
+
+def masked_load(module: ir.Module, vty: ir.VectorType) -> ir.Function:
+    """``llvm.masked.load`` of ``vty`` through an opaque pointer: (ptr, align, mask, passthru)."""
+    return declare(module, f"llvm.masked.load.{type_suffix(vty)}.p0", ir.FunctionType(
+        vty, [ir.PointerType(), I32, ir.VectorType(ir.IntType(1), vty.count), vty]))
 
 
 class _Math:

@@ -166,6 +166,8 @@ class _ProcExpr(_Expr):
     """``_Expr`` for sequential code: memo per statement, locals re-read at each use, and
     every index that is not made of constants and symbols alone is treated as data."""
 
+    NOT_PURE = ("read", "var")   # a var is a local or a loop variable set by data
+
     def __init__(self, *args, slots: dict, local_types: dict, own_syms: dict, **kw):
         super().__init__(*args, **kw)
         self.slots = slots            # local -> alloca
@@ -181,15 +183,6 @@ class _ProcExpr(_Expr):
         memo[key] = v
         self.keep.append(e)
         return v
-
-    def _is_pure_index(self, e: Expr) -> bool:
-        key = id(e)
-        hit = self.pure.get(key)
-        if hit is None:
-            hit = e.op not in ("read", "var") and all(self._is_pure_index(a) for a in e.args)
-            self.pure[key] = hit
-            self.keep.append(e)
-        return hit
 
     def _emit(self, e: Expr):
         if e.op == "var":

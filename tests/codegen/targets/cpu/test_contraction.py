@@ -22,7 +22,7 @@ from mlpack.codegen.compile import compile_onnx
 from mlpack.codegen.targets.cpu import compile_cpu
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
-from support import MODELS_DIR, oracle_outputs
+from support import MODELS_DIR, one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from plan_runner import run_plan  # tests/codegen/targets/plan_runner.py
@@ -32,11 +32,7 @@ RTOL, ATOL = 1e-4, 1e-5
 F = TP.FLOAT
 
 
-def model(nodes, inputs, inits=()):
-    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info(*i) for i in inputs],
-                          [helper.make_tensor_value_info("y", F, None)],
-                          [numpy_helper.from_array(a, n) for n, a in inits])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+model = one_output_model
 
 
 def rand(*shape, seed=0, scale=1.0):

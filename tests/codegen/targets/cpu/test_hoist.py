@@ -20,8 +20,8 @@ from mlpack.codegen.targets.cpu import hoist
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.interp import run_graph
 from onnx import TensorProto as TP
-from onnx import helper, numpy_helper
-from support import oracle_outputs
+from onnx import helper
+from support import one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from plan_runner import run_plan  # tests/codegen/targets/plan_runner.py
@@ -31,11 +31,7 @@ RTOL, ATOL = 1e-4, 1e-5
 F = TP.FLOAT
 
 
-def model(nodes, inputs, inits=()):
-    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info(*i) for i in inputs],
-                          [helper.make_tensor_value_info("y", F, None)],
-                          [numpy_helper.from_array(a, n) for n, a in inits])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+model = one_output_model
 
 
 def rand(*shape, seed=0):
