@@ -71,7 +71,9 @@ GEMM_MAX_WORKGROUPS = MAX_WORKGROUPS
 MAX_MR = 12                  # rows per tile: each row keeps an A pointer in a general register
 L1_PANEL_BYTES = 24 << 10    # a K chunk's slice of the packed B panel stays in L1
 GROUP_ROWS = 48              # rows of M (over several tiles) that share one K chunk
-VECTOR_EPILOGUE = False
+CACHE_REUSE_BYTES = 1 << 20
+LINE_BYTES = 64
+PACK_MIN_M = 64              # rows a run-time pack of B must feed to repay its copy  # an operand this small stays in L2 while the other streams
 
 
 @dataclass
@@ -95,6 +97,7 @@ class Contraction:
     kc: int = 1               # K chunk, in steps of the outermost K dim
     b_direct: Expr | None = None   # B read in place: N dims flattened at unit stride
     b_masked: bool = False    # in place with a ragged N: the last columns load under a mask
+    n_inner: bool = False     # units walk N tiles fastest (A stays cached, B is re-read)
 
     @property
     def ntiles(self) -> Expr:
@@ -197,11 +200,7 @@ def _direct(info: dict, bufs: dict[str, Buffer], masks: bool = False) -> bool:
     ns = info["n_size"]
     if not (ns.is_const and (ns.value % PACK == 0 or masks)):
         return False
-    buf = bufs[rb.arg[0]]
-    strides, acc = {}, ex.const(1)
-    for d in reversed(buf.layout):
-        strides[d] = acc
-        acc = ex.simplify_size(acc * buf.sizes[d])
+    strides = _strides(bufs[rb.arg[0]])
     want = ex.const(1)
     out_sizes = info["n_sizes"]
     for v in reversed(info["n"]):
@@ -248,6 +247,33 @@ def _masks(t: CpuTarget | None) -> bool:
     return t is not None and t.vector_bits >= 256
 
 
+def _strides(buf: Buffer) -> dict[str, Expr]:
+    strides, acc = {}, ex.const(1)
+    for d in reversed(buf.layout):
+        strides[d] = acc
+        acc = ex.simplify_size(acc * buf.sizes[d])
+    return strides
+
+
+def _in_place_mode(info: dict, bufs) -> str:
+    """How to read a B that could be read in place: ``direct``, unless a step of K moves B by
+    a whole number of floats that is no multiple of a cache line (an NCHW 1x1 convolution on
+    13x13 or 55x55) and M has rows enough to repay a pack: every vector load of B would then
+    straddle two lines, and a packed copy is aligned."""
+    ms = info["m_size"]
+    if not (ms.is_const and ms.value >= PACK_MIN_M):
+        return "direct"
+    strides = _strides(bufs[info["b"].arg[0]])
+    for v in info["k"]:
+        step = ex.const(0)
+        for d, (c, _) in info["aff_b"].items():
+            if v in c:
+                step = ex.simplify_size(step + ex.const(c[v]) * strides[d])
+        if step.is_const and (step.value * 4) % LINE_BYTES:
+            return "pack"
+    return "direct"
+
+
 def _swapped(k: Kernel, out: Buffer, info: dict, bufs, t) -> dict | None:
     """The constant as A and the other operand read in place as B, when that stores the output
     along its unit-stride dim and the packed view would not: an NCHW 1x1 convolution is then
@@ -262,7 +288,7 @@ def _swapped(k: Kernel, out: Buffer, info: dict, bufs, t) -> dict | None:
     ms = alt["m_size"]
     if not (ms.is_const and ms.value >= MIN_M) or not _direct(alt, bufs, _masks(t)):
         return None
-    alt["mode"] = "direct"
+    alt["mode"] = _in_place_mode(alt, bufs)
     return alt
 
 
@@ -277,10 +303,11 @@ def _runtime(k: Kernel, out: Buffer, r1: Expr, r2: Expr, bufs, t=None) -> dict |
         ns, ms = info["n_size"], info["m_size"]
         if (ns.is_const and ns.value < MIN_N) or (ms.is_const and ms.value < MIN_M):
             continue
-        info["mode"] = "direct" if _direct(info, bufs, _masks(t)) else "pack"
-        # in place beats a pack; then output columns at unit stride (the epilogue's stores);
-        # then the wider N (symbolic counts as wide)
-        score = (info["mode"] == "direct", out.contiguous_dim() in info["n"],
+        in_place = _direct(info, bufs, _masks(t))
+        info["mode"] = _in_place_mode(info, bufs) if in_place else "pack"
+        # readable in place beats a pack; then output columns at unit stride (the epilogue's
+        # stores); then the wider N (symbolic counts as wide)
+        score = (in_place, out.contiguous_dim() in info["n"],
                  ns.value if ns.is_const else 1 << 30)
         if key is None or score > key:
             best, key = info, score
@@ -469,13 +496,28 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget) -> li
         k.gemm = Contraction(ra, name, data, info["batch"], info["m"], info["n"], info["k"],
                              info["n_size"], info["k_size"], blocks, vl, tb, mr,
                              t.fma, max(1, GROUP_ROWS // mr), _k_chunk(tb, info, k.rdims),
-                             direct, direct is not None and info["n_size"].value % PACK != 0)
+                             direct, direct is not None and info["n_size"].value % PACK != 0,
+                             _n_inner(bufs[ra.arg[0]], bufs[name]))
         k.strategy = "gemm"
         epi = [] if k.epilogue is None else _reads(k.epilogue)
         k.reads = list(dict.fromkeys([ra.arg[0], name, *[r for r in epi if r != k.out]]))
         out.extend(pre)
         out.append(k)
     return out
+
+
+def _bytes(buf: Buffer) -> int | None:
+    n = ex.simplify_size(ex.product(list(buf.sizes.values())))
+    return n.value * 4 if n.is_const else None
+
+
+def _n_inner(a: Buffer, b: Buffer) -> bool:
+    """Whether the units should walk N tiles fastest: each M group's rows of A then stay in
+    cache while every N tile uses them, and B is read once per M group. Worth it when A is
+    too big to stay in the core's cache over a sweep of M (M fastest re-reads all of A per
+    N tile) but B is small enough to."""
+    sa, sb = _bytes(a), _bytes(b)
+    return sa is not None and sb is not None and sa > CACHE_REUSE_BYTES >= sb
 
 
 def _reads(e: Expr) -> list[str]:
@@ -623,10 +665,16 @@ class _Gemm:
             return b.bitcast(p, self.vty.as_pointer())
 
         with L.loops.loop(start, end, "unit") as u, E.scope():
-            mg = b.urem(u, mgroups)
-            rest = b.udiv(u, mgroups)
-            nt = b.urem(rest, ntiles)
-            bi = b.udiv(rest, ntiles)
+            if c.n_inner:
+                nt = b.urem(u, ntiles)
+                rest = b.udiv(u, ntiles)
+                mg = b.urem(rest, mgroups)
+                bi = b.udiv(rest, mgroups)
+            else:
+                mg = b.urem(u, mgroups)
+                rest = b.udiv(u, mgroups)
+                nt = b.urem(rest, ntiles)
+                bi = b.udiv(rest, ntiles)
             for d, v in self.delinearize(bi, c.batch, osz).items():
                 E.bind(d, v)
             for d in L.out.layout:
@@ -756,17 +804,70 @@ class _Gemm:
         if L.out.contiguous_dim() in c.m:
             loops.reverse()
         idx = {}
+        # the inner dims bound as one flat index when every address they reach is affine in
+        # it (no division per element), so the loop vectorizes
+        flat = flat_bindable(L.k.epilogue, L.out, loops[1][3], L.buffers)
         with L.loops.loop(_c(0), loops[0][1], f"e.{loops[0][0]}") as i, E.scope():
             idx[loops[0][0]] = i
             for d, v in self.delinearize(b.add(loops[0][2], i), loops[0][3], osz).items():
                 E.bind(d, v)
-            with L.loops.loop(_c(0), loops[1][1], f"e.{loops[1][0]}", vectorize=VECTOR_EPILOGUE) as j, \
+            with L.loops.loop(_c(0), loops[1][1], f"e.{loops[1][0]}", vectorize=flat) as j, \
                     E.scope():
                 idx[loops[1][0]] = j
-                for d, v in self.delinearize(b.add(loops[1][2], j), loops[1][3], osz).items():
-                    E.bind(d, v)
+                at = b.add(loops[1][2], j)
+                if flat:
+                    *outer, last = loops[1][3]
+                    for d in outer:
+                        E.bind(d, _c(0))
+                    E.bind(last, at)
+                else:
+                    for d, v in self.delinearize(at, loops[1][3], osz).items():
+                        E.bind(d, v)
                 p = b.gep(tile, [b.add(b.mul(idx["row"], _c(tile_n)), idx["col"])], inbounds=True)
                 L._store(L._finish(b.load(p, typ=F32)))
+
+
+def _adjacent(buf: Buffer, dims: list[str], sizes: dict) -> bool:
+    """Whether ``dims`` lie next to each other in ``buf``'s layout, in this order (size-1 dims
+    aside), each after the first of the size ``sizes`` gives it: then the flat index over them
+    addresses ``buf`` as the last dim alone would, with the others at 0."""
+    order = [d for d in buf.layout if d in dims or not _is_one(buf.sizes[d])]
+    pos = [order.index(d) for d in dims if d in order]
+    if len(pos) != len(dims) or pos != list(range(pos[0], pos[0] + len(dims))):
+        return False
+    return all(ex.same_size(buf.sizes[d], sizes[d]) for d in dims[1:])
+
+
+def flat_bindable(epilogue: Expr | None, out: Buffer, dims: list[str], bufs) -> bool:
+    """Whether the epilogue's inner loop over ``dims`` (flattened, last fastest) may bind them
+    as one flat index: the output and every read that uses them hold them adjacent and in
+    order, each indexed by the plain var, unguarded, and no other use of them."""
+    if not dims or not _adjacent(out, dims, out.sizes):
+        return False
+    want = set(dims)
+
+    def ok(e: Expr) -> bool:
+        if e.op == "var":
+            return e.arg not in want
+        if e.op != "read":
+            return all(ok(a) for a in e.args)
+        plain = {}
+        for d, ix in zip(e.arg[1], e.args):
+            if ix.op == "var" and ix.arg in want:
+                plain[ix.arg] = d
+            elif not ok(ix):
+                return False
+        if not plain:
+            return True
+        if set(plain) != want or e.arg[2] is not None:
+            return False
+        buf = bufs[e.arg[0]]
+        renamed = Buffer(buf.name, tuple(next((v for v, d2 in plain.items() if d2 == d), d)
+                                         for d in buf.layout),
+                         {next((v for v, d2 in plain.items() if d2 == d), d): s
+                          for d, s in buf.sizes.items()}, buf.dtype)
+        return _adjacent(renamed, dims, out.sizes)
+    return epilogue is None or ok(epilogue)
 
 
 def emit_gemm(L, wg, count) -> None:

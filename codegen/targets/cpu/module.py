@@ -14,6 +14,7 @@ import threading
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from ... import debug
 from .kernels import Buffer, Kernel
 from .lower import I32, PTR, KernelLowering
 from .target import CpuTarget
@@ -148,4 +149,6 @@ def optimize_and_emit(text: str, tm) -> bytes:
     pto.slp_vectorization = True
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
+    if debug.level() >= 3:
+        debug.log(f"cpu {tm.triple}: assembly after optimization:\n{tm.emit_assembly(mod)}", 3)
     return tm.emit_object(mod)

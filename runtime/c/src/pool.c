@@ -1,11 +1,17 @@
 /* pool.c: the persistent thread pool that runs a dispatch's workgroups.
  *
- * N-1 worker threads plus the caller. A job is (fn, ctx, count); workgroups are handed out with
- * one atomic counter, so a fast thread simply takes more of them. Jobs are numbered
- * (`generation`): a worker that finished job g spins briefly waiting for g+1 (dispatches of one
- * run follow each other within microseconds, and a futex wake costs more than that), then sleeps
- * on a condition variable. mp_pool_run returns only when every workgroup has run and every
- * worker has left the job, so ctx may live on the caller's stack.
+ * N-1 worker threads plus the caller. A job is (fn, ctx, count); workgroups are handed out
+ * from one atomic counter (mp_pool_work), so a fast thread simply takes more of them. Jobs are numbered: a worker
+ * that finished job g spins briefly waiting for g+1 (dispatches of one run follow each other
+ * within microseconds, and a futex wake costs more than that), then sleeps on a condition
+ * variable.
+ *
+ * A worker joins a job only while it is open, by raising the count of workers inside it in the
+ * same atomic word as the job number (`state`). Once every workgroup is handed out the caller
+ * closes the job and waits only for the workers inside it: a worker the scheduler has not run
+ * yet (its core busy with another process) never holds a dispatch up, it finds the job closed
+ * and waits for the next. mp_pool_run returns only when every workgroup has run and no worker
+ * is inside the job, so ctx may live on the caller's stack.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -16,18 +22,23 @@
 
 #define MP_POOL_SPIN 2000    /* pause iterations (~10-100 us) of polling before sleeping */
 
+/* state: job number in the high 32 bits, then the closed flag, then the workers inside */
+#define MP_CLOSED (1ull << 31)
+#define MP_INSIDE 0x7fffffffull
+#define MP_JOB(s) ((uint32_t)((s) >> 32))
+
 struct mp_pool {
   int threads;
   pthread_t *tids;
   pthread_mutex_t mu;
   pthread_cond_t work_cv, done_cv;
-  /* the current job; written by the caller before `generation` is bumped (release) */
+  /* the current job; written by the caller before `state` publishes it (release) */
   void (*fn)(void *ctx, uint32_t i);
   void *ctx;
   uint32_t count;
+  uint32_t job;              /* the caller's job number */
   atomic_uint next;          /* next workgroup to hand out */
-  atomic_int busy;           /* workers still inside the current job */
-  atomic_ulong generation;   /* job number */
+  atomic_ullong state;
   atomic_int sleepers;       /* workers waiting on work_cv */
   atomic_int stop;
 };
@@ -40,38 +51,63 @@ static inline void mp_cpu_relax(void) {
 #endif
 }
 
+/* Workgroups are taken in runs ("guided" scheduling): a share of what is left, shrinking to
+ * one at the end. Neighbouring workgroups write neighbouring outputs, so a thread that takes a
+ * run of them shares few cache lines with the others (handing them out one at a time, two
+ * threads would alternate and fight over every line at each boundary), and the last single
+ * workgroups still balance the load. */
 static void mp_pool_work(mp_pool *p) {
-  uint32_t i;
-  while ((i = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed)) < p->count)
-    p->fn(p->ctx, i);
+  uint32_t count = p->count, share = 2u * (uint32_t)p->threads;
+  uint32_t i = atomic_load_explicit(&p->next, memory_order_relaxed);
+  while (i < count) {
+    uint32_t run = (count - i) / share;
+    if (run < 1) run = 1;
+    if (!atomic_compare_exchange_weak_explicit(&p->next, &i, i + run, memory_order_relaxed,
+                                               memory_order_relaxed))
+      continue;   /* i now holds the current value */
+    for (uint32_t j = i; j < i + run; j++) p->fn(p->ctx, j);
+    i = atomic_load_explicit(&p->next, memory_order_relaxed);
+  }
 }
 
 /* Wait until the job number differs from `seen` (or stop); returns the new number. */
-static unsigned long mp_pool_wait_job(mp_pool *p, unsigned long seen) {
+static uint32_t mp_pool_wait_job(mp_pool *p, uint32_t seen) {
   for (int s = 0; s < MP_POOL_SPIN; s++) {
-    unsigned long g = atomic_load_explicit(&p->generation, memory_order_acquire);
+    uint32_t g = MP_JOB(atomic_load_explicit(&p->state, memory_order_acquire));
     if (g != seen || atomic_load(&p->stop)) return g;
     mp_cpu_relax();
   }
   pthread_mutex_lock(&p->mu);
-  /* sleepers is raised before re-checking generation (both seq_cst), so the caller either sees
-   * a sleeper and broadcasts under the mutex, or we see its new generation: no lost wake-up. */
+  /* sleepers is raised before re-checking the job (both seq_cst), so the caller either sees
+   * a sleeper and broadcasts under the mutex, or we see its new job: no lost wake-up. */
   atomic_fetch_add(&p->sleepers, 1);
-  while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
+  while (MP_JOB(atomic_load(&p->state)) == seen && !atomic_load(&p->stop))
     pthread_cond_wait(&p->work_cv, &p->mu);
   atomic_fetch_sub(&p->sleepers, 1);
   pthread_mutex_unlock(&p->mu);
-  return atomic_load_explicit(&p->generation, memory_order_acquire);
+  return MP_JOB(atomic_load_explicit(&p->state, memory_order_acquire));
+}
+
+/* Join job `g` if it is still open: 1 when joined. */
+static int mp_pool_enter(mp_pool *p, uint32_t g) {
+  unsigned long long s = atomic_load_explicit(&p->state, memory_order_acquire);
+  while (MP_JOB(s) == g && !(s & MP_CLOSED))
+    if (atomic_compare_exchange_weak_explicit(&p->state, &s, s + 1, memory_order_acq_rel,
+                                              memory_order_acquire))
+      return 1;
+  return 0;
 }
 
 static void *mp_pool_worker(void *arg) {
   mp_pool *p = arg;
-  unsigned long seen = 0;
+  uint32_t seen = 0;
   for (;;) {
     seen = mp_pool_wait_job(p, seen);
     if (atomic_load(&p->stop)) return NULL;
+    if (!mp_pool_enter(p, seen)) continue;   /* closed already: every workgroup was taken */
     mp_pool_work(p);
-    if (atomic_fetch_sub_explicit(&p->busy, 1, memory_order_acq_rel) == 1) {
+    unsigned long long s = atomic_fetch_sub_explicit(&p->state, 1, memory_order_acq_rel) - 1;
+    if ((s & MP_CLOSED) && (s & MP_INSIDE) == 0) {   /* the caller may be asleep on it */
       pthread_mutex_lock(&p->mu);
       pthread_cond_signal(&p->done_cv);
       pthread_mutex_unlock(&p->mu);
@@ -110,20 +146,23 @@ void mp_pool_run(mp_pool *p, uint32_t count, void (*fn)(void *ctx, uint32_t i), 
   p->ctx = ctx;
   p->count = count;
   atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-  atomic_store_explicit(&p->busy, p->threads - 1, memory_order_relaxed);
-  atomic_fetch_add(&p->generation, 1);   /* seq_cst: publishes the job */
+  p->job++;
+  atomic_store(&p->state, (unsigned long long)p->job << 32);   /* seq_cst: publishes the job */
   if (atomic_load(&p->sleepers) > 0) {
     pthread_mutex_lock(&p->mu);
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
   }
   mp_pool_work(p);
-  for (int s = 0; s < MP_POOL_SPIN; s++) {
-    if (atomic_load_explicit(&p->busy, memory_order_acquire) == 0) return;
+  /* every workgroup is handed out: close the job, then wait for the workers inside it */
+  unsigned long long s = atomic_fetch_or(&p->state, MP_CLOSED) | MP_CLOSED;
+  for (int i = 0; i < MP_POOL_SPIN && (s & MP_INSIDE); i++) {
     mp_cpu_relax();
+    s = atomic_load_explicit(&p->state, memory_order_acquire);
   }
+  if (!(s & MP_INSIDE)) return;
   pthread_mutex_lock(&p->mu);
-  while (atomic_load_explicit(&p->busy, memory_order_acquire) != 0)
+  while (atomic_load_explicit(&p->state, memory_order_acquire) & MP_INSIDE)
     pthread_cond_wait(&p->done_cv, &p->mu);
   pthread_mutex_unlock(&p->mu);
 }

@@ -70,6 +70,17 @@ def gemm_trans_case():
     return m, {"x": rand(5, 30)}
 
 
+def conv_add_case(cin, cout, size, k, other_shape):
+    """Conv + Add(another input of ``other_shape``, broadcast) + Relu: the epilogue reads a
+    second tensor, at the conv's own index (a residual) or broadcast along some dims."""
+    w = rand(cout, cin, k, k, seed=1, scale=1 / np.sqrt(cin * k * k))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[k // 2] * 4),
+             helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    m = model(nodes, [("x", F, [1, cin, size, size]), ("r", F, list(other_shape))],
+              [("w", w), ("b", rand(cout, seed=2))])
+    return m, {"x": rand(1, cin, size, size), "r": rand(*other_shape, seed=3)}
+
+
 def capsule_case():
     spec = importlib.util.spec_from_file_location("mlpack_test_capsule",
                                                   os.path.join(MODELS_DIR, "capsule.py"))
@@ -88,6 +99,17 @@ CASES = {
     "conv1x1_grouped": lambda: conv_case(16, 24, 12, 1, group=2),
     "conv1x1_stride2": lambda: conv_case(16, 33, 9, 1, stride=2, relu=False),
     "conv_grouped": lambda: conv_case(8, 32, 8, 3, group=2),
+    # a step of K moves x by 169 floats (no whole cache line) and 70 rows repay a packed copy
+    "conv1x1_packed_13x13": lambda: conv_case(24, 70, 13, 1),
+    "conv1x1_aligned_8x8": lambda: conv_case(24, 70, 8, 1),   # 64 floats: read in place
+    # 1.2 MB of weights (A) and a small x (B): the units walk N tiles fastest
+    "conv1x1_big_weights": lambda: conv_case(600, 500, 5, 1),
+    # the epilogue reads a residual at the output's own index: bound as one flat index
+    "conv3x3_residual": lambda: conv_add_case(16, 16, 9, 3, (1, 16, 9, 9)),
+    "conv1x1_residual": lambda: conv_add_case(16, 24, 10, 1, (1, 24, 10, 10)),
+    # ... or broadcast along h only: the inner loop's dims are bound one by one
+    "conv3x3_add_per_column": lambda: conv_add_case(8, 20, 7, 3, (1, 1, 1, 7)),
+    "conv1x1_add_per_row": lambda: conv_add_case(8, 20, 6, 1, (1, 1, 6, 1)),
     "conv_depthwise": lambda: conv_case(8, 8, 8, 3, group=8),
     "matmul_ragged": lambda: matmul_case(13, 77, 41),
     "matmul_bias_big_n": lambda: matmul_case(7, 33, 200, bias=True),
@@ -108,6 +130,36 @@ def test_contraction_matches_ort(case, target):
     want = oracle_outputs(m, feeds)
     got = run_plan(art, g, feeds)
     np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=RTOL, atol=ATOL)
+
+
+def test_read_modes_and_unit_order():
+    """How B is read and which tiles are walked fastest, for the shapes that decide it."""
+    def gemm(case):
+        m, _ = CASES[case]()
+        return _gemms(compile_onnx(m), "x86_64-v4")[0]
+    packed = gemm("conv1x1_packed_13x13")
+    assert packed.b_direct is None and packed.data is None   # packed at run time, aligned
+    in_place = gemm("conv1x1_aligned_8x8")
+    assert in_place.b_direct is not None
+    assert gemm("conv1x1_big_weights").n_inner
+    assert not in_place.n_inner
+
+
+def test_epilogue_flat_binding():
+    """The epilogue's inner dims are bound as one flat index exactly when every address they
+    reach is affine in it."""
+    from mlpack.codegen.targets.cpu.contraction import flat_bindable
+    from mlpack.codegen.targets.cpu.kernels import build_kernels
+    from mlpack.codegen.targets.cpu.plan import tensor_buffers
+    for case, want in (("conv3x3_residual", True), ("conv1x1_residual", True),
+                       ("conv3x3_add_per_column", False), ("conv1x1_add_per_row", False)):
+        m, _ = CASES[case]()
+        g = compile_onnx(m)
+        bufs = tensor_buffers(g)
+        k = next(k for k in build_kernels(g, bufs) if k.epilogue is not None)
+        out = bufs[k.out]
+        hw = [d for d in out.layout if d not in ("n", "co") and out.sizes[d].value > 1]
+        assert flat_bindable(k.epilogue, out, hw, bufs) == want, case
 
 
 def test_packed_weights_are_target_independent():
@@ -277,6 +329,16 @@ def test_direct_matches_ort(case, target):
     want = oracle_outputs(m, feeds)
     got = run_plan(art, g, feeds)
     np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=RTOL, atol=ATOL)
+
+
+def _gemms(g, target) -> list:
+    from mlpack.codegen.targets.cpu import contraction
+    from mlpack.codegen.targets.cpu.kernels import build_kernels
+    from mlpack.codegen.targets.cpu.plan import tensor_buffers
+    from mlpack.codegen.targets.cpu.target import get_target
+    bufs = tensor_buffers(g)
+    ks = contraction.apply(g, build_kernels(g, bufs), bufs, get_target(target))
+    return [k.gemm for k in ks if k.strategy == "gemm"]
 
 
 def _strategies(g, target) -> list[str]:
