@@ -10,6 +10,7 @@ import numpy as np
 from ... import debug
 from ....spec.ir.graph import Graph
 from . import contraction, narrowconv
+from .concat import split_concats
 from .kernels import build_kernels, reject_procedures
 from .link import link_shared
 from .module import build_module, optimize_and_emit, target_machine
@@ -38,12 +39,14 @@ def compile_cpu(graph: Graph, target: str) -> CpuArtifact:
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     reject_procedures(graph)
+    graph, aliases, parents = split_concats(graph)
     bufs = tensor_buffers(graph)
-    kernels = contraction.apply(graph, build_kernels(graph, bufs), bufs, t)
+    bufs.update(parents)
+    kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=aliases), bufs, t)
     copies, owners = output_copies(graph, bufs, len(kernels))
     narrowconv.unpack_ports(graph, bufs, owners)
     kernels += copies
-    plan, weights = make_plan(graph, kernels, bufs, owners)
+    plan, weights = make_plan(graph, kernels, bufs, owners, aliases)
     weights = narrowconv.pack_weights(weights, bufs)
     tm = target_machine(t)
     text = build_module(kernels, bufs, plan["symbols"], t, tm)

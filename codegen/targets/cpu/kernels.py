@@ -265,8 +265,10 @@ def reject_procedures(g: Graph) -> None:
     check_procedures(g)
 
 
-def build_kernels(g: Graph, buffers: dict[str, Buffer]) -> list[Kernel]:
-    """The graph's comprehensions as kernels, in order, with epilogues fused."""
+def build_kernels(g: Graph, buffers: dict[str, Buffer], keep=()) -> list[Kernel]:
+    """The graph's comprehensions as kernels, in order, with epilogues fused. ``keep``:
+    tensors that must be written even if their only reader could take them as an epilogue
+    (a concatenation's part that lies in its slice: concat.py)."""
     reject_procedures(g)
     from ....spec.ir.graph import tensors_read as op_reads
     from .procedure import procedure_kernel
@@ -276,7 +278,7 @@ def build_kernels(g: Graph, buffers: dict[str, Buffer]) -> list[Kernel]:
     for op in g.ops:   # a procedure reading a reduction keeps it from fusing away
         for t in sorted(op_reads(op)):
             readers.setdefault(t, []).append(op.outs[0])
-    pinned = {p.name for p in g.outputs}
+    pinned = {p.name for p in g.outputs} | set(keep)
     fused_into: dict[str, tuple] = {}
     for m in ops:
         hit = _fusable_reduction(m, producers, readers, pinned)

@@ -21,6 +21,7 @@ from ....spec.ir.graph import Graph, Procedure
 from ....spec.ir.program import encode_expr
 from ...errors import UnsupportedTargetError
 from . import procedure
+from .concat import root
 from .kernels import MAX_WORKGROUPS, WORK_PER_WORKGROUP, Buffer, Kernel, copy_kernel, row_dim
 
 ARENA_ALIGN = 64
@@ -104,16 +105,21 @@ def _pick_slot(slots: list[_Slot], need: Expr) -> _Slot:
 
 
 def assign_arena(kernels: list[Kernel], arena: list[str], bufs: dict[str, Buffer],
-                 bounds: dict[str, Expr] | None = None) -> tuple[dict, Expr]:
+                 bounds: dict[str, Expr] | None = None,
+                 aliases: dict[str, tuple[str, int]] | None = None) -> tuple[dict, Expr]:
     """Tensor -> (offset, size) expressions, and the arena size. ``bounds``: computed symbols
-    -> their bounds, at which slots are sized (the arena is allocated before the run)."""
+    -> their bounds, at which slots are sized (the arena is allocated before the run).
+    ``aliases``: tensors that lie inside another (concat.py): they share their root's slot,
+    which lives from the first write of any of them to the last use of any."""
+    aliases = aliases or {}
+
     def need(t: str) -> Expr:
         return nbytes(procedure.alloc_sizes(bufs[t], bounds or {}))
     last_use: dict[str, int] = {}
     for i, k in enumerate(kernels):
         for t in [*procedure.kernel_writes(k), *k.reads]:
-            last_use[t] = i
-    in_arena = set(arena)
+            last_use[root(t, aliases)[0]] = i
+    in_arena = {root(t, aliases)[0] for t in arena}
     slots: list[_Slot] = []
     slot_of: dict[str, _Slot] = {}
     for i, k in enumerate(kernels):
@@ -121,16 +127,26 @@ def assign_arena(kernels: list[Kernel], arena: list[str], bufs: dict[str, Buffer
             if last_use[t] < i and t in s.tenants and not s.free and s.tenants[-1] == t:
                 s.free = True
         for t in procedure.kernel_writes(k):
-            if t in in_arena:
-                s = _pick_slot(slots, need(t))
+            r = root(t, aliases)[0]
+            if r in in_arena and not (r != t and r in slot_of):
+                s = _pick_slot(slots, need(r))
                 s.free = False
-                s.tenants.append(t)
-                slot_of[t] = s
+                s.tenants.append(r)
+                slot_of[r] = s
     offsets, total = {}, ex.const(0)
     for s in slots:
         offsets[id(s)] = total
         total = ex.simplify_size(total + s.size)
     placed = {t: (offsets[id(s)], need(t)) for t, s in slot_of.items()}
+    for t in arena:
+        r, off = root(t, aliases)
+        if r != t:   # its exact bytes: rounded up, the last part would pass its root's end
+            at = placed[r][0]
+            buf = bufs[t]
+            count = ex.product([buf.sizes[d] for d in buf.layout])
+            size = dt.bits(buf.dtype) // 8 if buf.dtype != "bool" else 1
+            placed[t] = (ex.simplify_size(at + ex.const(off * size)),
+                         ex.simplify_size(count * ex.const(size)))
     return placed, total
 
 
@@ -173,8 +189,10 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
 
 
 def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
-              output_owners: list[str]) -> tuple[dict, dict[str, np.ndarray]]:
-    """The plan dict and the weights (constant name -> array in its layout)."""
+              output_owners: list[str], aliases: dict[str, tuple[str, int]] | None = None,
+              ) -> tuple[dict, dict[str, np.ndarray]]:
+    """The plan dict and the weights (constant name -> array in its layout). ``aliases``:
+    tensors placed inside others (concat.py)."""
     syms, sources = symbol_sources(g)
     entries: list[dict] = []
     index: dict[str, int] = {}
@@ -198,7 +216,11 @@ def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
         entries.append({"kind": "weight", "name": name})
         weights[name] = data
     arena = [t for k in kernels for t in procedure.kernel_writes(k) if t not in index]
-    placed, total = assign_arena(kernels, arena, bufs, procedure.computed_bounds(g))
+    # a concatenation no kernel writes itself (concat.py), read whole by later kernels
+    family = {t for a in (aliases or {}).items() for t in (a[0], a[1][0])}
+    arena += [t for t in dict.fromkeys(t for k in kernels for t in k.reads)
+              if t in family and t not in arena and t not in index]
+    placed, total = assign_arena(kernels, arena, bufs, procedure.computed_bounds(g), aliases)
     for t in arena:
         off, size = placed[t]
         index[t] = len(entries)
