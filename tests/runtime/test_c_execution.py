@@ -44,6 +44,29 @@ def test_open_run_close_leaks_nothing_under_valgrind():
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
 
 
+def _tsan_works() -> bool:
+    """Whether cc builds and runs a -fsanitize=thread program here (some kernels' address
+    space layouts make TSan refuse to start)."""
+    if not (shutil.which("make") and shutil.which("cc")):
+        return False
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        src, exe = Path(d) / "t.c", Path(d) / "t"
+        src.write_text("int main(void) { return 0; }\n")
+        if subprocess.run(["cc", "-fsanitize=thread", str(src), "-o", str(exe)],
+                          capture_output=True).returncode != 0:
+            return False
+        return subprocess.run([str(exe)], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _tsan_works(), reason="needs a C compiler with a working ThreadSanitizer")
+def test_pool_under_thread_sanitizer():
+    """Every workgroup of every job runs once, with no data race (pool.c's job protocol)."""
+    r = _make("tsan")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "test_pool:" in r.stdout and "0 failures" in r.stdout
+
+
 # ---------------------------------------------------------------- through runtime/native.py
 
 

@@ -71,9 +71,9 @@ GEMM_MAX_WORKGROUPS = MAX_WORKGROUPS
 MAX_MR = 12                  # rows per tile: each row keeps an A pointer in a general register
 L1_PANEL_BYTES = 24 << 10    # a K chunk's slice of the packed B panel stays in L1
 GROUP_ROWS = 48              # rows of M (over several tiles) that share one K chunk
-CACHE_REUSE_BYTES = 1 << 20
-LINE_BYTES = 64
-PACK_MIN_M = 64              # rows a run-time pack of B must feed to repay its copy  # an operand this small stays in L2 while the other streams
+CACHE_REUSE_BYTES = 1 << 20  # an operand this small stays in L2 while the other streams
+LINE_BYTES = 64              # a cache line
+PACK_MIN_M = 64              # rows a run-time pack of B must feed to repay its copy
 
 
 @dataclass

@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine.h"
 
@@ -26,6 +27,12 @@
 #define MP_CLOSED (1ull << 31)
 #define MP_INSIDE 0x7fffffffull
 #define MP_JOB(s) ((uint32_t)((s) >> 32))
+
+/* A thread's share of a job: the next workgroup to take and the end, on its own cache line. */
+struct mp_range {
+  _Alignas(64) atomic_uint next;
+  uint32_t end;
+};
 
 struct mp_pool {
   int threads;
@@ -37,7 +44,8 @@ struct mp_pool {
   void *ctx;
   uint32_t count;
   uint32_t job;              /* the caller's job number */
-  atomic_uint next;          /* next workgroup to hand out */
+  struct mp_range *ranges;   /* per thread: its share of the workgroups */
+  atomic_int seats;          /* thread indices handed to the workers, at start */
   atomic_ullong state;
   atomic_int sleepers;       /* workers waiting on work_cv */
   atomic_int stop;
@@ -51,22 +59,19 @@ static inline void mp_cpu_relax(void) {
 #endif
 }
 
-/* Workgroups are taken in runs ("guided" scheduling): a share of what is left, shrinking to
- * one at the end. Neighbouring workgroups write neighbouring outputs, so a thread that takes a
- * run of them shares few cache lines with the others (handing them out one at a time, two
- * threads would alternate and fight over every line at each boundary), and the last single
- * workgroups still balance the load. */
-static void mp_pool_work(mp_pool *p) {
-  uint32_t count = p->count, share = 2u * (uint32_t)p->threads;
-  uint32_t i = atomic_load_explicit(&p->next, memory_order_relaxed);
-  while (i < count) {
-    uint32_t run = (count - i) / share;
-    if (run < 1) run = 1;
-    if (!atomic_compare_exchange_weak_explicit(&p->next, &i, i + run, memory_order_relaxed,
-                                               memory_order_relaxed))
-      continue;   /* i now holds the current value */
-    for (uint32_t j = i; j < i + run; j++) p->fn(p->ctx, j);
-    i = atomic_load_explicit(&p->next, memory_order_relaxed);
+/* Each thread first takes the workgroups of its own share, one at a time and in order, then
+ * those left in the others' shares. Consecutive dispatches cut their workgroups the same way,
+ * so a thread mostly reads what it wrote itself (in its own core's cache); neighbouring
+ * workgroups, which write neighbouring memory, mostly stay on one thread; and a thread the
+ * scheduler takes off its core (another process's spinning threads on a busy machine) holds
+ * up at most the one workgroup it is running, the others take the rest of its share. */
+static void mp_pool_work(mp_pool *p, int seat) {
+  int n = p->threads;
+  for (int k = 0; k < n; k++) {
+    struct mp_range *r = &p->ranges[(seat + k) % n];
+    uint32_t i;
+    while ((i = atomic_fetch_add_explicit(&r->next, 1, memory_order_relaxed)) < r->end)
+      p->fn(p->ctx, i);
   }
 }
 
@@ -100,12 +105,13 @@ static int mp_pool_enter(mp_pool *p, uint32_t g) {
 
 static void *mp_pool_worker(void *arg) {
   mp_pool *p = arg;
+  int seat = atomic_fetch_add(&p->seats, 1);
   uint32_t seen = 0;
   for (;;) {
     seen = mp_pool_wait_job(p, seen);
     if (atomic_load(&p->stop)) return NULL;
     if (!mp_pool_enter(p, seen)) continue;   /* closed already: every workgroup was taken */
-    mp_pool_work(p);
+    mp_pool_work(p, seat);
     unsigned long long s = atomic_fetch_sub_explicit(&p->state, 1, memory_order_acq_rel) - 1;
     if ((s & MP_CLOSED) && (s & MP_INSIDE) == 0) {   /* the caller may be asleep on it */
       pthread_mutex_lock(&p->mu);
@@ -123,6 +129,12 @@ mp_pool *mp_pool_create(int threads) {
   pthread_cond_init(&p->work_cv, NULL);
   pthread_cond_init(&p->done_cv, NULL);
   p->threads = 1;
+  atomic_init(&p->seats, 1);   /* the caller is seat 0 */
+  size_t bytes = ((size_t)threads * sizeof *p->ranges + 63) / 64 * 64;
+  void *ranges = NULL;
+  if (posix_memalign(&ranges, 64, bytes) != 0) { mp_pool_destroy(p); return NULL; }
+  p->ranges = ranges;
+  memset(p->ranges, 0, bytes);
   if (threads > 1) {
     p->tids = calloc((size_t)threads - 1, sizeof *p->tids);
     if (!p->tids) { mp_pool_destroy(p); return NULL; }
@@ -145,7 +157,12 @@ void mp_pool_run(mp_pool *p, uint32_t count, void (*fn)(void *ctx, uint32_t i), 
   p->fn = fn;
   p->ctx = ctx;
   p->count = count;
-  atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+  uint32_t n = (uint32_t)p->threads;
+  for (uint32_t t = 0; t < n; t++) {
+    atomic_store_explicit(&p->ranges[t].next, (uint32_t)((uint64_t)count * t / n),
+                          memory_order_relaxed);
+    p->ranges[t].end = (uint32_t)((uint64_t)count * (t + 1) / n);
+  }
   p->job++;
   atomic_store(&p->state, (unsigned long long)p->job << 32);   /* seq_cst: publishes the job */
   if (atomic_load(&p->sleepers) > 0) {
@@ -153,7 +170,7 @@ void mp_pool_run(mp_pool *p, uint32_t count, void (*fn)(void *ctx, uint32_t i), 
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
   }
-  mp_pool_work(p);
+  mp_pool_work(p, 0);
   /* every workgroup is handed out: close the job, then wait for the workers inside it */
   unsigned long long s = atomic_fetch_or(&p->state, MP_CLOSED) | MP_CLOSED;
   for (int i = 0; i < MP_POOL_SPIN && (s & MP_INSIDE); i++) {
@@ -175,6 +192,7 @@ void mp_pool_destroy(mp_pool *p) {
   pthread_mutex_unlock(&p->mu);
   for (int t = 0; t < p->threads - 1; t++) pthread_join(p->tids[t], NULL);
   free(p->tids);
+  free(p->ranges);
   pthread_cond_destroy(&p->work_cv);
   pthread_cond_destroy(&p->done_cv);
   pthread_mutex_destroy(&p->mu);
