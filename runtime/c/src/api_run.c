@@ -162,19 +162,42 @@ static mlpack_status mp_bind_inputs(const mlpack_model *m, const mlpack_tensor *
 
 void mp_run_release(mlpack_model *m) {
   if (!m) return;
-  if (m->out_data)
-    for (size_t i = 0; i < m->output_count; i++) free(m->out_data[i]);
+  for (size_t i = 0; i < m->output_count; i++) {
+    if (m->out_data) free(m->out_data[i]);
+    if (m->out_keep) free(m->out_keep[i]);
+  }
   free(m->out_data);
   free(m->out_shapes);
+  free(m->out_keep);
+  free(m->out_cap);
   m->out_data = NULL;
   m->out_shapes = NULL;
+  m->out_keep = NULL;
+  m->out_cap = NULL;
 }
 
+/* The last run's outputs go back to the keep list (their memory is reused, not freed). */
 static void mp_outputs_clear(mlpack_model *m) {
   for (size_t i = 0; i < m->output_count; i++) {
-    free(m->out_data[i]);
-    m->out_data[i] = NULL;
+    if (m->out_data[i]) {
+      m->out_keep[i] = m->out_data[i];
+      m->out_data[i] = NULL;
+    }
   }
+}
+
+/* Output i's memory for `need` bytes: the kept allocation when it is large enough. */
+static void *mp_output_memory(mlpack_model *m, size_t i, size_t need) {
+  if (m->out_keep[i] && m->out_cap[i] >= need) {
+    void *p = m->out_keep[i];
+    m->out_keep[i] = NULL;
+    return p;
+  }
+  free(m->out_keep[i]);
+  m->out_keep[i] = NULL;
+  void *p = mp_alloc_aligned(need);
+  m->out_cap[i] = p ? need : 0;
+  return p;
 }
 
 /* Shapes of the outputs from the bound symbols; -1 where data decides. */
@@ -201,7 +224,7 @@ static mlpack_status mp_alloc_outputs(mlpack_model *m, const int *known, mlpack_
     size_t need;
     if (mp_shape_bytes(&m->out_shapes[i * 8], m->outputs[i].rank, m->outputs[i].dtype, &need) != MLPACK_OK)
       return mp_fail(err, MLPACK_ERR_INPUT, "output '%s' would be too large", m->outputs[i].name);
-    m->out_data[i] = mp_alloc_aligned(need);
+    m->out_data[i] = mp_output_memory(m, i, need);
     if (!m->out_data[i])
       return mp_fail(err, MLPACK_ERR_NOMEM, "cannot allocate output '%s' (%zu bytes)",
                      m->outputs[i].name, need);
@@ -227,7 +250,7 @@ mlpack_status mp_run_output(const mp_run *run, size_t i, const int64_t *shape, v
     size_t need;
     if (mp_shape_bytes(shape, s->rank, s->dtype, &need) != MLPACK_OK)
       return mp_fail(err, MLPACK_ERR_RUNTIME, "output '%s' is too large", s->name);
-    m->out_data[i] = mp_alloc_aligned(need);
+    m->out_data[i] = mp_output_memory(m, i, need);
     if (!m->out_data[i])
       return mp_fail(err, MLPACK_ERR_NOMEM, "cannot allocate output '%s' (%zu bytes)", s->name, need);
     for (size_t d = 0; d < s->rank; d++) have[d] = shape[d];
@@ -266,9 +289,13 @@ static mlpack_status mp_check_args(mlpack_model *m, const mlpack_tensor *inputs,
 }
 
 static mlpack_status mp_prepare_storage(mlpack_model *m, mlpack_error **err) {
-  if (!m->out_data) m->out_data = calloc(m->output_count ? m->output_count : 1, sizeof(void *));
-  if (!m->out_shapes) m->out_shapes = calloc((m->output_count ? m->output_count : 1) * 8, sizeof(int64_t));
-  if (!m->out_data || !m->out_shapes) return mp_fail(err, MLPACK_ERR_NOMEM, "mlpack_run: out of memory");
+  size_t n = m->output_count ? m->output_count : 1;
+  if (!m->out_data) m->out_data = calloc(n, sizeof(void *));
+  if (!m->out_shapes) m->out_shapes = calloc(n * 8, sizeof(int64_t));
+  if (!m->out_keep) m->out_keep = calloc(n, sizeof(void *));
+  if (!m->out_cap) m->out_cap = calloc(n, sizeof(size_t));
+  if (!m->out_data || !m->out_shapes || !m->out_keep || !m->out_cap)
+    return mp_fail(err, MLPACK_ERR_NOMEM, "mlpack_run: out of memory");
   mp_outputs_clear(m);
   return MLPACK_OK;
 }

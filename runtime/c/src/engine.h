@@ -224,6 +224,10 @@ struct mlpack_model {
   /* outputs of the last run (owned) */
   void **out_data;
   int64_t *out_shapes;           /* output_count x 8 */
+  /* each output's allocation while no run holds it, kept for the next run of that size or
+   * less (a fresh allocation of megabytes per run costs page faults), and its capacity */
+  void **out_keep;
+  size_t *out_cap;
 };
 
 /* ---------------------------------------------------------------- executors */
