@@ -712,10 +712,14 @@ class _Gemm:
                 else:
                     at = b.mul(self.add(b.mul(bi, blocks), blk), panel_size)
                 panels.append(b.gep(packed, [at], inbounds=True, source_etype=F32))
-            with L.loops.loop(_c(0), ng, "zero") as g:
-                for r in range(c.mr):
-                    for q in range(nv):
-                        b.store(zero_vec, cvec(g, r, q), align=4)
+            # one K chunk (a short K, a 1x1 convolution's): each tile starts from zero in its
+            # registers and goes to the buffer once, instead of through it per chunk
+            single = self._single_chunk()
+            if not single:
+                with L.loops.loop(_c(0), ng, "zero") as g:
+                    for r in range(c.mr):
+                        for q in range(nv):
+                            b.store(zero_vec, cvec(g, r, q), align=4)
             # K in chunks (of the outermost K dim) outside the group's tiles: the chunk of the
             # B panel and the A rows it touches stay in L1 while every tile of the group uses them
             with L.loops.loop(_c(0), nchunks, "chunk") as ch:
@@ -733,7 +737,8 @@ class _Gemm:
                         rows.append(b.gep(A, [off], inbounds=True, source_etype=F32))
                     for r in range(c.mr):
                         for q in range(nv):
-                            b.store(b.load(cvec(g, r, q), align=4), accs[r * nv + q])
+                            b.store(zero_vec if single else b.load(cvec(g, r, q), align=4),
+                                    accs[r * nv + q])
                     self._k_loop(0, _c(0), _c(0), _c(0), rows, panels, accs, S, (lo, hi))
                     for r in range(c.mr):
                         for q in range(nv):
@@ -742,6 +747,11 @@ class _Gemm:
             self._epilogue(tile, b.mul(t0, _c(c.mr)), m_size, nt, osz)
         b.ret_void()
         L.loops_md(L.loops.latches)
+
+    def _single_chunk(self) -> bool:
+        """Whether the outermost K dim fits one chunk, known at build time."""
+        ext = self.L.k.rdims[self.c.k[0]]
+        return ext.is_const and ext.value <= self.c.kc
 
     def _k_loop(self, depth: int, off, kflat, boff, rows, panels, accs, S, span) -> None:
         """Nested loops over the K dims (the outermost over ``span``); the innermost body is
