@@ -72,6 +72,7 @@ LAYERS = {
     "conv3x3_512_7": lambda: conv(512, 512, 7, 3),
     "conv1x1_512to1000_13": lambda: conv(512, 1000, 13, 1),
     "conv3x3_3to64_224_s2": lambda: conv(3, 64, 224, 3, stride=2),
+    "conv7x7_3to64_224_s2": lambda: conv(3, 64, 224, 7, stride=2),
     "conv1x1_16to64_55": lambda: conv(16, 64, 55, 1),
     "conv1x1_64to256_56": lambda: conv(64, 256, 56, 1),
     "conv1x1_128to16_55": lambda: conv(128, 16, 55, 1),

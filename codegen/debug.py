@@ -1,7 +1,7 @@
 """Every debugging flag mlpack reads, in one registry.
 
 MLPACK_DEBUG=N: 1 prints each pass's name and time; 2 also the IR after each pass that
-changed it; 3 also generated code (LLVM IR / assembly) once targets exist.
+changed it; 3 also each cpu target's LLVM IR before optimization and its assembly after.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 FLAGS = {
     "MLPACK_DEBUG": "0 quiet; 1 pass names and timings; 2 and the IR after each pass that "
-                    "changed it; 3 and generated LLVM IR/asm",
+                    "changed it; 3 and each cpu target's LLVM IR and optimized assembly",
 }
 
 
