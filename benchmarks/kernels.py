@@ -70,6 +70,8 @@ LAYERS = {
     "conv1x1_256to64_56": lambda: conv(256, 64, 56, 1),
     "conv3x3_128_28_s2": lambda: conv(128, 128, 56, 3, stride=2),
     "conv3x3_512_7": lambda: conv(512, 512, 7, 3),
+    "conv1x1_1024to2048_7": lambda: conv(1024, 2048, 7, 1),
+    "conv3x3_256_14": lambda: conv(256, 256, 14, 3),
     "conv1x1_512to1000_13": lambda: conv(512, 1000, 13, 1),
     "conv3x3_3to64_224_s2": lambda: conv(3, 64, 224, 3, stride=2),
     "conv7x7_3to64_224_s2": lambda: conv(3, 64, 224, 7, stride=2),

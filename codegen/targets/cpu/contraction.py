@@ -71,6 +71,7 @@ GEMM_MAX_WORKGROUPS = MAX_WORKGROUPS
 MAX_MR = 12                  # rows per tile: each row keeps an A pointer in a general register
 L1_PANEL_BYTES = 24 << 10    # a K chunk's slice of the packed B panel stays in L1
 GROUP_ROWS = 48              # rows of M (over several tiles) that share one K chunk
+MAX_GROUP_ROWS = 96          # ... or all of M, up to this many rows
 CACHE_REUSE_BYTES = 1 << 20  # an operand this small stays in L2 while the other streams
 LINE_BYTES = 64              # a cache line
 PACK_MIN_M = 64              # rows a run-time pack of B must feed to repay its copy
@@ -495,7 +496,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget) -> li
         vl, tb, mr = _tile_shape(t, blocks.value if blocks.is_const else 64)
         k.gemm = Contraction(ra, name, data, info["batch"], info["m"], info["n"], info["k"],
                              info["n_size"], info["k_size"], blocks, vl, tb, mr,
-                             t.fma, max(1, GROUP_ROWS // mr), _k_chunk(tb, info, k.rdims),
+                             t.fma, _group(info["m_size"], mr), _k_chunk(tb, info, k.rdims),
                              direct, direct is not None and info["n_size"].value % PACK != 0,
                              _n_inner(bufs[ra.arg[0]], bufs[name]))
         k.strategy = "gemm"
@@ -504,6 +505,17 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget) -> li
         out.extend(pre)
         out.append(k)
     return out
+
+
+def _group(m_size: Expr, mr: int) -> int:
+    """M tiles per workgroup unit (they share each K chunk of the B panel from L1): about
+    GROUP_ROWS rows, or all of M when it is at most MAX_GROUP_ROWS rows. A late convolution's
+    7x7 = 49 rows would otherwise be 48 + 1, and the 1-row group would stream the whole panel
+    again (resnet50's 3x3 512-channel convolution on 7x7: 0.87 -> 0.95 of ONNX Runtime)."""
+    tiles = max(1, GROUP_ROWS // mr)
+    if m_size.is_const and m_size.value <= MAX_GROUP_ROWS:
+        tiles = max(tiles, -(-m_size.value // mr))
+    return tiles
 
 
 def _bytes(buf: Buffer) -> int | None:
