@@ -74,7 +74,8 @@ GROUP_ROWS = 48              # rows of M (over several tiles) that share one K c
 MAX_GROUP_ROWS = 96          # ... or all of M, up to this many rows
 CACHE_REUSE_BYTES = 1 << 20  # an operand this small stays in L2 while the other streams
 LINE_BYTES = 64              # a cache line
-PACK_MIN_M = 64              # rows a run-time pack of B must feed to repay its copy
+SWAP_MIN_N = 256             # pixels an NCHW 1x1 convolution needs to read x in place as B
+PACK_MIN_M = 128              # rows a run-time pack of B must feed to repay its copy
 
 
 @dataclass
@@ -289,6 +290,8 @@ def _swapped(k: Kernel, out: Buffer, info: dict, bufs, t) -> dict | None:
     ms = alt["m_size"]
     if not (ms.is_const and ms.value >= MIN_M) or not _direct(alt, bufs, _masks(t)):
         return None
+    if alt["n_size"].value < SWAP_MIN_N:
+        return None   # a 7x7 or 13x13 image fills too little of a tile's 64 columns
     alt["mode"] = _in_place_mode(alt, bufs)
     return alt
 

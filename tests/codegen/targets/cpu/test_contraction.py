@@ -99,11 +99,13 @@ CASES = {
     "conv1x1_grouped": lambda: conv_case(16, 24, 12, 1, group=2),
     "conv1x1_stride2": lambda: conv_case(16, 33, 9, 1, stride=2, relu=False),
     "conv_grouped": lambda: conv_case(8, 32, 8, 3, group=2),
-    # a step of K moves x by 169 floats (no whole cache line) and 70 rows repay a packed copy
-    "conv1x1_packed_13x13": lambda: conv_case(24, 70, 13, 1),
-    "conv1x1_aligned_8x8": lambda: conv_case(24, 70, 8, 1),   # 64 floats: read in place
-    # 1.2 MB of weights (A) and a small x (B): the units walk N tiles fastest
-    "conv1x1_big_weights": lambda: conv_case(600, 500, 5, 1),
+    # 13x13 = 169 pixels fill too little of 64-column tiles: the weights stay B
+    "conv1x1_13x13": lambda: conv_case(24, 70, 13, 1),
+    # a step of K moves x by 289 floats (no whole cache line) and 130 rows repay a packed copy
+    "conv1x1_packed_17x17": lambda: conv_case(24, 130, 17, 1),
+    "conv1x1_aligned_16x16": lambda: conv_case(24, 130, 16, 1),   # 256 floats: in place
+    # 1.2 MB of weights (A) and a 1 MB x (B): the units walk N tiles fastest
+    "conv1x1_big_weights": lambda: conv_case(1000, 300, 16, 1),
     # the epilogue reads a residual at the output's own index: bound as one flat index
     "conv3x3_residual": lambda: conv_add_case(16, 16, 9, 3, (1, 16, 9, 9)),
     "conv1x1_residual": lambda: conv_add_case(16, 24, 10, 1, (1, 24, 10, 10)),
@@ -137,9 +139,10 @@ def test_read_modes_and_unit_order():
     def gemm(case):
         m, _ = CASES[case]()
         return _gemms(compile_onnx(m), "x86_64-v4")[0]
-    packed = gemm("conv1x1_packed_13x13")
+    assert gemm("conv1x1_13x13").data is not None            # the weights packed at build
+    packed = gemm("conv1x1_packed_17x17")
     assert packed.b_direct is None and packed.data is None   # packed at run time, aligned
-    in_place = gemm("conv1x1_aligned_8x8")
+    in_place = gemm("conv1x1_aligned_16x16")
     assert in_place.b_direct is not None
     assert gemm("conv1x1_big_weights").n_inner
     assert not in_place.n_inner
