@@ -18,17 +18,23 @@ of two ways, whichever gives more unit-stride reads in the innermost loop:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from ....spec.ir import dtypes as dt
 from ....spec.ir import expr as ex
 from ....spec.ir.expr import Expr
 from ....spec.ir.graph import Comprehension, Graph, Procedure
+from .hoist import replace_node
 
 ACC = "acc"                  # the epilogue's name for the reduction's value
 MIN_VECTOR_TRIP = 8          # a loop shorter than this is a poor innermost loop
 WORK_PER_WORKGROUP = 32768   # multiply-adds (roughly) worth handing a thread at once
 MAX_WORKGROUPS = 256
 MIN_ROW_CHUNK = 16           # rows are split into chunks no shorter than this
+MAX_WINDOW = 16              # window positions a max/min pooling is unrolled over
 ROW_BIAS = 0.5               # how much the row strategy is preferred at equal scores
 
 
@@ -64,6 +70,7 @@ class Kernel:
     reads: list[str] = field(default_factory=list)
     fused: list[str] = field(default_factory=list)   # IR ops it computes, for messages
     gemm: object = None            # contraction.Contraction when strategy == "gemm"
+    window: int = 1                # terms per element of an unrolled window (unroll_window)
 
 
 # ---------------------------------------------------------------- helpers
@@ -259,6 +266,61 @@ def schedule(k: Kernel, out: Buffer, buffers: dict[str, Buffer]) -> None:
 # ---------------------------------------------------------------- building
 
 
+def unroll_window(k: Kernel) -> None:
+    """A max or min over a small constant window (a pooling) as a map whose body combines
+    the window's terms, in the order the reduction loop would take them: the row strategy
+    would read and write the output row once per window position, the map keeps the running
+    value in a register and is one vector loop. A select whose condition holds for the whole
+    window (a concatenation inlined into the pooling) is kept outside, for hoist.py."""
+    if k.reduce not in ("max", "min") or k.acc_dtype != "f32" or not k.rdims:
+        return
+    sizes = list(k.rdims.values())
+    if not all(s.is_const for s in sizes) or int(np.prod([s.value for s in sizes])) > MAX_WINDOW:
+        return
+    names = list(k.rdims)
+    start = ex.const(dt.lowest("f32") if k.reduce == "max" else dt.highest("f32"), "f32")
+
+    def unroll(body: Expr) -> Expr:
+        if body.op == "select":
+            cond = body.args[0]
+            if not (ex.free_vars(cond) & set(names)) and not any(
+                    n.op == "read" for n in ex.walk(cond)):
+                return ex.select(cond, unroll(body.args[1]), unroll(body.args[2]))
+        inner = _monotone_core(body, set(names))
+        if inner is not body:   # max over g(x) is g(max over x) for a non-decreasing g
+            hole = ex.var("window.value", inner.dtype)
+            outer = replace_node(body, inner, hole)
+            return ex.substitute(outer, {"window.value": unroll(inner)})
+        acc = start
+        for point in itertools.product(*[range(s.value) for s in sizes]):
+            term = ex.substitute(body, {r: ex.const(v) for r, v in zip(names, point)})
+            acc = ex.binary(k.reduce, term, acc)
+        return acc
+    value = unroll(k.body)
+    if k.epilogue is not None:
+        value = ex.substitute(k.epilogue, {ACC: value})
+    k.body, k.reduce, k.rdims, k.epilogue = value, None, {}, None
+    k.acc_dtype = value.dtype   # the epilogue's, if it had one (a compare gives bool)
+    k.window = int(np.prod([s.value for s in sizes]))
+
+
+def _monotone_core(e: Expr, window: set[str]) -> Expr:
+    """The part of ``e`` that depends on the window, below a chain of non-decreasing steps
+    whose other operands do not (a bias add, a relu: ``max(x[w] + b, 0)`` gives ``x[w]``), or
+    ``e`` itself. Rounding is monotone too, and a NaN passes through either way."""
+    def varies(x: Expr) -> bool:
+        return bool(ex.free_vars(x) & window)
+    while e.dtype == "f32" and e.op in ("add", "sub", "max", "min") and len(e.args) == 2:
+        a, b = e.args
+        if varies(a) and not varies(b):
+            e = a
+        elif varies(b) and not varies(a) and e.op != "sub":
+            e = b
+        else:
+            break
+    return e
+
+
 def reject_procedures(g: Graph) -> None:
     """Refuse the procedures the cpu target cannot lower (procedure.py says which and why)."""
     from .procedure import check_procedures
@@ -303,6 +365,7 @@ def build_kernels(g: Graph, buffers: dict[str, Buffer], keep=()) -> list[Kernel]
         else:
             k = Kernel(f"k{len(kernels)}_{op.out}", op.out, inline_scalar_constants(g, op.body),
                        op.reduce, dict(op.rdims), op.type.dtype, fused=[op.out])
+        unroll_window(k)
         reads = tensors_read(k.body) + (tensors_read(k.epilogue) if k.epilogue is not None else [])
         k.reads = [t for t in dict.fromkeys(reads) if t != k.out]
         schedule(k, buffers[k.out], buffers)

@@ -182,7 +182,7 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
         return gemm_workgroups(k, out)
     outer, _ = row_dim(out)
     rows = ex.product([*[out.sizes[d] for d in outer], ex.const(k.row_chunks)])
-    work = ex.product([*out.sizes.values(), *k.rdims.values()])
+    work = ex.product([*out.sizes.values(), *k.rdims.values(), ex.const(k.window)])
     per = ex.binary("max", ex.const(1), ex.binary(
         "min", ex.const(MAX_WORKGROUPS), ex.floordiv(work, ex.const(WORK_PER_WORKGROUP))))
     return ex.binary("min", rows, per)
