@@ -108,3 +108,13 @@ def run_plan(artifact, graph: Graph, inputs: dict[str, np.ndarray], lib: Library
             if rc != 0:
                 raise RuntimeError(f"kernel {lib.names[disp['kernel']]} returned {rc}")
     return {p.name: o for p, o in zip(graph.outputs, outs)}
+
+
+def compile_and_run(model, feeds: dict[str, np.ndarray], target: str):
+    """``model`` (ONNX) compiled for the cpu ``target`` and run on ``feeds``: (the graph, the
+    artifact, its first output)."""
+    from mlpack.codegen.compile import compile_onnx
+    from mlpack.codegen.targets.cpu import compile_cpu
+    g = compile_onnx(model)
+    art = compile_cpu(g, target)
+    return g, art, run_plan(art, g, feeds)[g.outputs[0].name]

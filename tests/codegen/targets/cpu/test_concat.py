@@ -23,7 +23,7 @@ from onnx import helper
 from support import one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plan_runner import run_plan  # tests/codegen/targets/plan_runner.py
+from plan_runner import compile_and_run  # tests/codegen/targets/plan_runner.py
 
 TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
 RTOL, ATOL = 1e-4, 1e-5
@@ -113,11 +113,8 @@ SPLIT = {"fire": 1, "fire_13x13": 1, "fire_dynamic_batch": 0, "dense_chain": 3,
 @pytest.mark.parametrize("case", list(CASES))
 def test_concat_matches_ort(case, target):
     m, feeds = CASES[case]()
-    g = compile_onnx(m)
-    art = compile_cpu(g, target)
-    got = run_plan(art, g, feeds)
-    np.testing.assert_allclose(got[g.outputs[0].name], oracle_outputs(m, feeds)[0],
-                               rtol=RTOL, atol=ATOL)
+    _, _, got = compile_and_run(m, feeds, target)
+    np.testing.assert_allclose(got, oracle_outputs(m, feeds)[0], rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("case", list(CASES))

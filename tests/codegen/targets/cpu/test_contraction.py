@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper
 from support import MODELS_DIR, one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plan_runner import run_plan  # tests/codegen/targets/plan_runner.py
+from plan_runner import compile_and_run, run_plan  # tests/codegen/targets/plan_runner.py
 
 TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
 RTOL, ATOL = 1e-4, 1e-5
@@ -126,12 +126,9 @@ NOT_GEMM = {"conv_depthwise"}   # one output channel per group: a direct kernel 
 @pytest.mark.parametrize("case", list(CASES))
 def test_contraction_matches_ort(case, target):
     m, feeds = CASES[case]()
-    g = compile_onnx(m)
-    art = compile_cpu(g, target)
+    g, _, got = compile_and_run(m, feeds, target)
     assert ("Contraction" in _strategies(g, target)) == (case not in NOT_GEMM), case
-    want = oracle_outputs(m, feeds)
-    got = run_plan(art, g, feeds)
-    np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got, oracle_outputs(m, feeds)[0], rtol=RTOL, atol=ATOL)
 
 
 def test_read_modes_and_unit_order():

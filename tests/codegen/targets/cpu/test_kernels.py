@@ -16,7 +16,6 @@ import sys
 import numpy as np
 import pytest
 from mlpack.codegen.compile import compile_onnx
-from mlpack.codegen.targets.cpu import compile_cpu
 from mlpack.codegen.targets.cpu.kernels import MAX_WINDOW, build_kernels
 from mlpack.codegen.targets.cpu.plan import tensor_buffers
 from onnx import TensorProto as TP
@@ -24,7 +23,7 @@ from onnx import helper
 from support import one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plan_runner import run_plan  # tests/codegen/targets/plan_runner.py
+from plan_runner import compile_and_run, run_plan  # tests/codegen/targets/plan_runner.py
 
 TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
 F = TP.FLOAT
@@ -73,10 +72,9 @@ UNROLLED = {"maxpool3x3_s2_bias_relu": 9, "maxpool2x2_plain": 4, "maxpool3x3_pad
 def test_pooling_matches_ort_and_the_interpreter(case, target):
     from mlpack.spec.ir import run_graph
     m, feeds = CASES[case]()
-    g = compile_onnx(m)
-    art = compile_cpu(g, target)
+    g, art, got = compile_and_run(m, feeds, target)
     name = g.outputs[0].name
-    np.testing.assert_array_equal(run_plan(art, g, feeds)[name], oracle_outputs(m, feeds)[0])
+    np.testing.assert_array_equal(got, oracle_outputs(m, feeds)[0])
     odd = {"x": specials(feeds["x"])}
     got, want = run_plan(art, g, odd)[name], run_graph(g, odd)[name]
     np.testing.assert_array_equal(got, want)   # NaN where NaN, infinities where they are
