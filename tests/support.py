@@ -81,3 +81,26 @@ def one_output_model(nodes, inputs, inits=(), opset: int = 17):
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                           [numpy_helper.from_array(a, n) for n, a in inits])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+
+
+def parse_ir(text: str):
+    """An IR graph from its (indented) text form."""
+    import textwrap
+
+    from mlpack.spec.ir import parse_graph
+    return parse_graph(textwrap.dedent(text))
+
+
+def check_pass(before_text: str, fn, after_text: str, inputs, rtol: float, atol: float = 0.0):
+    """A graph pass ``fn`` on ``before_text`` gives exactly ``after_text``, which verifies and
+    computes what the original did (within rtol/atol) on ``inputs``."""
+    import textwrap
+
+    from mlpack.spec.ir import format_graph, run_graph, verify
+    expected = run_graph(parse_ir(before_text), inputs)
+    after = fn(parse_ir(before_text))
+    verify(after)
+    assert format_graph(after) == textwrap.dedent(after_text)
+    got = run_graph(after, inputs)
+    for k in expected:
+        np.testing.assert_allclose(got[k], expected[k], rtol=rtol, atol=atol)

@@ -18,13 +18,14 @@ in its root's arena slot (plan.assign_arena) and the concatenation has no kernel
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ....spec.ir import dtypes as dt
 from ....spec.ir import expr as ex
 from ....spec.ir.expr import Expr
 from ....spec.ir.graph import Comprehension, Graph, TensorType
-from .kernels import Buffer
+from .kernels import Buffer, _is_one
 
 Aliases = dict[str, tuple[str, int]]   # tensor -> (the tensor it lies in, offset in elements)
 
@@ -69,24 +70,18 @@ def _plain_read(arm: Expr, dims: dict[str, Expr], g: Graph) -> str | None:
     t = g.types.get(name)
     if t is None or t.dtype != arm.dtype:
         return None
-    order = [d for d in dims if not _one(dims[d])]
-    seen = []
-    for d, ix in zip(arm.arg[1], arm.args):
-        size = t.dims[d]
-        if _one(size) and ((ix.is_const and ix.value == 0)
-                           or (ix.op == "var" and ix.arg in dims and _one(dims[ix.arg]))):
+    order = [d for d in dims if not _is_one(dims[d])]
+    index = dict(zip(arm.arg[1], arm.args))
+    laid = []   # the arm's dims as the tensor's buffer lays them out (type order: plan.py)
+    for d, size in t.dims.items():
+        ix = index[d]
+        if _is_one(size) and ((ix.is_const and ix.value == 0)
+                              or (ix.op == "var" and ix.arg in dims and _is_one(dims[ix.arg]))):
             continue
         if ix.op != "var" or ix.arg not in dims or not ex.same_size(size, dims[ix.arg]):
             return None
-        seen.append(ix.arg)
-    # the tensor's buffer lays its dims out in type order (plan.tensor_buffers)
-    by_dim = dict(zip(arm.arg[1], arm.args))
-    laid = [by_dim[d].arg for d in t.dims if not (_one(t.dims[d]))]
-    return name if laid == order and sorted(seen) == sorted(order) else None
-
-
-def _one(s: Expr) -> bool:
-    return s.is_const and s.value == 1
+        laid.append(ix.arg)
+    return name if laid == order else None
 
 
 def split_concats(g: Graph) -> tuple[Graph, Aliases, dict[str, Buffer]]:
@@ -123,13 +118,11 @@ def _split(op: Comprehension, g: Graph, outputs, producers, aliases):
         return None
     if dt.bits(op.type.dtype) % 8 or not all(s.is_const for s in dims.values()):
         return None   # sub-byte elements have no byte offset; symbolic sizes: not attempted
-    outer = [d for d in dims if not _one(dims[d])]
+    outer = [d for d in dims if not _is_one(dims[d])]
     if not outer:
         return None
     c = outer[0]
-    inner = 1
-    for d in outer[1:]:
-        inner *= dims[d].value
+    inner = math.prod(dims[d].value for d in outer[1:])
     arms = _arms(op.body, c, dims[c].value)
     if arms is None:
         return None

@@ -57,8 +57,11 @@ from .kernels import (
     Buffer,
     Kernel,
     _coeff,
+    _is_one,
     schedule,
 )
+from .lower import delinearize
+from .plan import exact_bytes
 from .target import CpuTarget
 
 PACK = 16                    # f32 lanes per packed column block, the same for every target
@@ -126,10 +129,6 @@ def _affine(ix: Expr, loop: set[str]) -> tuple[dict[str, int], Expr] | None:
     if ex.free_vars(c0):
         return None
     return coeffs, c0
-
-
-def _is_one(s: Expr) -> bool:
-    return s.is_const and s.value == 1
 
 
 def _tile_shape(t: CpuTarget, blocks: int) -> tuple[int, int, int]:
@@ -202,15 +201,10 @@ def _direct(info: dict, bufs: dict[str, Buffer], masks: bool = False) -> bool:
     ns = info["n_size"]
     if not (ns.is_const and (ns.value % PACK == 0 or masks)):
         return False
-    strides = _strides(bufs[rb.arg[0]])
     want = ex.const(1)
     out_sizes = info["n_sizes"]
     for v in reversed(info["n"]):
-        got = ex.const(0)
-        for d, (c, _) in info["aff_b"].items():
-            if v in c:
-                got = ex.simplify_size(got + ex.const(c[v]) * strides[d])
-        if not ex.same_size(got, want):
+        if not ex.same_size(_b_step(info, bufs, v), want):
             return False
         want = ex.simplify_size(want * out_sizes[v])
     return True
@@ -249,28 +243,28 @@ def _masks(t: CpuTarget | None) -> bool:
     return t is not None and t.vector_bits >= 256
 
 
-def _strides(buf: Buffer) -> dict[str, Expr]:
-    strides, acc = {}, ex.const(1)
+def _b_step(info: dict, bufs, v: str) -> Expr:
+    """How many elements B's read moves in memory when loop var ``v`` steps by one."""
+    buf = bufs[info["b"].arg[0]]
+    step, stride = ex.const(0), ex.const(1)
     for d in reversed(buf.layout):
-        strides[d] = acc
-        acc = ex.simplify_size(acc * buf.sizes[d])
-    return strides
+        c = info["aff_b"][d][0].get(v)
+        if c:
+            step = ex.simplify_size(step + ex.const(c) * stride)
+        stride = ex.simplify_size(stride * buf.sizes[d])
+    return step
 
 
 def _in_place_mode(info: dict, bufs) -> str:
     """How to read a B that could be read in place: ``direct``, unless a step of K moves B by
     a whole number of floats that is no multiple of a cache line (an NCHW 1x1 convolution on
-    13x13 or 55x55) and M has rows enough to repay a pack: every vector load of B would then
+    55x55) and M has rows enough to repay a pack: every vector load of B would then
     straddle two lines, and a packed copy is aligned."""
     ms = info["m_size"]
     if not (ms.is_const and ms.value >= PACK_MIN_M):
         return "direct"
-    strides = _strides(bufs[info["b"].arg[0]])
     for v in info["k"]:
-        step = ex.const(0)
-        for d, (c, _) in info["aff_b"].items():
-            if v in c:
-                step = ex.simplify_size(step + ex.const(c[v]) * strides[d])
+        step = _b_step(info, bufs, v)
         if step.is_const and (step.value * 4) % LINE_BYTES:
             return "pack"
     return "direct"
@@ -521,18 +515,13 @@ def _group(m_size: Expr, mr: int) -> int:
     return tiles
 
 
-def _bytes(buf: Buffer) -> int | None:
-    n = ex.simplify_size(ex.product(list(buf.sizes.values())))
-    return n.value * 4 if n.is_const else None
-
-
 def _n_inner(a: Buffer, b: Buffer) -> bool:
     """Whether the units should walk N tiles fastest: each M group's rows of A then stay in
     cache while every N tile uses them, and B is read once per M group. Worth it when A is
     too big to stay in the core's cache over a sweep of M (M fastest re-reads all of A per
     N tile) but B is small enough to."""
-    sa, sb = _bytes(a), _bytes(b)
-    return sa is not None and sb is not None and sa > CACHE_REUSE_BYTES >= sb
+    sa, sb = exact_bytes(a), exact_bytes(b)
+    return sa.is_const and sb.is_const and sa.value > CACHE_REUSE_BYTES >= sb.value
 
 
 def _reads(e: Expr) -> list[str]:
@@ -607,17 +596,6 @@ class _Gemm:
     def umin(self, x, y):
         return self.b.select(self.b.icmp_unsigned("<", x, y), x, y)
 
-    def delinearize(self, flat, dims: list[str], sizes: dict) -> dict:
-        """Index of each dim (last fastest) of a flat index over ``dims``."""
-        out = {}
-        for d in reversed(dims):
-            if d == dims[0]:
-                out[d] = flat
-                break
-            out[d] = self.b.urem(flat, sizes[d])
-            flat = self.b.udiv(flat, sizes[d])
-        return out
-
     def _offsets(self, read: Expr):
         """(constant part, {loop var: stride}) of ``read``'s flat element offset:
         c0 + sum_v S_v * v, with S_v = sum_d stride_d * coeff(ix_d, v)."""
@@ -690,11 +668,7 @@ class _Gemm:
                 rest = b.udiv(u, mgroups)
                 nt = b.urem(rest, ntiles)
                 bi = b.udiv(rest, ntiles)
-            for d, v in self.delinearize(bi, c.batch, osz).items():
-                E.bind(d, v)
-            for d in L.out.layout:
-                if _is_one(L.out.sizes[d]):
-                    E.bind(d, _c(0))
+            L._delinearize(bi, c.batch)
             base = c0
             for d in c.batch:
                 if d in S:
@@ -746,7 +720,7 @@ class _Gemm:
                     for r in range(c.mr):
                         m = self.umin(self.add(m0, _c(r)), last)
                         off = base
-                        for d, v in self.delinearize(m, c.m, osz).items():
+                        for d, v in delinearize(b, m, c.m, osz).items():
                             if d in S:
                                 off = self.add(off, self.mul(S[d], v))
                         rows.append(b.gep(A, [off], inbounds=True, source_etype=F32))
@@ -834,7 +808,7 @@ class _Gemm:
         flat = flat_bindable(L.k.epilogue, L.out, loops[1][3], L.buffers)
         with L.loops.loop(_c(0), loops[0][1], f"e.{loops[0][0]}") as i, E.scope():
             idx[loops[0][0]] = i
-            for d, v in self.delinearize(b.add(loops[0][2], i), loops[0][3], osz).items():
+            for d, v in delinearize(b, b.add(loops[0][2], i), loops[0][3], osz).items():
                 E.bind(d, v)
             with L.loops.loop(_c(0), loops[1][1], f"e.{loops[1][0]}", vectorize=flat) as j, \
                     E.scope():
@@ -846,7 +820,7 @@ class _Gemm:
                         E.bind(d, _c(0))
                     E.bind(last, at)
                 else:
-                    for d, v in self.delinearize(at, loops[1][3], osz).items():
+                    for d, v in delinearize(b, at, loops[1][3], osz).items():
                         E.bind(d, v)
                 p = b.gep(tile, [b.add(b.mul(idx["row"], _c(tile_n)), idx["col"])], inbounds=True)
                 L._store(L._finish(b.load(p, typ=F32)))

@@ -282,16 +282,7 @@ def emit_direct(L, wg, count) -> None:
         return out
 
     with L.loops.loop(start, end, "unit") as u, E.scope():
-        rest = u
-        for o in reversed(d.outer):
-            if o == d.outer[0]:
-                E.bind(o, rest)
-                break
-            E.bind(o, b.urem(rest, sizes[o]))
-            rest = b.udiv(rest, sizes[o])
-        for dim in L.out.layout:
-            if _one(L.out.sizes[dim]):
-                E.bind(dim, _c(0))
+        L._delinearize(u, d.outer, sizes)
         h0 = None
         if d.rows > 1:
             h0 = b.mul(E.lookup(hdim), _c(d.rows))
@@ -342,7 +333,3 @@ def emit_direct(L, wg, count) -> None:
                     b.position_at_end(after)
     b.ret_void()
     L.loops_md(L.loops.latches)
-
-
-def _one(s: Expr) -> bool:
-    return s.is_const and s.value == 1

@@ -19,9 +19,8 @@ of two ways, whichever gives more unit-stride reads in the innermost loop:
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from ....spec.ir import dtypes as dt
 from ....spec.ir import expr as ex
@@ -275,7 +274,10 @@ def unroll_window(k: Kernel) -> None:
     if k.reduce not in ("max", "min") or k.acc_dtype != "f32" or not k.rdims:
         return
     sizes = list(k.rdims.values())
-    if not all(s.is_const for s in sizes) or int(np.prod([s.value for s in sizes])) > MAX_WINDOW:
+    if not all(s.is_const for s in sizes):
+        return
+    window = math.prod(s.value for s in sizes)
+    if window > MAX_WINDOW:
         return
     names = list(k.rdims)
     start = ex.const(dt.lowest("f32") if k.reduce == "max" else dt.highest("f32"), "f32")
@@ -288,9 +290,7 @@ def unroll_window(k: Kernel) -> None:
                 return ex.select(cond, unroll(body.args[1]), unroll(body.args[2]))
         inner = _monotone_core(body, set(names))
         if inner is not body:   # max over g(x) is g(max over x) for a non-decreasing g
-            hole = ex.var("window.value", inner.dtype)
-            outer = replace_node(body, inner, hole)
-            return ex.substitute(outer, {"window.value": unroll(inner)})
+            return replace_node(body, inner, unroll(inner))
         acc = start
         for point in itertools.product(*[range(s.value) for s in sizes]):
             term = ex.substitute(body, {r: ex.const(v) for r, v in zip(names, point)})
@@ -301,7 +301,7 @@ def unroll_window(k: Kernel) -> None:
         value = ex.substitute(k.epilogue, {ACC: value})
     k.body, k.reduce, k.rdims, k.epilogue = value, None, {}, None
     k.acc_dtype = value.dtype   # the epilogue's, if it had one (a compare gives bool)
-    k.window = int(np.prod([s.value for s in sizes]))
+    k.window = window
 
 
 def _monotone_core(e: Expr, window: set[str]) -> Expr:

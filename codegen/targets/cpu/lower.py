@@ -778,17 +778,15 @@ class KernelLowering:
             out["idx"] = b.alloca(I64, name="idx")
         return out
 
-    def _delinearize(self, r, outer: list[str]) -> None:
-        b, E = self.b, self.E
-        for d in reversed(outer):
-            n = E.sizes[self.out.name][d]
-            if d == outer[0]:
-                E.bind(d, r)
-                break
-            E.bind(d, b.urem(r, n))
-            r = b.udiv(r, n)
+    def _delinearize(self, r, outer: list[str], sizes: dict | None = None) -> None:
+        """Bind ``outer`` from the flat unit index ``r`` (``sizes``: their extents, the
+        output's by default), and the output's size-1 dims to 0."""
+        E = self.E
+        osz = E.sizes[self.out.name]
+        for d, v in delinearize(self.b, r, outer, sizes or osz).items():
+            E.bind(d, v)
         for d in self.out.layout:
-            if _const_one(E.sizes[self.out.name][d]):
+            if _const_one(osz[d]):
                 E.bind(d, ir.Constant(I64, 0))
 
     def _out_ptr(self):
@@ -929,6 +927,18 @@ class KernelLowering:
         if arg:
             return b.load(self.allocas["idx"])
         return b.load(acc)
+
+
+def delinearize(b: ir.IRBuilder, flat, dims: list[str], sizes: dict) -> dict:
+    """The index of each of ``dims`` (the last fastest) in the flat index ``flat``."""
+    out = {}
+    for d in reversed(dims):
+        if d == dims[0]:
+            out[d] = flat
+            break
+        out[d] = b.urem(flat, sizes[d])
+        flat = b.udiv(flat, sizes[d])
+    return out
 
 
 def _factors(e: Expr) -> list[Expr]:

@@ -65,12 +65,18 @@ def output_copies(g: Graph, bufs: dict[str, Buffer], first_index: int) -> tuple[
     return copies, owners
 
 
-def nbytes(buf: Buffer) -> Expr:
+def exact_bytes(buf: Buffer) -> Expr:
+    """The bytes ``buf``'s elements take (int4/int2/fp4 packed two or four to a byte)."""
     count = ex.product([buf.sizes[d] for d in buf.layout])
     per = 8 // dt.bits(buf.dtype) if buf.dtype != "bool" and dt.bits(buf.dtype) < 8 else 0
     # int4/int2/fp4 are packed two (four) to a byte: round the byte count up
-    size = ex.simplify_size(ex.floordiv(count + (per - 1), ex.const(per)) if per else count * ex.const(
+    return ex.simplify_size(ex.floordiv(count + (per - 1), ex.const(per)) if per else count * ex.const(
         1 if buf.dtype == "bool" else dt.bits(buf.dtype) // 8))
+
+
+def nbytes(buf: Buffer) -> Expr:
+    """exact_bytes rounded up to the arena's alignment (a slot's size)."""
+    size = exact_bytes(buf)
     if size.is_const:
         return ex.const(-(-size.value // ARENA_ALIGN) * ARENA_ALIGN)
     if ex.simplify_size(ex.floordiv(size, ex.const(ARENA_ALIGN))).op != "floordiv":
@@ -141,12 +147,9 @@ def assign_arena(kernels: list[Kernel], arena: list[str], bufs: dict[str, Buffer
     for t in arena:
         r, off = root(t, aliases)
         if r != t:   # its exact bytes: rounded up, the last part would pass its root's end
-            at = placed[r][0]
-            buf = bufs[t]
-            count = ex.product([buf.sizes[d] for d in buf.layout])
-            size = dt.bits(buf.dtype) // 8 if buf.dtype != "bool" else 1
-            placed[t] = (ex.simplify_size(at + ex.const(off * size)),
-                         ex.simplify_size(count * ex.const(size)))
+            item = dt.bits(bufs[t].dtype) // 8   # (concat.py aliases whole bytes only)
+            placed[t] = (ex.simplify_size(placed[r][0] + ex.const(off * item)),
+                         exact_bytes(bufs[t]))
     return placed, total
 
 

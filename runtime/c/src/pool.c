@@ -1,9 +1,10 @@
 /* pool.c: the persistent thread pool that runs a dispatch's workgroups.
  *
- * N-1 worker threads plus the caller. A job is (fn, ctx, count); workgroups are handed out
- * from one atomic counter (mp_pool_work), so a fast thread simply takes more of them. Jobs are numbered: a worker
- * that finished job g spins briefly waiting for g+1 (dispatches of one run follow each other
- * within microseconds, and a futex wake costs more than that), then sleeps on a condition
+ * N-1 worker threads plus the caller. A job is (fn, ctx, count); its workgroups are cut into
+ * one contiguous share per thread, and a thread that finishes its share takes what is left of
+ * the others' (mp_pool_work), so a fast thread simply takes more of them. Jobs are numbered: a
+ * worker that finished job g spins briefly waiting for g+1 (dispatches of one run follow each
+ * other within microseconds, and a futex wake costs more than that), then sleeps on a condition
  * variable.
  *
  * A worker joins a job only while it is open, by raising the count of workers inside it in the
@@ -42,7 +43,6 @@ struct mp_pool {
   /* the current job; written by the caller before `state` publishes it (release) */
   void (*fn)(void *ctx, uint32_t i);
   void *ctx;
-  uint32_t count;
   uint32_t job;              /* the caller's job number */
   struct mp_range *ranges;   /* per thread: its share of the workgroups */
   atomic_int seats;          /* thread indices handed to the workers, at start */
@@ -156,7 +156,6 @@ void mp_pool_run(mp_pool *p, uint32_t count, void (*fn)(void *ctx, uint32_t i), 
   }
   p->fn = fn;
   p->ctx = ctx;
-  p->count = count;
   uint32_t n = (uint32_t)p->threads;
   for (uint32_t t = 0; t < n; t++) {
     atomic_store_explicit(&p->ranges[t].next, (uint32_t)((uint64_t)count * t / n),

@@ -72,6 +72,15 @@ static mlpack_model *open_model(const char *name, int threads, mlpack_error **er
   return mlpack_open(path_of(name, ".mlpack"), &o, err);
 }
 
+/* open_model that must succeed: NULL (and a failed check) if it does not */
+static mlpack_model *expect_open(const char *name, int threads) {
+  mlpack_error *err = NULL;
+  mlpack_model *m = open_model(name, threads, &err);
+  CHECK(m != NULL, "%s: open failed: %s", name, err ? mlpack_error_message(err) : "?");
+  mlpack_error_free(err);
+  return m;
+}
+
 static double value_at(const void *data, mlpack_dtype dt, size_t i) {
   switch (dt) {
   case MLPACK_BOOL: case MLPACK_U8: return ((const uint8_t *)data)[i];
@@ -160,10 +169,7 @@ static void test_portable_fixtures(void) {
   char name[128];
   int count = 0;
   while (fscanf(f, "%127s", name) == 1) {
-    mlpack_error *err = NULL;
-    mlpack_model *m = open_model(name, 1, &err);
-    CHECK(m != NULL, "%s: open failed: %s", name, err ? mlpack_error_message(err) : "?");
-    mlpack_error_free(err);
+    mlpack_model *m = expect_open(name, 1);
     if (!m) continue;
     run_cases(name, m, 2);
     mlpack_close(m);
@@ -175,10 +181,7 @@ static void test_portable_fixtures(void) {
 
 static void test_native(void) {
   for (int threads = 1; threads <= 3; threads++) {
-    mlpack_error *err = NULL;
-    mlpack_model *m = open_model("native_mlp", threads, &err);
-    CHECK(m != NULL, "native_mlp: open failed: %s", err ? mlpack_error_message(err) : "?");
-    mlpack_error_free(err);
+    mlpack_model *m = expect_open("native_mlp", threads);
     if (!m) return;
     mlpack_artifact_info ai;
     CHECK(mlpack_artifact_info_get(m, 0, &ai) == MLPACK_OK && ai.chosen && strcmp(ai.device, "cpu") == 0,
@@ -204,16 +207,13 @@ static void test_native_errors(void) {
   expect_open_error("native_no_table", MLPACK_ERR_LOAD, "mlpack_kernel_table_v1");
   expect_open_error("native_no_weight", MLPACK_ERR_FORMAT, "ghost");
   expect_open_error("native_bad_kernel", MLPACK_ERR_FORMAT, "kernel");
-  mlpack_error *err = NULL;
-  mlpack_model *m = open_model("native_fail", 2, &err);
-  CHECK(m != NULL, "native_fail: open failed: %s", err ? mlpack_error_message(err) : "?");
-  mlpack_error_free(err);
+  mlpack_model *m = expect_open("native_fail", 2);
   if (!m) return;
   float x[8] = {0};
   int64_t shape[2] = {2, 4};
   mlpack_tensor in = {.name = "x", .dtype = MLPACK_F32, .rank = 2, .shape = shape, .data = x};
   mlpack_tensor out[1];
-  err = NULL;
+  mlpack_error *err = NULL;
   CHECK(mlpack_run(m, &in, 1, out, 1, &err) == MLPACK_ERR_RUNTIME, "a failing kernel was not reported");
   CHECK_CONTAINS(mlpack_error_message(err), "broken");
   mlpack_error_free(err);
@@ -223,25 +223,19 @@ static void test_native_errors(void) {
 /* plan ABI 1.1: an output whose size a kernel computes (the count of positives) */
 static void test_native_computed(void) {
   for (int threads = 1; threads <= 2; threads++) {
-    mlpack_error *err = NULL;
-    mlpack_model *m = open_model("native_computed", threads, &err);
-    CHECK(m != NULL, "native_computed: open failed: %s", err ? mlpack_error_message(err) : "?");
-    mlpack_error_free(err);
+    mlpack_model *m = expect_open("native_computed", threads);
     if (!m) return;
     run_cases("native_computed", m, 3);
     mlpack_close(m);
   }
   expect_open_error("native_computed_newer", MLPACK_ERR_VERSION, "ABI 1.9");
-  mlpack_error *err = NULL;
-  mlpack_model *m = open_model("native_computed_unbounded", 1, &err);
-  CHECK(m != NULL, "native_computed_unbounded: open failed: %s", err ? mlpack_error_message(err) : "?");
-  mlpack_error_free(err);
+  mlpack_model *m = expect_open("native_computed_unbounded", 1);
   if (!m) return;
   float x[4] = {1, 2, -3, 4};
   int64_t shape[1] = {4};
   mlpack_tensor in = {.name = "x", .dtype = MLPACK_F32, .rank = 1, .shape = shape, .data = x};
   mlpack_tensor out[1];
-  err = NULL;
+  mlpack_error *err = NULL;
   CHECK(mlpack_run(m, &in, 1, out, 1, &err) == MLPACK_ERR_RUNTIME, "a symbol past its bound was not refused");
   CHECK_CONTAINS(mlpack_error_message(err), "count=3, outside its bound 0..1");
   mlpack_error_free(err);
@@ -264,10 +258,7 @@ static void expect_run_error(mlpack_model *m, const mlpack_tensor *in, size_t n,
 }
 
 static void test_input_errors(void) {
-  mlpack_error *err = NULL;
-  mlpack_model *m = open_model("two", 1, &err);
-  CHECK(m != NULL, "two: open failed: %s", err ? mlpack_error_message(err) : "?");
-  mlpack_error_free(err);
+  mlpack_model *m = expect_open("two", 1);
   if (!m) return;
   int64_t ids[16] = {0};
   float mask[18] = {0}, scale[3] = {1, 2, 3};
@@ -295,6 +286,7 @@ static void test_input_errors(void) {
   expect_run_error(m, in, 3, "input 'scale' has 4 bytes, its shape needs 12");
   in[2].nbytes = 0;
   mlpack_tensor out[1];
+  mlpack_error *err = NULL;
   CHECK(mlpack_run(m, in, 3, out, 1, &err) == MLPACK_OK, "run after errors: %s", mlpack_error_message(err));
   CHECK(out[0].rank == 3 && out[0].shape[0] == 3 && out[0].shape[1] == 2 && out[0].shape[2] == 8,
         "output shape of 'two'");

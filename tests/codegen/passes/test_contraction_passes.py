@@ -1,32 +1,20 @@
 """The passes that turn framework-shaped contractions (gathers, reshapes, MatMul + ReduceSum)
 into the direct contraction: IR text in, IR text out, the meaning unchanged (interpreter)."""
 
-import textwrap
-
 import numpy as np
 
-from mlpack.spec.ir import format_graph, parse_graph, run_graph, verify
+from mlpack.spec.ir import format_graph
 from mlpack.codegen.passes.absorb import absorb_reductions
 from mlpack.codegen.passes.affine_gather import fold_affine_gathers
 from mlpack.codegen.passes.dce import eliminate_dead_code
 from mlpack.codegen.passes.fuse import fuse_elementwise
 from mlpack.codegen.passes.split_dims import split_dims
 from mlpack.codegen.passes.sums import merge_sums
-
-
-def _ir(text):
-    return parse_graph(textwrap.dedent(text))
+from support import check_pass
 
 
 def _check(before_text, fn, after_text, inputs):
-    before = _ir(before_text)
-    expected = run_graph(before, inputs)
-    after = fn(_ir(before_text))
-    verify(after)
-    assert format_graph(after) == textwrap.dedent(after_text)
-    got = run_graph(after, inputs)
-    for k in expected:
-        np.testing.assert_allclose(got[k], expected[k], rtol=1e-5, atol=1e-6)
+    check_pass(before_text, fn, after_text, inputs, rtol=1e-5, atol=1e-6)
 
 
 def _and_dce(fn):

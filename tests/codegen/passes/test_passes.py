@@ -4,26 +4,16 @@ import textwrap
 
 import numpy as np
 
-from mlpack.spec.ir import format_graph, parse_graph, run_graph, verify
+from mlpack.spec.ir import format_graph
 from mlpack.codegen.passes.cse import eliminate_common_subexpressions
 from mlpack.codegen.passes.dce import eliminate_dead_code
 from mlpack.codegen.passes.fuse import fuse_elementwise
 from mlpack.codegen.passes.pipeline import run_pipeline
-
-
-def _ir(text):
-    return parse_graph(textwrap.dedent(text))
+from support import check_pass, parse_ir
 
 
 def _check(before_text, fn, after_text, inputs):
-    before = _ir(before_text)
-    expected = run_graph(before, inputs)
-    after = fn(_ir(before_text))
-    verify(after)
-    assert format_graph(after) == textwrap.dedent(after_text)
-    got = run_graph(after, inputs)
-    for k in expected:
-        np.testing.assert_allclose(got[k], expected[k], rtol=1e-6)
+    check_pass(before_text, fn, after_text, inputs, rtol=1e-6)
 
 
 X = {"x": np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)}
@@ -117,7 +107,7 @@ def test_dce_drops_unused_ops_and_constants():
 
 
 def test_pipeline_logs_passes_at_debug_1_and_ir_at_2(monkeypatch, capsys):
-    g = _ir("""\
+    g = parse_ir("""\
         graph "g" {
           in %x: f32{n=3, k=4} (n, k)
           %a: f32{n=3, k=4} = exp(%x[n=n, k=k])
@@ -130,6 +120,6 @@ def test_pipeline_logs_passes_at_debug_1_and_ir_at_2(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "pass fuse:" in err and "ms" in err and "IR after" not in err
     monkeypatch.setenv("MLPACK_DEBUG", "2")
-    run_pipeline(_ir(format_graph(g)))
+    run_pipeline(parse_ir(format_graph(g)))
     err = capsys.readouterr().err
     assert "IR after import" in err
