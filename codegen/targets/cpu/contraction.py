@@ -826,22 +826,23 @@ class _Gemm:
                 L._store(L._finish(b.load(p, typ=F32)))
 
 
-def _adjacent(buf: Buffer, dims: list[str], sizes: dict) -> bool:
-    """Whether ``dims`` lie next to each other in ``buf``'s layout, in this order (size-1 dims
-    aside), each after the first of the size ``sizes`` gives it: then the flat index over them
-    addresses ``buf`` as the last dim alone would, with the others at 0."""
-    order = [d for d in buf.layout if d in dims or not _is_one(buf.sizes[d])]
-    pos = [order.index(d) for d in dims if d in order]
-    if len(pos) != len(dims) or pos != list(range(pos[0], pos[0] + len(dims))):
+def _adjacent(buf: Buffer, bdims: list[str], sizes: list[Expr]) -> bool:
+    """Whether ``buf``'s dims ``bdims`` lie next to each other in its layout, in this order
+    (size-1 dims aside), each after the first of the size ``sizes`` gives it: then a flat index
+    over them addresses ``buf`` as the last alone would, with the others at 0."""
+    order = [d for d in buf.layout if d in bdims or not _is_one(buf.sizes[d])]
+    pos = [order.index(d) for d in bdims]
+    if pos != list(range(pos[0], pos[0] + len(bdims))):
         return False
-    return all(ex.same_size(buf.sizes[d], sizes[d]) for d in dims[1:])
+    return all(ex.same_size(buf.sizes[d], s) for d, s in zip(bdims[1:], sizes[1:]))
 
 
 def flat_bindable(epilogue: Expr | None, out: Buffer, dims: list[str], bufs) -> bool:
     """Whether the epilogue's inner loop over ``dims`` (flattened, last fastest) may bind them
     as one flat index: the output and every read that uses them hold them adjacent and in
-    order, each indexed by the plain var, unguarded, and no other use of them."""
-    if not dims or not _adjacent(out, dims, out.sizes):
+    order, each indexed by the plain var (once), unguarded, and no other use of them."""
+    sizes = [out.sizes[d] for d in dims]
+    if not dims or not _adjacent(out, dims, sizes):
         return False
     want = set(dims)
 
@@ -850,22 +851,19 @@ def flat_bindable(epilogue: Expr | None, out: Buffer, dims: list[str], bufs) -> 
             return e.arg not in want
         if e.op != "read":
             return all(ok(a) for a in e.args)
-        plain = {}
+        at = {}   # loop dim -> the buffer dim it indexes
         for d, ix in zip(e.arg[1], e.args):
             if ix.op == "var" and ix.arg in want:
-                plain[ix.arg] = d
+                if ix.arg in at:
+                    return False   # one var indexing two dims (a diagonal): not a flat walk
+                at[ix.arg] = d
             elif not ok(ix):
                 return False
-        if not plain:
+        if not at:
             return True
-        if set(plain) != want or e.arg[2] is not None:
+        if set(at) != want or e.arg[2] is not None:
             return False
-        buf = bufs[e.arg[0]]
-        renamed = Buffer(buf.name, tuple(next((v for v, d2 in plain.items() if d2 == d), d)
-                                         for d in buf.layout),
-                         {next((v for v, d2 in plain.items() if d2 == d), d): s
-                          for d, s in buf.sizes.items()}, buf.dtype)
-        return _adjacent(renamed, dims, out.sizes)
+        return _adjacent(bufs[e.arg[0]], [at[v] for v in dims], sizes)
     return epilogue is None or ok(epilogue)
 
 

@@ -162,6 +162,23 @@ def test_epilogue_flat_binding():
         assert flat_bindable(k.epilogue, out, hw, bufs) == want, case
 
 
+def test_epilogue_flat_binding_refuses_a_diagonal_read():
+    """A var indexing two dims of one read (a diagonal) cannot be the flat index of both."""
+    from mlpack.codegen.targets.cpu.contraction import flat_bindable
+    from mlpack.codegen.targets.cpu.kernels import ACC, Buffer
+    from mlpack.spec.ir import expr as ex
+    size = {d: ex.const(n) for d, n in (("co", 4), ("h", 5), ("w", 5))}
+    out = Buffer("y", ("co", "h", "w"), size, "f32")
+    cube = Buffer("s", ("a", "b", "c"), {d: ex.const(5) for d in "abc"}, "f32")
+    acc = ex.var(ACC, "f32")
+    same = ex.add(acc, ex.read("s", {"a": 0, "b": ex.var("h"), "c": ex.var("w")}, "f32"))
+    # b, c hold h, w adjacent as in the output, but a is indexed by w too
+    diagonal = ex.add(acc, ex.read("s", {"a": ex.var("w"), "b": ex.var("h"), "c": ex.var("w")},
+                                   "f32"))
+    assert flat_bindable(same, out, ["h", "w"], {"s": cube})
+    assert not flat_bindable(diagonal, out, ["h", "w"], {"s": cube})
+
+
 def test_packed_weights_are_target_independent():
     """Every cpu target packs B the same way, so a container stores one weights archive."""
     m, _ = conv_case(16, 48, 8, 3)
