@@ -32,7 +32,7 @@ from ....spec.ir.graph import tensors_read as op_reads
 from ....spec.ir.program import encode_expr
 from ...errors import UnsupportedTargetError
 from .kernels import Buffer, Kernel
-from .lower import DISPATCH, I32, I64, KERNEL_FN, PTR, _const, _Expr, llvm_type
+from .lower import DISPATCH, I32, I64, KERNEL_FN, PTR, Loops, _const, _Expr, llvm_type
 
 PROCEDURE = "procedure"   # the strategy of a ProcedureKernel
 
@@ -331,20 +331,9 @@ class ProcedureLowering:
     def _for(self, s: For) -> None:
         E, b = self.E, self.b
         n = E._cast(E(s.extent), s.extent.dtype, "i64")
-        fn = b.block.function
-        pre = b.block
-        head, body, exit_ = (fn.append_basic_block(f"for.{s.var}.{k}") for k in ("head", "body", "exit"))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I64, name=s.var)
-        i.add_incoming(ir.Constant(I64, 0), pre)
-        b.cbranch(b.icmp_signed("<", i, n), body, exit_)
-        b.position_at_end(body)
-        b.store(i, E.slots[s.var])
-        self._block(s.body)
-        i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
-        b.branch(head)
-        b.position_at_end(exit_)
+        with Loops(b, self.module).loop(ir.Constant(I64, 0), n, f"for.{s.var}") as i:
+            b.store(i, E.slots[s.var])
+            self._block(s.body)
 
     def _while(self, s: While) -> None:
         E, b = self.E, self.b
