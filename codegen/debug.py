@@ -12,6 +12,7 @@ import sys
 FLAGS = {
     "MLPACK_DEBUG": "0 quiet; 1 pass names and timings; 2 and the IR after each pass that "
                     "changed it; 3 and each cpu target's LLVM IR and optimized assembly",
+    "MLPACK_WINOGRAD": "0 builds every convolution direct (codegen/targets/cpu/winograd.py)",
 }
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ... import debug
 from ....spec.ir.graph import Graph
-from . import contraction, narrowconv
+from . import contraction, narrowconv, winograd
 from .concat import split_concats
 from .kernels import build_kernels, reject_procedures
 from .link import link_shared
@@ -28,10 +28,13 @@ class CpuArtifact:
     features: list[str]
     kernel_names: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    winograd: int = 0   # convolutions computed with Winograd's algorithm (winograd.py)
 
 
-def compile_cpu(graph: Graph, target: str) -> CpuArtifact:
+def compile_cpu(graph: Graph, target: str, use_winograd: bool = True) -> CpuArtifact:
     """Compile ``graph`` (the output of ``compile_onnx``) for the cpu target named ``target``.
+    ``use_winograd``: whether convolutions may use Winograd's algorithm where it pays (winograd.py;
+    ``MLPACK_WINOGRAD=0`` turns it off too).
 
     Raises UnsupportedTargetError naming the op when some part of the graph cannot be lowered
     (procedures, an op without a lowering, an unsupported dtype)."""
@@ -40,6 +43,7 @@ def compile_cpu(graph: Graph, target: str) -> CpuArtifact:
     t0 = time.perf_counter()
     reject_procedures(graph)
     graph, aliases, parents = split_concats(graph)
+    graph, rewritten = winograd.rewrite(graph, keep=aliases) if use_winograd else (graph, 0)
     bufs = tensor_buffers(graph)
     bufs.update(parents)
     kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=aliases), bufs, t)
@@ -61,4 +65,4 @@ def compile_cpu(graph: Graph, target: str) -> CpuArtifact:
     debug.log(f"cpu {target}: {len(kernels)} kernels, lower {times['lower']:.2f}s, "
               f"llvm {times['llvm']:.2f}s, link {times['link']:.2f}s")
     return CpuArtifact(elf, plan, weights, t.name, list(t.features),
-                       [k.name for k in kernels], times)
+                       [k.name for k in kernels], times, rewritten)

@@ -1,0 +1,164 @@
+"""Winograd convolutions (codegen/targets/cpu/winograd.py) against ONNX Runtime.
+
+The F(4, 3) matrices are checked exactly; then 3x3 convolutions where Winograd pays (a bias and
+relu epilogue, a height that is no multiple of 4, no padding, uneven padding, a batch, a raw
+graph output, two in a chain, two feeding a concatenation) are compiled for x86_64-v2/v3/v4, run
+by the plan runner and compared with ONNX Runtime at the fp32 tolerance (rtol 1e-4, atol 1e-5).
+Which convolutions are rewritten is checked too (small images, strides, 1x1 and depthwise ones
+are not), and that a build whose Winograd artifact misses its test vectors compiles it direct.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from mlpack.codegen.compile import compile_onnx
+from mlpack.codegen.targets.cpu import compile_cpu, winograd
+from mlpack.codegen.targets.cpu.concat import split_concats
+from onnx import TensorProto as TP
+from onnx import helper
+from support import one_output_model, oracle_outputs
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from plan_runner import compile_and_run  # tests/codegen/targets/plan_runner.py
+
+TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
+RTOL, ATOL = 1e-4, 1e-5
+F = TP.FLOAT
+
+
+def rand(*shape, seed=0, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def conv_node(x, y, prefix, k=3, pads=None, stride=1, group=1):
+    return helper.make_node("Conv", [x, f"{prefix}w", f"{prefix}b"], [y],
+                            pads=[k // 2] * 4 if pads is None else pads, strides=[stride] * 2,
+                            group=group)
+
+
+def weights(prefix, cin, cout, k=3, seed=0, group=1):
+    return [(f"{prefix}w", rand(cout, cin // group, k, k, seed=seed,
+                                scale=1 / np.sqrt(cin // group * k * k))),
+            (f"{prefix}b", rand(cout, seed=seed + 1, scale=0.1))]
+
+
+def model(nodes, inits, cin=24, size=32, batch=1):
+    x = rand(batch, cin, size, size, seed=42)
+    return one_output_model(nodes, [("x", F, list(x.shape))], inits), {"x": x}
+
+
+def conv_relu(cin=24, cout=32, size=32, batch=1, pads=None):
+    nodes = [conv_node("x", "c", "a", pads=pads), helper.make_node("Relu", ["c"], ["y"])]
+    return model(nodes, weights("a", cin, cout), cin, size, batch)
+
+
+def raw_output():
+    return model([conv_node("x", "y", "a")], weights("a", 24, 20), batch=2)
+
+
+def chain():
+    nodes = [conv_node("x", "c1", "a"), helper.make_node("Relu", ["c1"], ["r1"]),
+             conv_node("r1", "c2", "b"), helper.make_node("Relu", ["c2"], ["y"])]
+    return model(nodes, [*weights("a", 24, 32, seed=1), *weights("b", 32, 24, seed=3)], size=24)
+
+
+def into_concat():
+    nodes = [conv_node("x", "c1", "a"), helper.make_node("Relu", ["c1"], ["r1"]),
+             conv_node("x", "c2", "b"), helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Concat", ["r1", "r2"], ["cat"], axis=1),
+             conv_node("cat", "y", "o", k=1)]
+    return model(nodes, [*weights("a", 24, 24, seed=1), *weights("b", 24, 16, seed=3),
+                         *weights("o", 40, 8, k=1, seed=5)])
+
+
+CASES = {
+    "conv_bias_relu": conv_relu,
+    "height_not_a_multiple_of_4": lambda: conv_relu(size=30),
+    "no_padding": lambda: conv_relu(size=34, pads=[0, 0, 0, 0]),
+    "uneven_padding": lambda: conv_relu(size=29, pads=[2, 0, 1, 1]),
+    "batch_of_3": lambda: conv_relu(batch=3, size=24),
+    "raw_graph_output": raw_output,
+    "chain": chain,
+    "into_concat": into_concat,
+}
+REWRITTEN = {"conv_bias_relu": 1, "height_not_a_multiple_of_4": 1, "no_padding": 1,
+             "uneven_padding": 1, "batch_of_3": 1, "raw_graph_output": 1, "chain": 2,
+             "into_concat": 2}
+
+
+def test_transforms_compute_the_window_exactly():
+    """AT ((G w) * (BT d)) is the 3-tap correlation of d with w, in exact arithmetic."""
+    rng = np.random.default_rng(0)
+    bt, g, at = ([[Fraction(v).limit_denominator(1000) for v in row] for row in m]
+                 for m in (winograd.BT, winograd.G, winograd.AT))
+    for _ in range(20):
+        d = [Fraction(int(v)) for v in rng.integers(-9, 10, 6)]
+        w = [Fraction(int(v)) for v in rng.integers(-9, 10, 3)]
+        u = [sum(bt[p][i] * d[i] for i in range(6)) for p in range(6)]
+        v = [sum(g[p][k] * w[k] for k in range(3)) for p in range(6)]
+        y = [sum(at[o][p] * u[p] * v[p] for p in range(6)) for o in range(4)]
+        assert y == [sum(w[k] * d[o + k] for k in range(3)) for o in range(4)]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_winograd_matches_ort(case, target):
+    m, feeds = CASES[case]()
+    _, art, got = compile_and_run(m, feeds, target)
+    assert art.winograd == REWRITTEN[case]
+    np.testing.assert_allclose(got, oracle_outputs(m, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def _rewritten(m) -> int:
+    g, aliases, _ = split_concats(compile_onnx(m))
+    return winograd.rewrite(g, keep=aliases)[1]
+
+
+@pytest.mark.parametrize("why, case", [
+    ("a 7x7 image: too few rows per point", lambda: conv_relu(size=7)),
+    ("16 channels in: too shallow", lambda: conv_relu(cin=16, size=32)),
+    ("a 13x13 image of 48 channels: rows too short for the transforms",
+     lambda: conv_relu(cin=48, size=13)),
+    ("stride 2", lambda: model([conv_node("x", "y", "a", stride=2)], weights("a", 24, 24))),
+    ("1x1", lambda: model([conv_node("x", "y", "a", k=1)], weights("a", 24, 24, k=1))),
+    ("depthwise", lambda: model([conv_node("x", "y", "a", group=24)],
+                                weights("a", 24, 24, group=24))),
+])
+def test_where_winograd_does_not_pay_convolutions_stay_direct(why, case):
+    m, _ = case()
+    assert _rewritten(m) == 0, why
+
+
+def test_rewrite_leaves_the_shared_graph_alone_and_the_env_switch_disables_it(monkeypatch):
+    m, feeds = chain()
+    g = compile_onnx(m)
+    before = list(g.ops)
+    g2, n = winograd.rewrite(g)
+    assert n == 2 and g.ops == before and g2 is not g
+    assert all(w not in g2.constants for w in ("aw", "bw")) and "aw" in g.constants
+    monkeypatch.setenv("MLPACK_WINOGRAD", "0")
+    assert winograd.rewrite(g) == (g, 0)
+    assert compile_cpu(g, "x86_64-v4").winograd == 0
+
+
+def test_a_build_whose_winograd_artifact_misses_its_vectors_compiles_it_direct(tmp_path, monkeypatch):
+    """With a wrong output transform the x86_64-v4 artifact fails its vectors; the build then
+    compiles it without Winograd, and the container validates."""
+    import mlpack
+    wrong = winograd.AT.copy()
+    wrong[0, 0] += 1e-2
+    monkeypatch.setattr(winograd, "AT", wrong)
+    m, feeds = conv_relu()
+    lines = []
+    report = mlpack.build(m, tmp_path / "m.mlpack", targets=["x86_64-v4"], progress=lines.append)
+    assert any("compiling direct" in line for line in lines)
+    (art,) = [a for a in report.artifacts if a.target == "x86_64-v4"]
+    assert art.validated and art.max_abs_error < 1e-4
+    with mlpack.load(tmp_path / "m.mlpack") as loaded:
+        got = loaded.run(feeds)["y"]
+    np.testing.assert_allclose(got, oracle_outputs(m, feeds)[0], rtol=RTOL, atol=ATOL)
