@@ -42,11 +42,13 @@ def compile_cpu(graph: Graph, target: str, use_winograd: bool = True) -> CpuArti
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     reject_procedures(graph)
+    source = graph
     graph, aliases, parents = split_concats(graph)
     graph, rewritten = winograd.rewrite(graph, keep=aliases) if use_winograd else (graph, 0)
     bufs = tensor_buffers(graph)
     bufs.update(parents)
-    kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=aliases), bufs, t)
+    kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=aliases), bufs, t,
+                                source)
     copies, owners = output_copies(graph, bufs, len(kernels))
     narrowconv.unpack_ports(graph, bufs, owners)
     kernels += copies

@@ -364,6 +364,11 @@ def pack_b(data: np.ndarray, layout, rb: Expr, aff_b: dict, dims: list[str],
            extents: dict[str, int], n_dims: list[str], k_dims: list[str]) -> np.ndarray:
     """B evaluated at every (batch, n, k) point, as [batch, N blocks, K, PACK] (N zero-padded)."""
     shape = [extents[v] for v in dims]
+    perm = _permutation(data, layout, aff_b, dims, extents)
+    if perm is not None:   # B's dims are the loop vars themselves: a transpose, no gather
+        kept = [s for s in data.shape if s != 1]
+        return _blocked(np.transpose(data.reshape(kept), perm).astype(np.float32), shape, dims,
+                        n_dims, k_dims)
     flat = np.zeros(shape, dtype=np.int64)
     strides = np.cumprod([1, *data.shape[::-1]])[:-1][::-1]
     grids = {v: np.arange(extents[v], dtype=np.int64).reshape(
@@ -376,7 +381,35 @@ def pack_b(data: np.ndarray, layout, rb: Expr, aff_b: dict, dims: list[str],
                 ix = ix + c * grids[v]
         ix = np.clip(ix, 0, data.shape[axis] - 1)   # as the scalar code clamps
         flat = flat + ix * int(strides[axis])
-    vals = data.reshape(-1)[flat].astype(np.float32)
+    return _blocked(data.reshape(-1)[flat].astype(np.float32), shape, dims, n_dims, k_dims)
+
+
+def _permutation(data, layout, aff_b: dict, dims: list[str], extents: dict[str, int]):
+    """The axes of ``data`` (its size-1 axes left out) in ``dims`` order when each of B's dims
+    is indexed by one of the loop vars ``dims`` over its whole extent (a weight read as it
+    lies), else None."""
+    axis_of, kept = {}, 0
+    for axis, d in enumerate(layout):
+        coeffs, c0 = aff_b[d]
+        if not (c0.is_const and c0.value == 0):
+            return None
+        if data.shape[axis] == 1 and not any(v in extents for v in coeffs):
+            continue   # a size-1 axis read at 0 (a 1x1 kernel's window)
+        if len(coeffs) != 1 or data.shape[axis] == 1:
+            return None
+        (v, c), = coeffs.items()
+        if c != 1 or v not in extents or v in axis_of or extents[v] != data.shape[axis]:
+            return None
+        axis_of[v] = kept
+        kept += 1
+    if sorted(axis_of) != sorted(dims):
+        return None
+    return [axis_of[v] for v in dims]
+
+
+def _blocked(vals: np.ndarray, shape, dims, n_dims, k_dims) -> np.ndarray:
+    """B's values at the (batch, n, k) points as [batch, N blocks, K, PACK], N zero-padded."""
+    extents = dict(zip(dims, shape))
     nb = len(dims) - len(n_dims) - len(k_dims)
     bsz = int(np.prod(shape[:nb], dtype=np.int64))
     nsz = int(np.prod([extents[v] for v in n_dims], dtype=np.int64))
@@ -445,12 +478,15 @@ def _k_chunk(t_tb: int, info: dict, rdims: dict) -> int:
     return max(1, steps // max(1, inner.value))
 
 
-def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget) -> list[Kernel]:
+def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
+          source=None) -> list[Kernel]:
     """``kernels`` with every contraction turned into a GEMM kernel (after its pad copy and,
-    for a B packed at run time, its pack kernel)."""
+    for a B packed at run time, its pack kernel). ``source``: the graph ``g`` was rewritten
+    from for this target (concat.py, winograd.py), which every target of a build shares: the
+    packed weights are cached on it."""
     out: list[Kernel] = []
     packs: dict = {}
-    cache = _pack_cache(g)
+    cache = _pack_cache(g if source is None else source)
     for k in kernels:
         info = classify(k, g, bufs, t)
         if info is None:

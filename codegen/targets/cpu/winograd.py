@@ -76,8 +76,9 @@ MIN_ROWS = 32     # gemm rows per point: fewer, and streaming the doubled weight
 MIN_K = 64        # products per output and point (the other reduction dims): 16 channels in
                   # on 55x55 gained nothing at 2 threads
 MIN_N = 16        # gemm columns (output channels)
-MIN_WIDTH = 24    # unit-stride extent of the output: the transform maps' vector loops; a
-WIDE_K = 384      # 13x13 image loses at 48 or 64 channels in, but at 256 the gemm's saving wins
+MIN_WIDTH = 24    # unit-stride extent of the output (the transform maps' vector loop): a
+                  # 13x13 image lost at 48 and 64 channels in ...
+WIDE_K = 384      # ... unless the gemm is this deep (256 channels in on 12x12 gained 1.6x)
 
 
 def enabled() -> bool:
