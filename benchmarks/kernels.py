@@ -78,6 +78,8 @@ LAYERS = {
     "conv3x3_128_28": lambda: conv(128, 128, 28, 3),
     "conv3x3_16to64_55": lambda: conv(16, 64, 55, 3),
     "conv3x3_48to192_13": lambda: conv(48, 192, 13, 3),
+    "conv3x3_96to128_14": lambda: conv(96, 128, 14, 3),
+    "conv3x3_64to96_14": lambda: conv(64, 96, 14, 3),
     "conv3x3_64to256_13": lambda: conv(64, 256, 13, 3),
     "conv3x3_32to128_27": lambda: conv(32, 128, 27, 3),
     "conv3x3_256to384_12": lambda: conv(256, 384, 12, 3),

@@ -19,6 +19,17 @@ from mlpack.spec.ir.expr import index_value
 from mlpack.spec.ir.graph import Graph
 
 
+# what the cpu codegen tests share: the x86-64 targets they run here and the fp32 tolerance
+# against ONNX Runtime (summation orders differ)
+TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def rand(*shape, seed=0, scale=1.0):
+    """Seeded standard-normal f32 test data, times ``scale``."""
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
 class Dispatch(ctypes.Structure):
     _fields_ = [("bindings", ctypes.POINTER(ctypes.c_void_p)), ("push", ctypes.POINTER(ctypes.c_int64)),
                 ("workgroup_count", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]

@@ -25,18 +25,13 @@ from onnx import helper, numpy_helper
 from support import MODELS_DIR, one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plan_runner import compile_and_run, run_plan  # tests/codegen/targets/plan_runner.py
+# tests/codegen/targets/plan_runner.py
+from plan_runner import ATOL, RTOL, TARGETS, compile_and_run, rand, run_plan
 
-TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
-RTOL, ATOL = 1e-4, 1e-5
 F = TP.FLOAT
 
 
 model = one_output_model
-
-
-def rand(*shape, seed=0, scale=1.0):
-    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
 
 
 def conv_case(cin, cout, size, k, stride=1, pad=None, group=1, batch=1, relu=True, dyn=False):

@@ -24,18 +24,12 @@ from onnx import helper
 from support import one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plan_runner import run_plan  # tests/codegen/targets/plan_runner.py
+from plan_runner import ATOL, RTOL, TARGETS, rand, run_plan  # tests/codegen/targets/plan_runner.py
 
-TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
-RTOL, ATOL = 1e-4, 1e-5
 F = TP.FLOAT
 
 
 model = one_output_model
-
-
-def rand(*shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 def check(m, feeds, target, oracle="ort"):

@@ -23,9 +23,8 @@ from onnx import helper
 from support import one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plan_runner import compile_and_run, run_plan  # tests/codegen/targets/plan_runner.py
+from plan_runner import TARGETS, compile_and_run, run_plan  # tests/codegen/targets/plan_runner.py
 
-TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
 F = TP.FLOAT
 
 

@@ -24,15 +24,10 @@ from onnx import helper
 from support import one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plan_runner import compile_and_run  # tests/codegen/targets/plan_runner.py
+# tests/codegen/targets/plan_runner.py
+from plan_runner import ATOL, RTOL, TARGETS, compile_and_run, rand
 
-TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
-RTOL, ATOL = 1e-4, 1e-5
 F = TP.FLOAT
-
-
-def rand(*shape, seed=0, scale=1.0):
-    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
 
 
 def conv_node(x, y, prefix, k=3, pads=None, stride=1, group=1):
