@@ -11,7 +11,8 @@ What one model gets, at each thread count T:
   threads=T)``, ONNX Runtime with the CPU provider, every graph optimisation
   (ORT_ENABLE_ALL), ``intra_op_num_threads=T``, one inter-op thread, sequential execution;
 * warm-up (at least one run each, more while cheap), then the two runtimes alternate in rounds
-  (each runs for a short slice, at least once; the order flips every round) until each has
+  (each runs for a short slice, at least once, after a pause that lets the other's spinning
+  threads go idle: ``QUIET_S``; the order flips every round) until each has
   ``repeat`` runs and ``min_seconds`` have passed, or the per-model ``max_seconds`` budget is
   spent with at least ``MIN_RUNS`` runs each. The latency is the median run; min and mean
   are kept too. The garbage collector is off while timing;
@@ -50,7 +51,13 @@ from ..spec.errors import Error, InputError
 
 RTOL, ATOL = 1e-3, 1e-4  # fp32 agreement between the runtimes: summation orders differ
 MIN_RUNS = 3  # timed runs each runtime gets even when the time budget is spent
-SLICE_S = 0.1  # how long one runtime runs per round before the other takes over
+SLICE_S = 0.2  # how long one runtime runs per round before the other takes over
+# The pause before a runtime's slice when the other ran last (not counted in the budgets):
+# ONNX Runtime's intra-op threads keep spinning some 20-50 ms after a run (allow_spinning, its
+# default), and a runtime that starts meanwhile competes with them for the cores. A 2-thread
+# mlpack run of squeezenet took 10.4 ms right after ONNX Runtime's runs, 10.0 ms 20 ms later
+# and 5.5-5.8 ms from 50 ms on, against 5.2 ms alone.
+QUIET_S = 0.1
 PEAK_N = 2048  # the matmul that measures the machine's peak: PEAK_N^3
 
 
@@ -95,9 +102,13 @@ def time_alternating(fns: dict[str, Callable[[], object]], *, repeat: int = 20,
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        start, rnd = time.perf_counter(), 0
+        start, rnd, quiet, last = time.perf_counter(), 0, 0.0, None
         while True:
             for name in names if rnd % 2 == 0 else names[::-1]:
+                if last is not None and name != last:
+                    time.sleep(QUIET_S)
+                    quiet += QUIET_S
+                last = name
                 fn, got = fns[name], samples[name]
                 slice_end = time.perf_counter() + SLICE_S
                 while True:
@@ -108,7 +119,7 @@ def time_alternating(fns: dict[str, Callable[[], object]], *, repeat: int = 20,
                     if done >= slice_end:
                         break
             rnd += 1
-            elapsed = time.perf_counter() - start
+            elapsed = time.perf_counter() - start - quiet
             fewest = min(len(s) for s in samples.values())
             if fewest >= repeat and elapsed >= min_seconds:
                 break

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import support
-from mlpack.packager.bench import time_alternating
+from mlpack.packager.bench import QUIET_S, time_alternating
 from mlpack.packager.flops import count_flops
 
 pytest.importorskip("onnxruntime")
@@ -120,3 +120,22 @@ def test_time_alternating_gives_each_callable_its_runs():
     assert results == {"a": "a", "b": "b"}
     for name, t in timings.items():
         assert t.runs >= 5 and 0 <= t.min_s <= t.median_s and calls[name] > t.runs  # + warm-up
+
+
+def test_time_alternating_pauses_before_the_other_runtime_takes_over():
+    """Each slice starts QUIET_S after the other runtime's last run (ONNX Runtime's threads
+    spin on after a run and would compete with mlpack's), within a slice runs follow at once."""
+    import time
+    log = []
+
+    def run(name):
+        log.append((name, time.perf_counter()))
+        time.sleep(0.002)
+
+    time_alternating({"a": lambda: run("a"), "b": lambda: run("b")}, repeat=1,
+                     min_seconds=0.0, max_seconds=0.5, warmup_seconds=0.0)
+    timed = log[2:]   # after one warm-up run each
+    gaps = [(x[0] != y[0], y[1] - x[1]) for x, y in zip(timed, timed[1:])]
+    switches = [g for switch, g in gaps if switch]
+    assert switches and min(switches) >= 0.9 * QUIET_S
+    assert max(g for switch, g in gaps if not switch) < QUIET_S / 2
