@@ -235,8 +235,7 @@ def _compile_one(graph, target: str, use_winograd: bool = True):
 
     t0 = time.perf_counter()
     try:
-        code = compile_cpu(graph, target) if use_winograd else \
-            compile_cpu(graph, target, use_winograd=False)
+        code = compile_cpu(graph, target, use_winograd)
     except UnsupportedTargetError as e:
         return e, 0.0
     return code, time.perf_counter() - t0
@@ -499,7 +498,7 @@ def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progr
     sums that the tolerance may not cover. Whether it did so."""
     target = pairs[error.index][0] if error.index is not None else None
     native = compiled.get(target)
-    if native is None or not getattr(native.code, "winograd", 0):
+    if native is None or not native.code.winograd:
         return False
     if progress:
         progress(f"  {target}: Winograd convolutions miss the fp32 tolerance; compiling direct")

@@ -219,7 +219,7 @@ def unlowerable(monkeypatch):
     from mlpack.codegen.errors import UnsupportedTargetError
     from mlpack.codegen.targets.cpu import compile as cpu_compile
 
-    def refuse(graph, target):
+    def refuse(graph, target, use_winograd=True):
         raise UnsupportedTargetError(_REFUSAL)
     monkeypatch.setattr(cpu_compile, "compile_cpu", refuse)
 
