@@ -44,7 +44,7 @@ def compile_cpu(graph: Graph, target: str, use_winograd: bool = True) -> CpuArti
     reject_procedures(graph)
     source = graph
     graph, aliases, parents = split_concats(graph)
-    graph, rewritten = winograd.rewrite(graph, keep=aliases) if use_winograd else (graph, 0)
+    graph, rewritten = winograd.rewrite(graph, aliases, parents) if use_winograd else (graph, 0)
     bufs = tensor_buffers(graph)
     bufs.update(parents)
     kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=aliases), bufs, t,

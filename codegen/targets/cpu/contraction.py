@@ -78,7 +78,7 @@ MAX_GROUP_ROWS = 96          # ... or all of M, up to this many rows
 CACHE_REUSE_BYTES = 1 << 20  # an operand this small stays in L2 while the other streams
 LINE_BYTES = 64              # a cache line
 SWAP_MIN_N = 256             # pixels an NCHW 1x1 convolution needs to read x in place as B
-PACK_MIN_M = 128              # rows a run-time pack of B must feed to repay its copy
+PACK_MIN_M = 128             # rows a run-time pack of B must feed to repay its copy
 
 
 @dataclass
@@ -315,6 +315,19 @@ def _runtime(k: Kernel, out: Buffer, r1: Expr, r2: Expr, bufs, t=None) -> dict |
 # ---------------------------------------------------------------- A: the zero-halo copy
 
 
+def index_range(coeffs: dict[str, int], c0: Expr, extent) -> tuple[Expr, Expr]:
+    """The least and greatest value of ``c0 + sum(c * v)`` (``_affine``'s form), each var
+    ``v`` over ``[0, extent(v))``."""
+    lo, hi = c0, c0
+    for v, c in coeffs.items():
+        span = ex.const(c) * (extent(v) - 1)
+        if c < 0:
+            lo = lo + span
+        else:
+            hi = hi + span
+    return ex.simplify_size(lo), ex.simplify_size(hi)
+
+
 def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str):
     """(A read without guards, pad kernel or None); None when the index range is unknown."""
     ra = info["a"]
@@ -325,15 +338,7 @@ def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str):
     index = dict(zip(ra.arg[1], ra.args))
     sizes, shift, inside = {}, {}, True
     for d in src.layout:
-        coeffs, c0 = info["aff_a"][d]
-        lo, hi = c0, c0
-        for v, c in coeffs.items():
-            span = ex.const(c) * (_extent(v, out, k.rdims) - 1)
-            if c < 0:
-                lo = lo + span
-            else:
-                hi = hi + span
-        lo, hi = ex.simplify_size(lo), ex.simplify_size(hi)
+        lo, hi = index_range(*info["aff_a"][d], lambda v: _extent(v, out, k.rdims))
         if lo.is_const and lo.value == 0 and ex.same_size(hi + 1, src.sizes[d]):
             sizes[d], shift[d] = src.sizes[d], 0
             continue
@@ -363,13 +368,12 @@ def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str):
 def pack_b(data: np.ndarray, layout, rb: Expr, aff_b: dict, dims: list[str],
            extents: dict[str, int], n_dims: list[str], k_dims: list[str]) -> np.ndarray:
     """B evaluated at every (batch, n, k) point, as [batch, N blocks, K, PACK] (N zero-padded)."""
-    shape = [extents[v] for v in dims]
     perm = _permutation(data, layout, aff_b, dims, extents)
     if perm is not None:   # B's dims are the loop vars themselves: a transpose, no gather
         kept = [s for s in data.shape if s != 1]
-        return _blocked(np.transpose(data.reshape(kept), perm).astype(np.float32), shape, dims,
-                        n_dims, k_dims)
-    flat = np.zeros(shape, dtype=np.int64)
+        return _blocked(np.transpose(data.reshape(kept), perm).astype(np.float32), dims,
+                        extents, n_dims, k_dims)
+    flat = np.zeros([extents[v] for v in dims], dtype=np.int64)
     strides = np.cumprod([1, *data.shape[::-1]])[:-1][::-1]
     grids = {v: np.arange(extents[v], dtype=np.int64).reshape(
         [-1 if i == j else 1 for j in range(len(dims))]) for i, v in enumerate(dims)}
@@ -381,7 +385,7 @@ def pack_b(data: np.ndarray, layout, rb: Expr, aff_b: dict, dims: list[str],
                 ix = ix + c * grids[v]
         ix = np.clip(ix, 0, data.shape[axis] - 1)   # as the scalar code clamps
         flat = flat + ix * int(strides[axis])
-    return _blocked(data.reshape(-1)[flat].astype(np.float32), shape, dims, n_dims, k_dims)
+    return _blocked(data.reshape(-1)[flat].astype(np.float32), dims, extents, n_dims, k_dims)
 
 
 def _permutation(data, layout, aff_b: dict, dims: list[str], extents: dict[str, int]):
@@ -407,11 +411,10 @@ def _permutation(data, layout, aff_b: dict, dims: list[str], extents: dict[str, 
     return [axis_of[v] for v in dims]
 
 
-def _blocked(vals: np.ndarray, shape, dims, n_dims, k_dims) -> np.ndarray:
+def _blocked(vals: np.ndarray, dims, extents, n_dims, k_dims) -> np.ndarray:
     """B's values at the (batch, n, k) points as [batch, N blocks, K, PACK], N zero-padded."""
-    extents = dict(zip(dims, shape))
     nb = len(dims) - len(n_dims) - len(k_dims)
-    bsz = int(np.prod(shape[:nb], dtype=np.int64))
+    bsz = int(np.prod([extents[v] for v in dims[:nb]], dtype=np.int64))
     nsz = int(np.prod([extents[v] for v in n_dims], dtype=np.int64))
     ksz = int(np.prod([extents[v] for v in k_dims], dtype=np.int64))
     vals = vals.reshape(bsz, nsz, ksz)

@@ -27,9 +27,9 @@ concatenation's arm), so its result is stored once, where that map stored it.
 Numerics: the f32 error is about three times the direct sum's (a few units in the last place of
 the largest term; tests/codegen/targets/cpu/test_winograd.py checks against ONNX Runtime at the
 fp32 tolerance, and a build whose artifact then misses its test vectors builds it again with
-direct convolutions: packager/build.py). A NaN or infinity in the input reaches every output of its 4-row tile, not only
-the rows whose window holds it, as in every Winograd convolution. ``MLPACK_WINOGRAD=0`` keeps
-every convolution direct.
+direct convolutions: packager/build.py). A NaN or infinity in the input reaches every output
+of its 4-row tile, not only the rows whose window holds it, as in every Winograd convolution.
+``MLPACK_WINOGRAD=0`` keeps every convolution direct.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ import numpy as np
 from ....spec.ir import expr as ex
 from ....spec.ir.expr import Expr
 from ....spec.ir.graph import Comprehension, Constant, Graph, TensorType, tensors_read
-from .kernels import _coeff, _identity_map, replace_reads
+from .contraction import _affine, _fresh, index_range
+from .kernels import _identity_map, replace_reads
+from .plan import tensor_buffers
 
 TILE = 4          # outputs per tile
 TAPS = 3          # window size
@@ -85,20 +87,21 @@ def enabled() -> bool:
     return os.environ.get("MLPACK_WINOGRAD", "1") != "0"
 
 
-def rewrite(g: Graph, keep=()) -> tuple[Graph, int]:
+def rewrite(g: Graph, keep=(), parents=None) -> tuple[Graph, int]:
     """``g`` with every convolution where Winograd pays rewritten (module docstring), and how
     many were. ``keep``: tensors that must still be written under their own name (aliases of a
-    concatenation's slice). ``g`` itself is not changed: it is shared by the targets of a build."""
+    concatenation's slice); ``parents``: the buffers of split concatenations (concat.py),
+    which no op of ``g`` produces. ``g`` itself is not changed: the targets of a build share it."""
     if not enabled():
         return g, 0
     outputs = {p.name for p in g.outputs}
-    layouts = {p.name: p.layout for p in g.inputs}
+    bufs = {**tensor_buffers(g), **(parents or {})}   # the layouts the plan will give them
     ops, types, constants = list(g.ops), dict(g.types), dict(g.constants)
     count, dropped = 0, set()
     for op in g.ops:
         if not isinstance(op, Comprehension):
             continue
-        hit = _match(op, g, layouts)
+        hit = _match(op, g, bufs)
         if hit is None:
             continue
         new = _transforms(op, hit, g, types, constants)
@@ -129,7 +132,7 @@ def rewrite(g: Graph, keep=()) -> tuple[Graph, int]:
 # ---------------------------------------------------------------- matching
 
 
-def _match(op: Comprehension, g: Graph, layouts) -> dict | None:
+def _match(op: Comprehension, g: Graph, bufs) -> dict | None:
     """The window of ``op`` Winograd can take: (A read, W read, out var h, window var kh, A's
     dim, the index's constant, W's dim), or None."""
     if op.reduce != "sum" or op.type.dtype != "f32" or op.body.op != "mul":
@@ -151,9 +154,8 @@ def _match(op: Comprehension, g: Graph, layouts) -> dict | None:
     if any(ix.op != "var" for ix in w_index.values()):
         return None
     a_index = dict(zip(a.arg[1], a.args))
-    a_layout = _layout(a.arg[0], g, layouts)
-    out_row = _last(op.type.dims, list(op.type.dims))
-    a_row = _last(g.types[a.arg[0]].dims, a_layout)
+    out_row = bufs[op.out].contiguous_dim()
+    a_row = bufs[a.arg[0]].contiguous_dim()
     w_vars = {ix.arg for ix in w_index.values()}
     for kh, size in op.rdims.items():
         if size.value != TAPS or kh not in w_vars:
@@ -162,36 +164,21 @@ def _match(op: Comprehension, g: Graph, layouts) -> dict | None:
         if len(uses) != 1 or uses[0] == a_row:
             continue
         d_h = uses[0]
-        ix = a_index[d_h]
-        hs = [v for v in ex.free_vars(ix) if v != kh]
-        if len(hs) != 1 or hs[0] not in op.type.dims or hs[0] == out_row or hs[0] in w_vars:
+        aff = _affine(a_index[d_h], set(sizes))   # h + kh + c0
+        if aff is None or len(aff[0]) != 2 or aff[0].get(kh) != 1 or not aff[1].is_const:
             continue
-        h = hs[0]
-        if _coeff(ix, h) != 1 or _coeff(ix, kh) != 1:
+        h = next(v for v in aff[0] if v != kh)
+        if aff[0][h] != 1 or h not in op.type.dims or h == out_row or h in w_vars:
             continue
-        c0 = ex.simplify_size(ex.substitute(ix, {h: ex.const(0), kh: ex.const(0)}))
-        if not c0.is_const or any(h in ex.free_vars(e) for d, e in a_index.items() if d != d_h):
+        if any(h in ex.free_vars(e) for d, e in a_index.items() if d != d_h):
             continue
         if any(_span(e, sizes) is None for d, e in a_index.items() if d != d_h):
             return None
-        hit = {"a": a, "w": w, "h": h, "kh": kh, "d_h": d_h, "c0": c0.value,
+        hit = {"a": a, "w": w, "h": h, "kh": kh, "d_h": d_h, "c0": aff[1].value,
                "d_kh": next(d for d, e in w_index.items() if e.arg == kh),
-               "a_layout": a_layout}
+               "a_layout": bufs[a.arg[0]].layout}
         if _pays(op, hit, w_vars, op.type.dims[out_row].value):
             return hit
-    return None
-
-
-def _layout(name: str, g: Graph, layouts) -> tuple[str, ...]:
-    """How the cpu plan lays ``name`` out (plan.tensor_buffers): port order, else type order."""
-    return tuple(layouts.get(name, g.types[name].dims))
-
-
-def _last(dims: dict[str, Expr], layout) -> str | None:
-    """The unit-stride dim: the last one not of constant size 1."""
-    for d in reversed(list(layout)):
-        if not (dims[d].is_const and dims[d].value == 1):
-            return d
     return None
 
 
@@ -211,14 +198,6 @@ def _pays(op: Comprehension, hit: dict, w_vars: set[str], width: int) -> bool:
 
 
 # ---------------------------------------------------------------- the rewrite
-
-
-def _fresh(base: str, taken) -> str:
-    name, i = base, 0
-    while name in taken:
-        i += 1
-        name = f"{base}{i}"
-    return name
 
 
 def _tree(v: Expr, leaves: list[Expr], lo: int = 0) -> Expr:
@@ -249,18 +228,11 @@ def _combination(coeffs, term) -> Expr:
 
 def _span(ix: Expr, sizes: dict[str, Expr]) -> tuple[int, int] | None:
     """The least and greatest value of an index affine in the loop vars, or None."""
-    lo = hi = ex.substitute(ix, {v: ex.const(0) for v in ex.free_vars(ix)})
-    lo = hi = ex.simplify_size(lo)
-    if not lo.is_const:
+    aff = _affine(ix, set(sizes))
+    if aff is None:
         return None
-    lo = hi = lo.value
-    for v in ex.free_vars(ix):
-        c = _coeff(ix, v)
-        if not isinstance(c, int):
-            return None
-        reach = c * (sizes[v].value - 1)
-        lo, hi = (lo + reach, hi) if c < 0 else (lo, hi + reach)
-    return lo, hi
+    lo, hi = index_range(*aff, sizes.__getitem__)
+    return (lo.value, hi.value) if lo.is_const and hi.is_const else None
 
 
 def _transforms(op: Comprehension, hit: dict, g: Graph, types, constants) -> dict:

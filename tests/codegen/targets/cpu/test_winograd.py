@@ -110,8 +110,8 @@ def test_winograd_matches_ort(case, target):
 
 
 def _rewritten(m) -> int:
-    g, aliases, _ = split_concats(compile_onnx(m))
-    return winograd.rewrite(g, keep=aliases)[1]
+    g, aliases, parents = split_concats(compile_onnx(m))
+    return winograd.rewrite(g, aliases, parents)[1]
 
 
 @pytest.mark.parametrize("why, case", [
