@@ -74,6 +74,8 @@ LAYERS = {
     "conv3x3_128_28_s2": lambda: conv(128, 128, 56, 3, stride=2),
     "conv3x3_512_7": lambda: conv(512, 512, 7, 3),
     "conv1x1_1024to2048_7": lambda: conv(1024, 2048, 7, 1),
+    "conv1x1_1024to256_14": lambda: conv(1024, 256, 14, 1),
+    "conv1x1_512to1024_28_s2": lambda: conv(512, 1024, 28, 1, stride=2),
     "conv3x3_256_14": lambda: conv(256, 256, 14, 3),
     "conv3x3_128_28": lambda: conv(128, 128, 28, 3),
     "conv3x3_16to64_55": lambda: conv(16, 64, 55, 3),

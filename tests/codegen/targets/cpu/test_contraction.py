@@ -361,3 +361,20 @@ def _strategies(g, target) -> list[str]:
     bufs = tensor_buffers(g)
     ks = contraction.apply(g, build_kernels(g, bufs), bufs, get_target(target))
     return [type(k.gemm).__name__ for k in ks if k.strategy == "gemm"]
+
+
+def _llvm_ir(m, target, monkeypatch, capsys) -> str:
+    monkeypatch.setenv("MLPACK_DEBUG", "3")
+    compile_cpu(compile_onnx(m), target)
+    return capsys.readouterr().err.split("LLVM IR before optimization:")[1].split("[mlpack]")[0]
+
+
+@pytest.mark.parametrize("target", ["x86_64-v4", "aarch64"])
+def test_weights_read_once_are_prefetched(target, monkeypatch, capsys):
+    """A batch-1 fully connected layer reads each weight once per run, from memory: its
+    kernel fetches the packed panels ahead (contraction.PREFETCH_ROWS). A 3x3 convolution on
+    32x32 reuses each panel from cache over its 1024 rows, so its kernel does not."""
+    fc, _ = matmul_case(1, 256, 512)
+    assert "@\"llvm.prefetch.p0\"(" in _llvm_ir(fc, target, monkeypatch, capsys)
+    conv, _ = conv_case(16, 32, 32, 3)
+    assert "llvm.prefetch" not in _llvm_ir(conv, target, monkeypatch, capsys)
