@@ -90,6 +90,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "mlpack_artifact_info_get": (ctypes.c_int, [P, ctypes.c_size_t, ctypes.POINTER(_ArtifactInfo)]),
         "mlpack_run": (ctypes.c_int, [P, ctypes.POINTER(_Tensor), ctypes.c_size_t, ctypes.POINTER(_Tensor),
                                       ctypes.c_size_t, E]),
+        "mlpack_run_into": (ctypes.c_int, [P, ctypes.POINTER(_Tensor), ctypes.c_size_t,
+                                           ctypes.POINTER(_Tensor), ctypes.c_size_t, E]),
         "mlpack_error_code": (ctypes.c_int, [P]),
         "mlpack_error_message": (ctypes.c_char_p, [P]),
         "mlpack_error_free": (None, [P]),
@@ -240,7 +242,9 @@ class NativeModel:
         return next(a for a in self.artifacts if a.chosen)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Outputs by name, copied out of the engine (its buffers live only until the next run)."""
+        """Outputs by name. Where every output's shape follows from the inputs' shapes, the
+        engine writes them straight into new arrays (mlpack_run_into); otherwise they are copied
+        out of the engine's buffers, which live only until the next run."""
         if self._m is None:
             raise errors.Error(f"{self.path}: model is closed")
         # not np.ascontiguousarray: it turns a 0-d array (a scalar input) into shape (1,)
@@ -255,6 +259,14 @@ class NativeModel:
         n_out = len(self.outputs)
         outs = (_Tensor * max(n_out, 1))()
         err = ctypes.c_void_p()
+        into = self._output_arrays(arrays)
+        if into is not None:
+            for i, out in enumerate(into):
+                outs[i] = _Tensor(None, 0, 0, None, out.ctypes.data, out.nbytes)
+            st = self._lib.mlpack_run_into(self._m, ins, len(arrays), outs, n_out, ctypes.byref(err))
+            if st != OK:
+                _raise(err, st)
+            return {o.name: out for o, out in zip(self.outputs, into)}
         st = self._lib.mlpack_run(self._m, ins, len(arrays), outs, n_out, ctypes.byref(err))
         if st != OK:
             _raise(err, st)
@@ -269,6 +281,27 @@ class NativeModel:
                 ctypes.memmove(out.ctypes.data, t.data, t.nbytes)
             result[t.name.decode() if t.name else self.outputs[i].name] = out
         return result
+
+    def _output_arrays(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray] | None:
+        """New arrays for the outputs if the inputs' shapes fix every output's shape (the
+        symbols bound as the engine binds them: by the input axes they size), else None."""
+        bound: dict[str, int] = {}
+        for info in self.inputs:
+            a = arrays.get(info.name)
+            if a is not None and a.ndim == len(info.shape):
+                for d, n in zip(info.shape, a.shape):
+                    if isinstance(d, str):
+                        bound.setdefault(d, n)
+        out = []
+        for info in self.outputs:
+            shape = tuple(bound.get(d, -1) if isinstance(d, str) else d for d in info.shape)
+            if any(n < 0 for n in shape):
+                return None   # data-dependent: the engine sizes it while running
+            try:
+                out.append(np.empty(shape, dtype=_numpy_dtype(info.dtype)))
+            except errors.Error:
+                return None   # no NumPy dtype for it (bf16 without ml_dtypes): run's message
+        return out
 
     def __call__(self, **arrays) -> dict[str, np.ndarray]:
         return self.run(arrays)

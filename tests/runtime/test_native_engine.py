@@ -134,6 +134,25 @@ def test_run_matches_python_runtime(tmp_path, tiny):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def test_outputs_are_written_into_new_arrays(tmp_path, tiny):
+    """The inputs' shapes fix the output's (batch), so run asks the engine to write it straight
+    into a new array (mlpack_run_into): each run's result is its own, of the run's size, and
+    equal to what the engine's own memory gives (mlpack_run, when no shape can be known)."""
+    path = write(tmp_path / "t.mlpack", tiny, [artifact(tiny)])
+    x3 = np.linspace(-4, 4, 12, dtype=np.float32).reshape(3, 4)
+    x5 = np.linspace(-2, 3, 20, dtype=np.float32).reshape(5, 4)
+    with native.open_model(path, threads=2) as m:
+        planned = m._output_arrays({"x": x5})
+        assert [a.shape for a in planned] == [(5, 4)]
+        assert m._output_arrays({"y": x5}) is None   # no input binds batch
+        first, second = m(x=x3)["y"], m(x=x5)["y"]
+        assert first.shape == (3, 4) and second.shape == (5, 4)
+        assert first.flags.owndata and second.flags.owndata
+        m._output_arrays = lambda arrays: None      # the copying path, for comparison
+        np.testing.assert_array_equal(first, m(x=x3)["y"])
+        np.testing.assert_array_equal(second, m(x=x5)["y"])
+
+
 def test_bad_options_are_errors(full):
     with pytest.raises(errors.Error, match="device 'tpu'"):
         native.open_model(full, device="tpu")

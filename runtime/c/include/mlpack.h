@@ -110,6 +110,16 @@ mlpack_status mlpack_artifact_info_get(const mlpack_model *model, size_t i, mlpa
 mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
                          mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err);
 
+/* mlpack_run, but output i is written straight into the caller's memory: outputs[i].data, of
+ * outputs[i].nbytes bytes (at least the output's size), in the model's output order; a non-NULL
+ * outputs[i].name must be that output's name. No copy is made. Every output's shape must follow
+ * from the inputs' shapes (mlpack_output_info: fixed dims, or symbols an input binds), and the
+ * memory must be aligned to the element size and overlap no input and no other output. On
+ * success name, dtype, rank, shape (owned by the model) and nbytes are filled in and data is
+ * left as given; on failure the tensors are left as given (their memory may be partly written). */
+mlpack_status mlpack_run_into(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
+                              mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err);
+
 mlpack_status mlpack_error_code(const mlpack_error *err);
 const char *mlpack_error_message(const mlpack_error *err);
 void mlpack_error_free(mlpack_error *err);

@@ -8,6 +8,7 @@
  * freed at the next run or at close (mp_run_release).
  */
 #define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,27 +301,77 @@ static mlpack_status mp_prepare_storage(mlpack_model *m, mlpack_error **err) {
   return MLPACK_OK;
 }
 
-mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
-                         mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err) {
+/* mlpack_run_into: output i goes to the caller's memory. Its shape must follow from the inputs,
+ * the memory must hold it, be aligned to its element, and overlap no input and no other output
+ * (a kernel would read what another wrote). */
+static mlpack_status mp_use_caller_outputs(mlpack_model *m, const mlpack_tensor *given,
+                                           const int *known, const void **in_data,
+                                           const int64_t *in_shapes, mlpack_error **err) {
+  size_t ni = m->input_count;
+  for (size_t i = 0; i < m->output_count; i++) {
+    const mp_sig *s = &m->outputs[i];
+    const mlpack_tensor *t = &given[i];
+    if (t->name && strcmp(t->name, s->name) != 0)
+      return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_into: output %zu is '%s', not '%s'", i,
+                     s->name, t->name);
+    if (!known[i])
+      return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_into: the shape of output '%s' depends "
+                     "on the data, not only on the inputs' shapes; run it with mlpack_run", s->name);
+    size_t need;
+    if (mp_shape_bytes(&m->out_shapes[i * 8], s->rank, s->dtype, &need) != MLPACK_OK)
+      return mp_fail(err, MLPACK_ERR_INPUT, "output '%s' would be too large", s->name);
+    if (!t->data && need > 0)
+      return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_into: output '%s' has no memory", s->name);
+    if (t->nbytes < need)
+      return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_into: output '%s' needs %zu bytes, "
+                     "%zu given", s->name, need, t->nbytes);
+    size_t item = mlpack_dtype_size(s->dtype);
+    if (item > 1 && (uintptr_t)t->data % item != 0)
+      return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_into: output '%s' is not aligned to its "
+                     "%zu-byte elements", s->name, item);
+    uintptr_t lo = (uintptr_t)t->data, hi = lo + need;
+    for (size_t k = 0; k < ni + i && need > 0; k++) {   /* the inputs, then the outputs before */
+      int input = k < ni;
+      const mp_sig *o = input ? &m->inputs[k] : &m->outputs[k - ni];
+      const int64_t *shape = input ? &in_shapes[k * 8] : &m->out_shapes[(k - ni) * 8];
+      uintptr_t olo = (uintptr_t)(input ? in_data[k] : given[k - ni].data);
+      size_t on = 0;
+      mp_shape_bytes(shape, o->rank, o->dtype, &on);
+      if (on > 0 && olo < hi && lo < olo + on)
+        return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_into: output '%s' overlaps %s '%s'",
+                       s->name, input ? "input" : "output", o->name);
+    }
+    m->out_data[i] = t->data;
+  }
+  return MLPACK_OK;
+}
+
+/* Both entry points: `into` says the outputs' memory is the caller's (mlpack_run_into). */
+static mlpack_status mp_run_model(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
+                                  mlpack_tensor *outputs, size_t n_outputs, int into,
+                                  mlpack_error **err) {
   mlpack_status st = mp_check_args(model, inputs, n_inputs, outputs, n_outputs, err);
   if (st != MLPACK_OK) return st;
-  memset(outputs, 0, n_outputs * sizeof *outputs);
   st = mp_prepare_storage(model, err);
   if (st != MLPACK_OK) return st;
   size_t ni = model->input_count, no = model->output_count;
+  mlpack_tensor *given = into ? calloc(no ? no : 1, sizeof *given) : NULL;
+  if (into && given) memcpy(given, outputs, no * sizeof *given);
+  if (!into) memset(outputs, 0, n_outputs * sizeof *outputs);   /* (into: left as given on failure) */
   mp_binding *b = calloc(1, sizeof *b);
   const void **in_data = calloc(ni ? ni : 1, sizeof *in_data);
   int64_t *in_shapes = calloc((ni ? ni : 1) * 8, sizeof *in_shapes);
   void **out_data = calloc(no ? no : 1, sizeof *out_data);
   int *known = calloc(no ? no : 1, sizeof *known);
-  if (!b || !in_data || !in_shapes || !out_data || !known)
+  if (!b || !in_data || !in_shapes || !out_data || !known || (into && !given))
     st = mp_fail(err, MLPACK_ERR_NOMEM, "mlpack_run: out of memory");
   if (st == MLPACK_OK) st = mp_sym_collect(model->inputs, ni, b, err);
   if (st == MLPACK_OK) st = mp_sym_collect(model->outputs, no, b, err);
   if (st == MLPACK_OK) st = mp_bind_inputs(model, inputs, n_inputs, b, in_data, in_shapes, err);
   if (st == MLPACK_OK) {
     mp_output_shapes(model, b, model->out_shapes, known);
-    st = mp_alloc_outputs(model, known, err);
+    st = into ? mp_use_caller_outputs(model, given, known, in_data, in_shapes, err)
+              : mp_alloc_outputs(model, known, err);
   }
   if (st == MLPACK_OK) {
     for (size_t i = 0; i < no; i++) out_data[i] = model->out_data[i];
@@ -340,11 +391,25 @@ mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_
                      model->outputs[i].name);
   }
   if (st == MLPACK_OK) mp_fill_outputs(model, outputs);
-  else mp_outputs_clear(model);
+  if (into)   /* the caller's memory: never kept, reused or freed by the model */
+    for (size_t i = 0; i < no; i++) model->out_data[i] = NULL;
+  else if (st != MLPACK_OK)
+    mp_outputs_clear(model);
+  free(given);
   free(b);
   free(in_data);
   free(in_shapes);
   free(out_data);
   free(known);
   return st;
+}
+
+mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
+                         mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err) {
+  return mp_run_model(model, inputs, n_inputs, outputs, n_outputs, 0, err);
+}
+
+mlpack_status mlpack_run_into(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
+                              mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err) {
+  return mp_run_model(model, inputs, n_inputs, outputs, n_outputs, 1, err);
 }

@@ -57,6 +57,14 @@ MP_WEAK mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *input
   return mp_fail(err, MLPACK_ERR_LOAD, "mlpack_run is not built into this libmlpack");
 }
 
+MP_WEAK mlpack_status mlpack_run_into(mlpack_model *model, const mlpack_tensor *inputs,
+                                      size_t n_inputs, mlpack_tensor *outputs, size_t n_outputs,
+                                      mlpack_error **err) {
+  (void)model; (void)inputs; (void)n_inputs; (void)outputs; (void)n_outputs;
+  if (err) *err = NULL;
+  return mp_fail(err, MLPACK_ERR_LOAD, "mlpack_run_into is not built into this libmlpack");
+}
+
 MP_WEAK mlpack_status mp_run_output(const mp_run *run, size_t i, const int64_t *shape, void **data,
                                     mlpack_error **err) {
   (void)run; (void)i; (void)shape;

@@ -131,6 +131,31 @@ static void compare_outputs(const char *name, const mlpack_tensor *outs, size_t 
 }
 
 /* run every case of NAME.vectors through the model and compare */
+/* The same case through mlpack_run_into, into memory of the sizes mlpack_run gave: the same
+ * outputs; or, for an output whose shape depends on the data, a refusal that says so. */
+static void run_into(const char *name, mlpack_model *m, const mlpack_tensor *in, size_t ni,
+                     const mlpack_tensor *ran, size_t no, const vecs *v, int c) {
+  mlpack_tensor out[16];
+  void *mem[16] = {0};
+  for (size_t i = 0; i < no; i++) {
+    mem[i] = malloc(ran[i].nbytes ? ran[i].nbytes : 1);
+    out[i] = (mlpack_tensor){.name = ran[i].name, .data = mem[i], .nbytes = ran[i].nbytes};
+  }
+  mlpack_error *err = NULL;
+  mlpack_status st = mlpack_run_into(m, in, ni, out, no, &err);
+  if (st == MLPACK_ERR_ARGUMENT) {
+    CHECK_CONTAINS(mlpack_error_message(err), "depends on the data");
+  } else {
+    CHECK(st == MLPACK_OK, "%s case %d: run_into failed: %s", name, c, err ? mlpack_error_message(err) : "?");
+    for (size_t i = 0; st == MLPACK_OK && i < no; i++)
+      CHECK(out[i].data == mem[i] && out[i].nbytes == ran[i].nbytes && out[i].rank == ran[i].rank,
+            "%s case %d: run_into output %zu", name, c, i);
+    if (st == MLPACK_OK) compare_outputs(name, out, no, v, c);
+  }
+  mlpack_error_free(err);
+  for (size_t i = 0; i < no; i++) free(mem[i]);
+}
+
 static void run_cases(const char *name, mlpack_model *m, int repeat) {
   vecs v;
   CHECK(vecs_load(&v, name) == 0, "%s: cannot read the vectors", name);
@@ -157,6 +182,7 @@ static void run_cases(const char *name, mlpack_model *m, int repeat) {
       mlpack_error_free(err);
       if (st != MLPACK_OK) break;
       if (r == 0 || r == repeat - 1) compare_outputs(name, out, no, &v, c);
+      if (r == 0) run_into(name, m, in, ni, out, no, &v, c);
     }
   }
   vecs_free(&v);
@@ -257,6 +283,45 @@ static void expect_run_error(mlpack_model *m, const mlpack_tensor *in, size_t n,
   mlpack_error_free(err);
 }
 
+static void expect_into_error(mlpack_model *m, const mlpack_tensor *in, mlpack_tensor *out,
+                              const char *part) {
+  mlpack_error *err = NULL;
+  mlpack_status st = mlpack_run_into(m, in, 3, out, 1, &err);
+  CHECK(st == MLPACK_ERR_ARGUMENT, "status %d for '%s'", st, part);
+  CHECK_CONTAINS(mlpack_error_message(err), part);
+  mlpack_error_free(err);
+}
+
+/* 'two' has one output of 3 x 2 x 8 f32 (192 bytes) */
+static void test_run_into_errors(mlpack_model *m, mlpack_tensor *in) {
+  static float y[64], big[256];
+  mlpack_tensor out = {.name = "y", .data = y, .nbytes = 191};
+  expect_into_error(m, in, &out, "output 'y' needs 192 bytes, 191 given");
+  out.nbytes = 192;
+  out.name = "z";
+  expect_into_error(m, in, &out, "output 0 is 'y', not 'z'");
+  out.name = NULL;
+  out.data = (char *)y + 2;
+  expect_into_error(m, in, &out, "output 'y' is not aligned to its 4-byte elements");
+  out.data = NULL;
+  expect_into_error(m, in, &out, "output 'y' has no memory");
+  void *mask = in[1].data;   /* an output over an input's memory */
+  in[1].data = big;
+  out.data = big + 8;
+  expect_into_error(m, in, &out, "output 'y' overlaps input 'mask'");
+  in[1].data = mask;
+  out = (mlpack_tensor){.data = big + 64, .nbytes = sizeof big - 64 * sizeof *big};
+  mlpack_error *err = NULL;
+  mlpack_tensor ref[1];
+  CHECK(mlpack_run_into(m, in, 3, &out, 1, &err) == MLPACK_OK, "run_into: %s", err ? mlpack_error_message(err) : "?");
+  CHECK(out.data == big + 64 && out.nbytes == 192 && out.rank == 3 && strcmp(out.name, "y") == 0,
+        "run_into filled in the output");
+  CHECK(mlpack_run(m, in, 3, ref, 1, &err) == MLPACK_OK, "run after run_into");
+  CHECK(memcmp(ref[0].data, big + 64, 192) == 0 && ref[0].data != (void *)(big + 64),
+        "run_into wrote what mlpack_run gives, and mlpack_run still uses its own memory");
+  mlpack_error_free(err);
+}
+
 static void test_input_errors(void) {
   mlpack_model *m = expect_open("two", 1);
   if (!m) return;
@@ -290,6 +355,7 @@ static void test_input_errors(void) {
   CHECK(mlpack_run(m, in, 3, out, 1, &err) == MLPACK_OK, "run after errors: %s", mlpack_error_message(err));
   CHECK(out[0].rank == 3 && out[0].shape[0] == 3 && out[0].shape[1] == 2 && out[0].shape[2] == 8,
         "output shape of 'two'");
+  test_run_into_errors(m, in);
   mlpack_close(m);
 }
 
