@@ -13,6 +13,8 @@ FLAGS = {
     "MLPACK_DEBUG": "0 quiet; 1 pass names and timings; 2 and the IR after each pass that "
                     "changed it; 3 and each cpu target's LLVM IR and optimized assembly",
     "MLPACK_WINOGRAD": "0 builds every convolution direct (codegen/targets/cpu/winograd.py)",
+    "MLPACK_CHANNELS_LAST": "0 keeps every tensor in its type's dim order "
+                            "(codegen/targets/cpu/layout.py)",
 }
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ... import debug
 from ....spec.ir.graph import Graph
-from . import contraction, narrowconv, winograd
+from . import contraction, layout, narrowconv, winograd
 from .concat import split_concats
 from .kernels import build_kernels, reject_procedures
 from .link import link_shared
@@ -43,7 +43,7 @@ def compile_cpu(graph: Graph, target: str, use_winograd: bool = True) -> CpuArti
     t0 = time.perf_counter()
     reject_procedures(graph)
     source = graph
-    graph, aliases, parents = split_concats(graph)
+    graph, aliases, parents = split_concats(layout.channels_last(graph))
     graph, rewritten = winograd.rewrite(graph, aliases, parents) if use_winograd else (graph, 0)
     bufs = tensor_buffers(graph)
     bufs.update(parents)

@@ -1,0 +1,124 @@
+"""Channels-last layouts (codegen/targets/cpu/layout.py) against ONNX Runtime.
+
+Which image tensors are laid out channels last is checked on small models: a convolution chain
+with a pooling and a residual add (all of them), local response normalization (its window along
+the channel too), a concatenation's parts and a depthwise convolution's input and output (kept
+in their order), graph outputs (their ports' layout), and ``MLPACK_CHANNELS_LAST=0``. Each model
+is compiled for x86_64-v2/v3/v4, run by the plan runner and compared with ONNX Runtime at the
+fp32 tolerance (rtol 1e-4, atol 1e-5).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from mlpack.codegen.compile import compile_onnx
+from mlpack.codegen.targets.cpu import layout
+from onnx import TensorProto as TP
+from onnx import helper
+from support import one_output_model, oracle_outputs
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# tests/codegen/targets/plan_runner.py
+from plan_runner import ATOL, RTOL, TARGETS, compile_and_run, rand
+
+F = TP.FLOAT
+
+
+def conv(x, y, prefix, cin, cout, k=3, group=1, seed=0):
+    node = helper.make_node("Conv", [x, f"{prefix}w", f"{prefix}b"], [y], pads=[k // 2] * 4,
+                            group=group)
+    w = rand(cout, cin // group, k, k, seed=seed, scale=1 / np.sqrt(cin * k * k / group))
+    return node, [(f"{prefix}w", w), (f"{prefix}b", rand(cout, seed=seed + 1, scale=0.1))]
+
+
+def chain():
+    """conv -> relu -> max pool -> conv (+ the pooled input: a residual) -> relu -> conv"""
+    c1, w1 = conv("x", "c1", "a", 8, 16)
+    c2, w2 = conv("p", "c2", "b", 16, 16, seed=2)
+    c3, w3 = conv("r", "y", "c", 16, 8, k=1, seed=4)
+    nodes = [c1, helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             c2, helper.make_node("Add", ["c2", "p"], ["s"]), helper.make_node("Relu", ["s"], ["r"]),
+             c3]
+    return one_output_model(nodes, [("x", F, [1, 8, 20, 20])], w1 + w2 + w3), \
+        {"x": rand(1, 8, 20, 20)}
+
+
+def lrn():
+    c1, w1 = conv("x", "c1", "a", 4, 12)
+    c2, w2 = conv("n", "y", "b", 12, 6, seed=2)
+    nodes = [c1, helper.make_node("LRN", ["c1"], ["n"], size=5, alpha=1e-2, beta=0.75, bias=1.0),
+             c2]
+    return one_output_model(nodes, [("x", F, [1, 4, 12, 12])], w1 + w2), {"x": rand(1, 4, 12, 12)}
+
+
+def concat():
+    c1, w1 = conv("x", "c1", "a", 8, 16)
+    c2, w2 = conv("x", "c2", "b", 8, 16, k=1, seed=2)
+    c3, w3 = conv("t", "y", "c", 32, 8, seed=4)
+    nodes = [c1, c2, helper.make_node("Concat", ["c1", "c2"], ["t"], axis=1), c3]
+    return one_output_model(nodes, [("x", F, [1, 8, 10, 10])], w1 + w2 + w3), \
+        {"x": rand(1, 8, 10, 10)}
+
+
+def depthwise():
+    c1, w1 = conv("x", "c1", "a", 8, 16, k=1)
+    c2, w2 = conv("c1", "c2", "b", 16, 16, group=16, seed=2)
+    c3, w3 = conv("c2", "y", "c", 16, 8, k=1, seed=4)
+    return one_output_model([c1, c2, c3], [("x", F, [1, 8, 14, 14])], w1 + w2 + w3), \
+        {"x": rand(1, 8, 14, 14)}
+
+
+MODELS = {"chain": chain, "lrn": lrn, "concat": concat, "depthwise": depthwise}
+
+
+def last_dims(g) -> dict[str, str]:
+    """Each op's output -> the dim its type (the plan's layout) puts last."""
+    return {op.out: list(op.type.dims)[-1] for op in g.ops}
+
+
+def test_a_convolution_chain_is_laid_out_channels_last():
+    g = compile_onnx(chain()[0])
+    before = last_dims(g)
+    after = last_dims(layout.channels_last(g))
+    changed = {t for t in before if before[t] != after[t]}
+    # two convolutions, the pooling, the residual add; not the output (its port's layout) nor
+    # the last convolution, which only the output's bias map reads
+    assert len(changed) == 4 and "y" not in changed, (before, after)
+    assert [op.out for op in g.ops if op.out not in changed][-2:] == [g.ops[-2].out, "y"]
+    assert last_dims(g) == before   # the shared graph is left alone
+
+
+def test_a_window_along_the_channel_follows_it():
+    g = compile_onnx(lrn()[0])
+    before, after = last_dims(g), last_dims(layout.channels_last(g))
+    sq = [t for t in before if t.endswith("_sq")]
+    assert sq and all(after[t] != before[t] for t in sq)   # the sum of squares walks c too
+
+
+@pytest.mark.parametrize("name", ["concat", "depthwise"])
+def test_concatenated_and_depthwise_tensors_keep_their_order(name):
+    g = compile_onnx(MODELS[name]()[0])
+    kept = layout.channels_last(g)
+    producers = {op.out: op for op in g.ops}
+    for op in kept.ops:
+        if name == "concat" or op.out != "y":
+            assert list(op.type.dims) == list(producers[op.out].type.dims), op.out
+
+
+def test_switched_off(monkeypatch):
+    g = compile_onnx(chain()[0])
+    monkeypatch.setenv("MLPACK_CHANNELS_LAST", "0")
+    assert layout.channels_last(g) is g
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_matches_ort(name, target):
+    m, feeds = MODELS[name]()
+    _, _, got = compile_and_run(m, feeds, target)
+    np.testing.assert_allclose(got, oracle_outputs(m, feeds)[0], rtol=RTOL, atol=ATOL)
