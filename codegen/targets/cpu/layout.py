@@ -37,19 +37,13 @@ from .kernels import _is_one
 IMAGE_DIMS = 3   # dims of size above 1 that make an image (channels, rows, columns)
 
 
-def _reads(e: Expr) -> list[Expr]:
-    return [n for n in ex.walk(e) if n.op == "read"]
-
-
 def _weights_channel(op: Comprehension, g: Graph) -> str | None:
     """The output dim that indexes the constant weights and nothing else, if exactly one."""
     if op.reduce != "sum" or not op.rdims:
         return None
     const, other = set(), set()
-    for r in _reads(op.body):
-        used = {ix.arg for ix in r.args if ix.op == "var"} | {
-            v for ix in r.args if ix.op != "var" for v in ex.free_vars(ix)}
-        (const if r.arg[0] in g.constants else other).update(used)
+    for r in ex.reads(op.body):
+        (const if r.arg[0] in g.constants else other).update(*map(ex.free_vars, r.args))
     dims = [d for d in op.type.dims if d in const and d not in other]
     return dims[0] if len(dims) == 1 else None
 
@@ -73,7 +67,7 @@ def _walk_var(ix: Expr | None, op: Comprehension) -> str | None:
 def _carried_channel(op: Comprehension, channel: dict[str, str]) -> tuple[str, str] | None:
     """(the output dim, the tensor) of a map or pooling that walks a channel-carrying tensor's
     channel with a dim of its own output."""
-    for r in _reads(op.body):
+    for r in ex.reads(op.body):
         c = channel.get(r.arg[0])
         if c is None:
             continue
@@ -83,20 +77,23 @@ def _carried_channel(op: Comprehension, channel: dict[str, str]) -> tuple[str, s
     return None
 
 
-def _reads_well(op: Comprehension, t: str, c: str, chosen: dict[str, str], g: Graph) -> bool:
+def _reads_well(op: Comprehension, t: str, c: str, chosen: dict[str, str],
+                weighted: set[str]) -> bool:
     """Whether every read of ``t`` (laid out with ``c`` last) in ``op`` walks ``c`` with the
     op's own unit-stride loop: a contraction over weights reducing over it (a plain reduction
     variable), or a map or pooling (or a window along the channel) whose own channel, laid
     out last too, it is."""
-    for r in _reads(op.body):
+    for r in ex.reads(op.body):
         if r.arg[0] != t:
             continue
         ix = dict(zip(r.arg[1], r.args)).get(c)
         if ix is not None and ix.op == "var" and ix.arg in op.rdims:
-            if _weights_channel(op, g) is None:
+            if op.out not in weighted:
                 return False
-        elif _walk_var(ix, op) is None or chosen.get(op.out) != _walk_var(ix, op):
-            return False
+        else:
+            v = _walk_var(ix, op)
+            if v is None or chosen.get(op.out) != v:
+                return False
     return True
 
 
@@ -105,11 +102,12 @@ def _concatenation(op: Comprehension) -> bool:
         s.is_const and _arms(op.body, d, s.value) is not None for d, s in op.type.dims.items())
 
 
-def _channels_apart(op: Comprehension, g: Graph) -> bool:
+def _channels_apart(op: Comprehension, g: Graph, channel: str | None) -> bool:
     """A contraction over constant weights that keeps its output channels apart (grouped or
-    depthwise): an output dim indexes both the weights and the input."""
-    if op.rdims and op.reduce == "sum" and _weights_channel(op, g) is None:
-        return any(r.arg[0] in g.constants for r in _reads(op.body))
+    depthwise): an output dim indexes both the weights and the input. ``channel``:
+    ``_weights_channel`` of ``op``."""
+    if op.rdims and op.reduce == "sum" and channel is None:
+        return any(r.arg[0] in g.constants for r in ex.reads(op.body))
     return False
 
 
@@ -127,17 +125,20 @@ def channels_last(g: Graph) -> Graph:
     channel: dict[str, str] = {}
     source: dict[str, str | None] = {}   # the tensor a map's channel is carried from
     keep = set(outputs)
+    weighted: set[str] = set()   # outputs of contractions over weights with one channel dim
     for op in g.ops:
         if not isinstance(op, Comprehension):
             keep.update(op.outs)
             keep.update(tensors_read(op))
             continue
-        if _concatenation(op) or _channels_apart(op, g):
+        c, src = _weights_channel(op, g), None
+        if _concatenation(op) or _channels_apart(op, g, c):
             keep.add(op.out)
             keep.update(tensors_read(op))
             continue
-        c, src = _weights_channel(op, g), None
-        if c is None:
+        if c is not None:
+            weighted.add(op.out)
+        else:
             c, src = _carried_channel(op, channel) or (None, None)
         big = [d for d, s in op.type.dims.items() if not _is_one(s)]
         if c is not None and len(big) >= IMAGE_DIMS and c in big:
@@ -155,7 +156,7 @@ def channels_last(g: Graph) -> Graph:
         changed = False
         for t, c in list(chosen.items()):
             if (source[t] is not None and source[t] not in chosen) or not all(
-                    _reads_well(r, t, c, chosen, g) for r in readers.get(t, [])):
+                    _reads_well(r, t, c, chosen, weighted) for r in readers.get(t, [])):
                 del chosen[t]
                 changed = True
     if not chosen:
