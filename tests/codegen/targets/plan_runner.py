@@ -129,3 +129,12 @@ def compile_and_run(model, feeds: dict[str, np.ndarray], target: str):
     g = compile_onnx(model)
     art = compile_cpu(g, target)
     return g, art, run_plan(art, g, feeds)[g.outputs[0].name]
+
+
+def assert_matches_ort(model, feeds: dict[str, np.ndarray], target: str):
+    """``compile_and_run``, its first output checked against ONNX Runtime's at RTOL/ATOL:
+    (the graph, the artifact)."""
+    from support import oracle_outputs
+    g, art, got = compile_and_run(model, feeds, target)
+    np.testing.assert_allclose(got, oracle_outputs(model, feeds)[0], rtol=RTOL, atol=ATOL)
+    return g, art

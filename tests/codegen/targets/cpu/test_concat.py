@@ -20,11 +20,11 @@ from mlpack.codegen.targets.cpu import compile_cpu
 from mlpack.codegen.targets.cpu.concat import root, split_concats
 from onnx import TensorProto as TP
 from onnx import helper
-from support import one_output_model, oracle_outputs
+from support import one_output_model
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # tests/codegen/targets/plan_runner.py
-from plan_runner import ATOL, RTOL, TARGETS, compile_and_run, rand
+from plan_runner import TARGETS, assert_matches_ort, rand
 
 F = TP.FLOAT
 
@@ -108,8 +108,7 @@ SPLIT = {"fire": 1, "fire_13x13": 1, "fire_dynamic_batch": 0, "dense_chain": 3,
 @pytest.mark.parametrize("case", list(CASES))
 def test_concat_matches_ort(case, target):
     m, feeds = CASES[case]()
-    _, _, got = compile_and_run(m, feeds, target)
-    np.testing.assert_allclose(got, oracle_outputs(m, feeds)[0], rtol=RTOL, atol=ATOL)
+    assert_matches_ort(m, feeds, target)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -19,11 +19,11 @@ from mlpack.codegen.compile import compile_onnx
 from mlpack.codegen.targets.cpu import layout
 from onnx import TensorProto as TP
 from onnx import helper
-from support import one_output_model, oracle_outputs
+from support import one_output_model
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # tests/codegen/targets/plan_runner.py
-from plan_runner import ATOL, RTOL, TARGETS, compile_and_run, rand
+from plan_runner import TARGETS, assert_matches_ort, rand
 
 F = TP.FLOAT
 
@@ -120,5 +120,4 @@ def test_switched_off(monkeypatch):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_matches_ort(name, target):
     m, feeds = MODELS[name]()
-    _, _, got = compile_and_run(m, feeds, target)
-    np.testing.assert_allclose(got, oracle_outputs(m, feeds)[0], rtol=RTOL, atol=ATOL)
+    assert_matches_ort(m, feeds, target)
