@@ -219,12 +219,20 @@ static void mp_output_shapes(const mlpack_model *m, const mp_binding *b, int64_t
   }
 }
 
+/* Output i's bytes at the shape mp_output_shapes found for it. */
+static mlpack_status mp_planned_bytes(const mlpack_model *m, size_t i, size_t *need,
+                                      mlpack_error **err) {
+  if (mp_shape_bytes(&m->out_shapes[i * 8], m->outputs[i].rank, m->outputs[i].dtype, need) != MLPACK_OK)
+    return mp_fail(err, MLPACK_ERR_INPUT, "output '%s' would be too large", m->outputs[i].name);
+  return MLPACK_OK;
+}
+
 static mlpack_status mp_alloc_outputs(mlpack_model *m, const int *known, mlpack_error **err) {
   for (size_t i = 0; i < m->output_count; i++) {
     if (!known[i]) continue;
     size_t need;
-    if (mp_shape_bytes(&m->out_shapes[i * 8], m->outputs[i].rank, m->outputs[i].dtype, &need) != MLPACK_OK)
-      return mp_fail(err, MLPACK_ERR_INPUT, "output '%s' would be too large", m->outputs[i].name);
+    mlpack_status st = mp_planned_bytes(m, i, &need, err);
+    if (st != MLPACK_OK) return st;
     m->out_data[i] = mp_output_memory(m, i, need);
     if (!m->out_data[i])
       return mp_fail(err, MLPACK_ERR_NOMEM, "cannot allocate output '%s' (%zu bytes)",
@@ -318,8 +326,8 @@ static mlpack_status mp_use_caller_outputs(mlpack_model *m, const mlpack_tensor 
       return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_into: the shape of output '%s' depends "
                      "on the data, not only on the inputs' shapes; run it with mlpack_run", s->name);
     size_t need;
-    if (mp_shape_bytes(&m->out_shapes[i * 8], s->rank, s->dtype, &need) != MLPACK_OK)
-      return mp_fail(err, MLPACK_ERR_INPUT, "output '%s' would be too large", s->name);
+    mlpack_status st = mp_planned_bytes(m, i, &need, err);
+    if (st != MLPACK_OK) return st;
     if (!t->data && need > 0)
       return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_into: output '%s' has no memory", s->name);
     if (t->nbytes < need)
