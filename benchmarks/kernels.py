@@ -20,6 +20,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .models import tests_module
+
 F = TensorProto.FLOAT
 
 
@@ -52,12 +54,7 @@ def matmul(m, k, n):
 
 
 def capsule(batch=8, size=16, caps=32):
-    import importlib.util
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location(
-        "capsule", os.path.join(here, "..", "tests", "models", "capsule.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = tests_module("capsule")
     m = mod.einsum_model(batch, size, caps)
     p = mod.poses(batch, size, caps)
     x = mod.out_size(size)

@@ -40,7 +40,7 @@ LIGHT = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet5
 NAMES = LIGHT + ("mlp", "bert_block", "capsule_einsum", "capsule_framework")
 
 
-def _tests_module(name: str):
+def tests_module(name: str):
     """tests/models/NAME.py, imported with tests/models on sys.path."""
     folder = str(TEST_MODELS)
     if folder not in sys.path:
@@ -52,7 +52,7 @@ def _tests_module(name: str):
 
 
 def _light(name: str, seed: int):
-    return _tests_module("light").random_weight_model(name, seed)
+    return tests_module("light").random_weight_model(name, seed)
 
 
 def _init(name: str, array: np.ndarray):
@@ -163,7 +163,7 @@ def bert_block(seed: int = SEED, batch: int = 1, seq: int = 128, hidden: int = 2
 
 
 def _capsule(form: str, seed: int):
-    module = _tests_module("capsule")
+    module = tests_module("capsule")
     return getattr(module, f"{form}_model")()  # the module seeds its own weights
 
 

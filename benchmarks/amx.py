@@ -1,0 +1,202 @@
+"""What Intel AMX would give an fp32 contraction on this machine: its bf16 tile-multiply rate
+next to the fp32 matmul peak, and how many bf16 products an fp32 product needs.
+
+``python -m benchmarks.amx [--seconds 0.2] [--rounds 5]``
+
+AMX multiplies bf16 tiles only. An fp32 value splits exactly into three bf16 parts
+(x = x1 + x2 + x3, 8 significant bits each), so an fp32 product is emulated by summing the
+part products of order above 2**-24: three (x1y1, x1y2, x2y1: bf16x3) or six (adding x1y3,
+x2y2, x3y1: bf16x6). This tool measures
+
+* the capsule primitive (tests/models/capsule.py, the benchmark's shapes and data) computed
+  with bf16x3 and bf16x6 against float64, at the container's fp32 tolerance
+  (packager/build.py: rtol 1e-4, atol 1e-5);
+* the tile-multiply rate of the inner steps in ``KERNELS``: a 2x2 block with its operands held
+  in tiles (the ceiling), and the bf16x3 and bf16x6 steps with their parts loaded from L1 at
+  every step, into one accumulator tile or two (one chain of dependent multiplies, or two);
+  each next to ONNX Runtime's fp32 matmul peak, alternating, best of ``--rounds``.
+
+mlpack does not generate AMX code; this measures whether a cpu target level with it would pay
+(benchmarks/RESULTS.md, "AMX").
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import platform
+import time
+
+import numpy as np
+
+from .models import tests_module
+
+ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA, SYS_ARCH_PRCTL = 0x1023, 18, 158
+TILE_FLOPS = 16 * 16 * 32 * 2   # one tdpbf16ps: a 16x16 f32 tile += 16x32 by 32x16 bf16
+
+_DECLS = """
+declare void @llvm.x86.ldtilecfg(ptr)
+declare void @llvm.x86.tilezero(i8 immarg)
+declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)
+declare void @llvm.x86.tdpbf16ps(i8 immarg, i8 immarg, i8 immarg)
+declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)
+declare void @llvm.x86.tilerelease()
+"""
+
+
+def _kernel_ir(products, loads_in_loop: bool) -> str:
+    """``void amx(cfg, a, b, c, n)``: n steps of the tile products ``(c, a, b)`` (tile numbers:
+    accumulators 0-3, A parts 4-5 or 1-3, B parts 6-7 or 4-6), each A tile loaded from ``a`` +
+    1 KB per tile and each B from ``b``, once before the loop or at every step."""
+    accs = sorted({c for c, _, _ in products})
+    a_tiles = sorted({x for _, x, _ in products})
+    b_tiles = sorted({x for _, _, x in products})
+    loads = [f"call void @llvm.x86.tileloadd64(i8 {t}, ptr %{src}{i}, i64 64)"
+             for src, tiles in (("a", a_tiles), ("b", b_tiles)) for i, t in enumerate(tiles)]
+    ptrs = [f"%{src}{i} = getelementptr i8, ptr %{src}, i64 {1024 * i}"
+            for src, tiles in (("a", a_tiles), ("b", b_tiles)) for i in range(len(tiles))]
+    muls = [f"call void @llvm.x86.tdpbf16ps(i8 {c}, i8 {x}, i8 {y})" for c, x, y in products]
+    lines = ["define void @amx(ptr %cfg, ptr %a, ptr %b, ptr %c, i64 %n) {", "entry:",
+             "call void @llvm.x86.ldtilecfg(ptr %cfg)",
+             *[f"call void @llvm.x86.tilezero(i8 {c})" for c in accs], *ptrs,
+             *([] if loads_in_loop else loads), "br label %loop", "loop:",
+             "%i = phi i64 [0, %entry], [%i1, %loop]", *(loads if loads_in_loop else []), *muls,
+             "%i1 = add i64 %i, 1", "%done = icmp eq i64 %i1, %n",
+             "br i1 %done, label %exit, label %loop", "exit:",
+             "call void @llvm.x86.tilestored64(i8 0, ptr %c, i64 64)",
+             "call void @llvm.x86.tilerelease()", "ret void", "}"]
+    return _DECLS + "\n".join(lines)
+
+
+# (what, tile products per step, loads every step, bf16 products per fp32 product)
+KERNELS = (
+    ("2x2 block, operands held in tiles (the ceiling)",
+     ((0, 4, 6), (1, 4, 7), (2, 5, 6), (3, 5, 7)), False, 1),
+    ("bf16x3 step: A1 A2 B1 B2 loaded, C += A1B1 + A1B2 + A2B1",
+     ((0, 1, 4), (0, 1, 5), (0, 2, 4)), True, 3),
+    ("bf16x6 step: A1-A3 B1-B3 loaded, C += the six products",
+     ((0, 1, 4), (0, 1, 5), (0, 2, 4), (0, 1, 6), (0, 2, 5), (0, 3, 4)), True, 6),
+    ("bf16x3 step, two accumulators (C and C' summed at the end)",
+     ((0, 1, 4), (7, 1, 5), (0, 2, 4)), True, 3),
+    ("bf16x6 step, two accumulators",
+     ((0, 1, 4), (7, 1, 5), (0, 2, 4), (7, 1, 6), (0, 2, 5), (7, 3, 4)), True, 6),
+)
+
+
+def amx_usable() -> str | None:
+    """Why AMX cannot run here, or None: the cpu flags, then the kernel's permission to use
+    the tile state (Linux asks each process to request it)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"not x86-64 Linux ({platform.system()} {platform.machine()})"
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    missing = [x for x in ("amx_tile", "amx_bf16") if x not in flags]
+    if missing:
+        return f"the cpu lacks {', '.join(missing)}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0:
+        return f"the kernel refused the tile state (errno {ctypes.get_errno()})"
+    return None
+
+
+def tile_rates(seconds: float) -> dict[str, float]:
+    """bf16 GFLOP/s of each of KERNELS, best of 5 calls of about ``seconds`` / 5 each."""
+    import llvmlite.binding as llvm
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    cfg = np.zeros(64, np.uint8)
+    cfg[0] = 1                                   # palette 1: 8 tiles of 16 rows x 64 bytes
+    cfg[16:32].view(np.uint16)[:] = 64
+    cfg[48:56] = 16
+    a = np.full(1536, 0x3F80, np.uint16)         # bf16 ones: 3 tiles each of A and B
+    b, c = a.copy(), np.zeros(256, np.float32)
+    rates, keep = {}, []
+    for name, products, in_loop, _ in KERNELS:
+        tm = llvm.Target.from_default_triple().create_target_machine(   # the engine owns it
+            features="+amx-tile,+amx-bf16", opt=2)
+        ee = llvm.create_mcjit_compiler(llvm.parse_assembly(_kernel_ir(products, in_loop)), tm)
+        ee.finalize_object()
+        keep.append(ee)
+        fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, ctypes.c_int64)(
+            ee.get_function_address("amx"))
+        args = (cfg.ctypes.data, a.ctypes.data, b.ctypes.data, c.ctypes.data)
+        fn(*args, 10)
+        want = 10 * 32 * sum(1 for p in products if p[0] == 0)   # dot products of ones
+        if c[0] != want:
+            raise RuntimeError(f"AMX kernel computed {c[0]}, not {want}")
+        n, best = 1000, float("inf")
+        while True:                              # grow n until one call takes ~seconds/5
+            t0 = time.perf_counter()
+            fn(*args, n)
+            if time.perf_counter() - t0 > seconds / 5:
+                break
+            n *= 4
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn(*args, n)
+            best = min(best, time.perf_counter() - t0)
+        rates[name] = len(products) * n * TILE_FLOPS / best / 1e9
+    return rates
+
+
+def bf16_parts(x: np.ndarray, count: int = 3) -> list[np.ndarray]:
+    """f32 ``x`` as ``count`` bf16 values (held in float64) summing to it, largest first; each
+    rounded to nearest even, so three parts hold every normal f32 exactly."""
+    parts, rest = [], x.astype(np.float64)
+    for _ in range(count):
+        bits = rest.astype(np.float32).view(np.uint32)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        part = bits.view(np.float32).astype(np.float64)
+        parts.append(part)
+        rest = rest - part
+    return parts
+
+
+SPLITS = {"bf16x3": ((0, 0), (0, 1), (1, 0)),
+          "bf16x6": ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0))}
+
+
+def capsule_errors(batch: int = 8, size: int = 16, caps: int = 32) -> dict[str, tuple[float, bool]]:
+    """Max abs error of the capsule computed with each split against float64, and whether it
+    is within the fp32 tolerance; plus the fp32 direct sum's, for scale."""
+    capsule = tests_module("capsule")
+    p, w = capsule.poses(batch, size, caps), capsule.weights(caps)
+    exact = capsule.reference(p.astype(np.float64), w.astype(np.float64))
+    ps, ws = bf16_parts(p), bf16_parts(w)
+    out = {"fp32 direct": capsule.reference(p, w)}
+    for name, terms in SPLITS.items():
+        out[name] = sum(capsule.reference(ps[i], ws[j]) for i, j in terms)
+    return {name: (float(np.abs(v - exact).max()),
+                   bool(np.allclose(v, exact, rtol=1e-4, atol=1e-5))) for name, v in out.items()}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=0.2, help="time per measurement")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds of (fp32 peak, AMX rates); the best of each is reported")
+    a = ap.parse_args(argv)
+    errors = capsule_errors()
+    print("capsule against float64 (fp32 tolerance rtol 1e-4, atol 1e-5):")
+    for name, (err, ok) in errors.items():
+        print(f"  {name:12s} max abs error {err:.2e}  {'within' if ok else 'outside'}")
+    why = amx_usable()
+    if why:
+        print(f"AMX: not measured: {why}")
+        return
+    from mlpack.packager.bench import matmul_peak
+    peak, rounds = float("nan"), []
+    for i in range(a.rounds):   # interleaved: this machine's speed drifts between phases
+        peak = matmul_peak(1, refresh=i > 0) or float("nan")
+        rounds.append(tile_rates(a.seconds))
+    print(f"fp32 matmul peak (ONNX Runtime's MatMul, 1 thread, best of {a.rounds}): "
+          f"{peak:.0f} GFLOP/s")
+    for name, _, _, split in KERNELS:
+        r = max(x[name] for x in rounds)
+        each = " ".join(f"{x[name]:.0f}" for x in rounds)
+        print(f"{name}:\n  bf16 best {r:.0f} GFLOP/s (rounds: {each}); as fp32 products, "
+              f"{r / split:.0f} GFLOP/s = {r / split / peak:.2f}x the fp32 peak")
+
+
+if __name__ == "__main__":
+    main()
