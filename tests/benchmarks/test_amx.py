@@ -40,3 +40,12 @@ def test_kernel_ir_loads_each_operand_tile_once_per_step():
     assert loop.count("tileloadd64") == 6 and loop.count("tdpbf16ps") == 6
     held = amx._kernel_ir(amx.KERNELS[0][1], loads_in_loop=False)
     assert "tileloadd64" not in held[held.index("loop:"):]
+
+
+@pytest.mark.skipif(amx.amx_usable() is not None, reason=f"no AMX here: {amx.amx_usable()}")
+def test_capsule_gemm_on_tiles_meets_the_fp32_tolerance():
+    """A capsule with every size padded (72 rows to 80, 288 deep, 32 columns) through the
+    bf16x6 tile gemm, against float64 at the container's fp32 tolerance."""
+    g = amx.CapsuleGemm(batch=2, size=7, caps=8)
+    g.run()
+    np.testing.assert_allclose(g.out, g.exact, rtol=1e-4, atol=1e-5)
