@@ -31,6 +31,7 @@ import platform
 import time
 
 import numpy as np
+from mlpack.packager.build import ATOL, RTOL
 
 from .models import tests_module
 
@@ -71,6 +72,9 @@ def _kernel_ir(products, loads_in_loop: bool) -> str:
     return _DECLS + "\n".join(lines)
 
 
+# an fp32-grade step, (accumulator, A part, B part) per product: A1..A3 in tiles 1-3, B1..B3 in
+# 4-6; the products alternate between accumulators 0 and 7, so two chains run at once
+BF16X6_STEP = ((0, 1, 4), (7, 1, 5), (0, 2, 4), (7, 1, 6), (0, 2, 5), (7, 3, 4))
 # (what, tile products per step, loads every step, bf16 products per fp32 product)
 KERNELS = (
     ("2x2 block, operands held in tiles (the ceiling)",
@@ -81,8 +85,7 @@ KERNELS = (
      ((0, 1, 4), (0, 1, 5), (0, 2, 4), (0, 1, 6), (0, 2, 5), (0, 3, 4)), True, 6),
     ("bf16x3 step, two accumulators (C and C' summed at the end)",
      ((0, 1, 4), (7, 1, 5), (0, 2, 4)), True, 3),
-    ("bf16x6 step, two accumulators",
-     ((0, 1, 4), (7, 1, 5), (0, 2, 4), (7, 1, 6), (0, 2, 5), (7, 3, 4)), True, 6),
+    ("bf16x6 step, two accumulators", BF16X6_STEP, True, 6),
 )
 
 
@@ -109,27 +112,38 @@ def _require_amx() -> None:
         raise RuntimeError(f"no AMX here: {why}")
 
 
-def tile_rates(seconds: float) -> dict[str, float]:
-    """bf16 GFLOP/s of each of KERNELS, best of 5 calls of about ``seconds`` / 5 each."""
+def _tile_config() -> np.ndarray:
+    """ldtilecfg's 64 bytes: palette 1, 8 tiles of 16 rows x 64 bytes."""
+    cfg = np.zeros(64, np.uint8)
+    cfg[0], cfg[48:56] = 1, 16
+    cfg[16:32].view(np.uint16)[:] = 64
+    return cfg
+
+
+def _jit(ir: str, name: str, pointers: int, *rest):
+    """(engine, ctypes function) for ``name`` in ``ir``, compiled for this host with AMX; the
+    engine must outlive the function."""
     import llvmlite.binding as llvm
-    _require_amx()
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    cfg = np.zeros(64, np.uint8)
-    cfg[0] = 1                                   # palette 1: 8 tiles of 16 rows x 64 bytes
-    cfg[16:32].view(np.uint16)[:] = 64
-    cfg[48:56] = 16
+    tm = llvm.Target.from_default_triple().create_target_machine(   # the engine owns it
+        features="+amx-tile,+amx-bf16,+avx512f", opt=2)
+    ee = llvm.create_mcjit_compiler(llvm.parse_assembly(ir), tm)
+    ee.finalize_object()
+    fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * pointers, *rest)(ee.get_function_address(name))
+    return ee, fn
+
+
+def tile_rates(seconds: float) -> dict[str, float]:
+    """bf16 GFLOP/s of each of KERNELS, best of 5 calls of about ``seconds`` / 5 each."""
+    _require_amx()
+    cfg = _tile_config()
     a = np.full(1536, 0x3F80, np.uint16)         # bf16 ones: 3 tiles each of A and B
     b, c = a.copy(), np.zeros(256, np.float32)
     rates, keep = {}, []
     for name, products, in_loop, _ in KERNELS:
-        tm = llvm.Target.from_default_triple().create_target_machine(   # the engine owns it
-            features="+amx-tile,+amx-bf16", opt=2)
-        ee = llvm.create_mcjit_compiler(llvm.parse_assembly(_kernel_ir(products, in_loop)), tm)
-        ee.finalize_object()
+        ee, fn = _jit(_kernel_ir(products, in_loop), "amx", 4, ctypes.c_int64)
         keep.append(ee)
-        fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, ctypes.c_int64)(
-            ee.get_function_address("amx"))
         args = (cfg.ctypes.data, a.ctypes.data, b.ctypes.data, c.ctypes.data)
         fn(*args, 10)
         want = 10 * 32 * sum(1 for p in products if p[0] == 0)   # dot products of ones
@@ -162,8 +176,7 @@ def _gemm_ir(mt: int, nt: int, ks: int) -> str:
                      f"{v}k = add i64 {v}j, %ks", f"{v}o = mul i64 {v}k, 1024",
                      f"{v}p = getelementptr i8, ptr %{op}, i64 {v}o",
                      f"call void @llvm.x86.tileloadd64(i8 {tile}, ptr {v}p, i64 64)"]
-    body += [f"call void @llvm.x86.tdpbf16ps(i8 {c}, i8 {x}, i8 {y})"
-             for c, x, y in KERNELS[4][1]]
+    body += [f"call void @llvm.x86.tdpbf16ps(i8 {c}, i8 {x}, i8 {y})" for c, x, y in BF16X6_STEP]
     return _DECLS + f"""
 define void @gemm(ptr %cfg, ptr %a, ptr %b, ptr %c, ptr %s) {{
 entry:
@@ -227,16 +240,12 @@ class CapsuleGemm:
     time, so ``run`` times the tile multiplies alone. ``out`` is V after ``run``."""
 
     def __init__(self, batch: int = 8, size: int = 16, caps: int = 32):
-        import llvmlite.binding as llvm
         _require_amx()
         capsule = tests_module("capsule")
         self.poses, w = capsule.poses(batch, size, caps), capsule.weights(caps)
-        x = capsule.out_size(size)
-        idx = 2 * np.arange(x)[:, None] + np.arange(3)[None, :]
-        patches = self.poses[:, idx][:, :, :, idx]                 # n x a y b c i k
-        a = patches.transpose(0, 1, 3, 6, 2, 4, 5, 7).reshape(batch * x * x * 4, -1)
+        a = capsule.patches(self.poses).transpose(0, 1, 3, 6, 2, 4, 5, 7)   # n x y i a b c k
+        a = a.reshape(np.prod(a.shape[:4]), -1)
         b = w.transpose(0, 1, 2, 4, 3, 5).reshape(a.shape[1], caps * 4)
-        self.shape = (batch, x, x, caps, 4, 4)
         self.exact = a.astype(np.float64) @ b.astype(np.float64)
         m, k, n = (-(-d // q) * q for d, q in zip((a.shape[0], a.shape[1], b.shape[1]), (16, 32, 16)))
         a, b = np.pad(a, ((0, m - a.shape[0]), (0, k - a.shape[1]))), \
@@ -249,17 +258,8 @@ class CapsuleGemm:
         self.b = np.ascontiguousarray(np.stack(
             [p.reshape(ks, 16, 2, nt, 16).transpose(3, 0, 1, 4, 2) for p in bits[3:]]))
         self.c = np.zeros((m, n), np.float32)
-        self._s, self._cfg = np.zeros(512, np.float32), np.zeros(64, np.uint8)
-        self._cfg[0], self._cfg[48:56] = 1, 16
-        self._cfg[16:32].view(np.uint16)[:] = 64
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        tm = llvm.Target.from_default_triple().create_target_machine(
-            features="+amx-tile,+amx-bf16,+avx512f", opt=2)
-        self._ee = llvm.create_mcjit_compiler(llvm.parse_assembly(_gemm_ir(mt, nt, ks)), tm)
-        self._ee.finalize_object()
-        self._fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 5)(
-            self._ee.get_function_address("gemm"))
+        self._s, self._cfg = np.zeros(512, np.float32), _tile_config()
+        self._ee, self._fn = _jit(_gemm_ir(mt, nt, ks), "gemm", 5)
         self._args = tuple(v.ctypes.data for v in (self._cfg, self.a, self.b, self.c, self._s))
 
     def run(self) -> None:
@@ -273,31 +273,23 @@ class CapsuleGemm:
 
 def time_capsule(runs: int) -> dict[str, float]:
     """Median ms of the capsule: the AMX gemm, mlpack's x86_64-v4 artifact and ONNX Runtime's
-    Einsum, one thread each, alternating."""
+    Einsum, one thread each, at least ``runs`` each, alternating as the benchmark does."""
     import tempfile
 
-    import onnxruntime as ort
-
     import mlpack
+    from mlpack.packager.bench import ort_session, time_alternating
     capsule = tests_module("capsule")
     gemm = CapsuleGemm()
     model = capsule.einsum_model()
     feeds = {model.graph.input[0].name: gemm.poses}
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(model.SerializeToString(), 1)
     with tempfile.TemporaryDirectory() as tmp:
         mlpack.build(model, f"{tmp}/c.mlpack", targets=["x86_64-v4"])
         with mlpack.load(f"{tmp}/c.mlpack", threads=1) as ours:
-            fns = {"AMX bf16x6 gemm": gemm.run, "mlpack x86_64-v4": lambda: ours.run(feeds),
-                   "ONNX Runtime Einsum": lambda: sess.run(None, feeds)}
-            times = {k: [] for k in fns}
-            for _ in range(runs + 1):                 # the first round warms up
-                for k, fn in fns.items():
-                    t0 = time.perf_counter()
-                    fn()
-                    times[k].append(time.perf_counter() - t0)
-    return {k: float(np.median(v[1:])) * 1e3 for k, v in times.items()}
+            timings, _ = time_alternating(
+                {"AMX bf16x6 gemm": gemm.run, "mlpack x86_64-v4": lambda: ours.run(feeds),
+                 "ONNX Runtime Einsum": lambda: sess.run(None, feeds)}, repeat=runs)
+    return {k: t.median_s * 1e3 for k, t in timings.items()}
 
 
 def bf16_parts(x: np.ndarray, count: int = 3) -> list[np.ndarray]:
@@ -328,7 +320,7 @@ def capsule_errors(batch: int = 8, size: int = 16, caps: int = 32) -> dict[str, 
     for name, terms in SPLITS.items():
         out[name] = sum(capsule.reference(ps[i], ws[j]) for i, j in terms)
     return {name: (float(np.abs(v - exact).max()),
-                   bool(np.allclose(v, exact, rtol=1e-4, atol=1e-5))) for name, v in out.items()}
+                   bool(np.allclose(v, exact, rtol=RTOL, atol=ATOL))) for name, v in out.items()}
 
 
 def main(argv=None) -> None:
@@ -336,12 +328,12 @@ def main(argv=None) -> None:
     ap.add_argument("--seconds", type=float, default=0.2, help="time per measurement")
     ap.add_argument("--capsule", type=int, default=0, metavar="RUNS",
                     help="also time the capsule as a bf16x6 AMX gemm against mlpack and ONNX "
-                         "Runtime, RUNS alternating runs each")
+                         "Runtime, at least RUNS alternating runs each")
     ap.add_argument("--rounds", type=int, default=5,
                     help="rounds of (fp32 peak, AMX rates); the best of each is reported")
     a = ap.parse_args(argv)
     errors = capsule_errors()
-    print("capsule against float64 (fp32 tolerance rtol 1e-4, atol 1e-5):")
+    print(f"capsule against float64 (fp32 tolerance rtol {RTOL:g}, atol {ATOL:g}):")
     for name, (err, ok) in errors.items():
         print(f"  {name:12s} max abs error {err:.2e}  {'within' if ok else 'outside'}")
     why = amx_usable()
@@ -363,8 +355,8 @@ def main(argv=None) -> None:
     if a.capsule:
         ms = time_capsule(a.capsule)
         ort_ms = ms["ONNX Runtime Einsum"]
-        print(f"capsule, 1 thread, medians of {a.capsule} alternating runs (the AMX gemm "
-              "without its pack):")
+        print(f"capsule, 1 thread, medians of at least {a.capsule} alternating runs (the AMX "
+              "gemm without its pack):")
         for k, v in ms.items():
             print(f"  {k:22s} {v:7.3f} ms  ORT/this {ort_ms / v:.2f}")
 

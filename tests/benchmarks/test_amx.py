@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from benchmarks import amx
 
+NO_AMX = amx.amx_usable()   # also asks Linux for the tile state, once
+
 
 def test_three_bf16_parts_hold_every_f32_exactly():
     rng = np.random.default_rng(0)
@@ -27,7 +29,7 @@ def test_six_split_products_meet_the_fp32_tolerance_and_three_are_coarser():
     assert x6 < direct < x3      # bf16x6 keeps every term above 2**-24; bf16x3 drops three
 
 
-@pytest.mark.skipif(amx.amx_usable() is not None, reason=f"no AMX here: {amx.amx_usable()}")
+@pytest.mark.skipif(NO_AMX is not None, reason=f"no AMX here: {NO_AMX}")
 def test_tile_kernel_runs_and_is_timed():
     rates = amx.tile_rates(0.02)   # raises if a kernel's tile product is wrong
     assert list(rates) == [k[0] for k in amx.KERNELS]
@@ -42,7 +44,7 @@ def test_kernel_ir_loads_each_operand_tile_once_per_step():
     assert "tileloadd64" not in held[held.index("loop:"):]
 
 
-@pytest.mark.skipif(amx.amx_usable() is not None, reason=f"no AMX here: {amx.amx_usable()}")
+@pytest.mark.skipif(NO_AMX is not None, reason=f"no AMX here: {NO_AMX}")
 def test_capsule_gemm_on_tiles_meets_the_fp32_tolerance():
     """A capsule with every size padded (72 rows to 80, 288 deep, 32 columns) through the
     bf16x6 tile gemm, against float64 at the container's fp32 tolerance."""

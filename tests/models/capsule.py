@@ -45,19 +45,25 @@ def poses(batch: int = 8, size: int = 16, caps: int = 32, seed: int = 1) -> np.n
     return rng.standard_normal((batch, size, size, caps, POSE, POSE)).astype(np.float32)
 
 
+def patch_index(size: int) -> np.ndarray:
+    """[x, kx] -> the input row (or column) a window position reads."""
+    return STRIDE * np.arange(out_size(size))[:, None] + np.arange(KERNEL)[None, :]
+
+
+def patches(p: np.ndarray) -> np.ndarray:
+    """P cut into its windows: [n, x, kx, y, ky, ci, i, k]."""
+    idx = patch_index(p.shape[1])
+    return p[:, idx][:, :, :, idx]
+
+
 def reference(p: np.ndarray, w: np.ndarray) -> np.ndarray:
     """V computed with NumPy (the definition above)."""
-    x = out_size(p.shape[1])
-    idx = STRIDE * np.arange(x)[:, None] + np.arange(KERNEL)[None, :]
-    patches = p[:, idx][:, :, :, idx]  # n, x, kx, y, ky, ci, i, k
-    return np.einsum("nxaybcik,abcokj->nxyoij", patches, w)
+    return np.einsum("nxaybcik,abcokj->nxyoij", patches(p), w)
 
 
 def _patch_nodes(size: int):
     """The two Gathers that cut P into patches, and their index table (an initializer)."""
-    x = out_size(size)
-    idx = (STRIDE * np.arange(x)[:, None] + np.arange(KERNEL)[None, :]).astype(np.int64)
-    inits = [numpy_helper.from_array(idx, "patch_index")]
+    inits = [numpy_helper.from_array(patch_index(size).astype(np.int64), "patch_index")]
     nodes = [
         # [n, h, w, ci, i, k] -> [n, x, kx, w, ci, i, k] -> [n, x, kx, y, ky, ci, i, k]
         helper.make_node("Gather", ["P", "patch_index"], ["rows"], axis=1),
