@@ -1,7 +1,9 @@
-"""What Intel AMX would give an fp32 contraction on this machine: its bf16 tile-multiply rate
-next to the fp32 matmul peak, and how many bf16 products an fp32 product needs.
+"""What Intel AMX gives an fp32 contraction on this machine: its bf16 tile-multiply rate next
+to the fp32 matmul peak, how many bf16 products an fp32 product needs, and what the
+x86_64-v4-amx target (codegen/targets/cpu/amx.py) makes of it on whole models.
 
-``python -m benchmarks.amx [--seconds 0.2] [--rounds 5] [--capsule RUNS]``
+``python -m benchmarks.amx [--seconds 0.2] [--rounds 5] [--models NAMES --runs 20
+--compare-rounds 3 --threads 1]``
 
 AMX multiplies bf16 tiles only. An fp32 value splits exactly into three bf16 parts
 (x = x1 + x2 + x3, 8 significant bits each), so an fp32 product is emulated by summing the
@@ -15,12 +17,11 @@ x2y2, x3y1: bf16x6). This tool measures
   in tiles (the ceiling), and the bf16x3 and bf16x6 steps with their parts loaded from L1 at
   every step, into one accumulator tile or two (one chain of dependent multiplies, or two);
   each next to ONNX Runtime's fp32 matmul peak, alternating, best of ``--rounds``;
-* with ``--capsule``, the capsule as one bf16x6 tile gemm (``CapsuleGemm``: its operands split
-  and packed beforehand, so the time is the multiplies' alone) against mlpack's x86_64-v4
-  artifact and ONNX Runtime's Einsum, one thread, alternating.
+* with ``--models``, models of the benchmark set built for x86_64-v4 and for x86_64-v4-amx,
+  each round alternating both artifacts with ONNX Runtime (``compare_targets``).
 
-mlpack does not generate AMX code; this measures whether a cpu target level with it would pay
-(benchmarks/RESULTS.md, "AMX").
+The AMX level is built only when named (``mlpack build -t x86_64-v4-amx``); the results and
+why are in benchmarks/RESULTS.md, "AMX".
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ import platform
 import time
 
 import numpy as np
+from mlpack.codegen.targets.cpu import amx as tiles
 from mlpack.packager.build import ATOL, RTOL
+from mlpack.runtime.host import request_amx
 
 from .models import tests_module
 
-ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA, SYS_ARCH_PRCTL = 0x1023, 18, 158
 TILE_FLOPS = 16 * 16 * 32 * 2   # one tdpbf16ps: a 16x16 f32 tile += 16x32 by 32x16 bf16
 
 _DECLS = """
@@ -99,10 +101,7 @@ def amx_usable() -> str | None:
     missing = [x for x in ("amx_tile", "amx_bf16") if x not in flags]
     if missing:
         return f"the cpu lacks {', '.join(missing)}"
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0:
-        return f"the kernel refused the tile state (errno {ctypes.get_errno()})"
-    return None
+    return request_amx()
 
 
 def _require_amx() -> None:
@@ -164,145 +163,49 @@ def tile_rates(seconds: float) -> dict[str, float]:
     return rates
 
 
-def _gemm_ir(mt: int, nt: int, ks: int) -> str:
-    """``void gemm(cfg, a, b, c, scratch)``: C[16 mt x 16 nt] = A B with fp32 products as bf16x6
-    (two accumulator tiles, summed through ``scratch`` into C's row-major f32 rows). A's parts
-    are packed [3][mt][ks][16 rows][32 k], B's [3][nt][ks][16 k pairs][16 cols x 2] (VNNI)."""
-    body = []
-    for part in range(3):
-        for op, count, tile in (("a", mt, 1 + part), ("b", nt, 4 + part)):
-            v = f"%{op}{part}"
-            body += [f"{v}i = add i64 {part * count}, %{op}t", f"{v}j = mul i64 {v}i, {ks}",
-                     f"{v}k = add i64 {v}j, %ks", f"{v}o = mul i64 {v}k, 1024",
-                     f"{v}p = getelementptr i8, ptr %{op}, i64 {v}o",
-                     f"call void @llvm.x86.tileloadd64(i8 {tile}, ptr {v}p, i64 64)"]
-    body += [f"call void @llvm.x86.tdpbf16ps(i8 {c}, i8 {x}, i8 {y})" for c, x, y in BF16X6_STEP]
-    return _DECLS + f"""
-define void @gemm(ptr %cfg, ptr %a, ptr %b, ptr %c, ptr %s) {{
-entry:
-  call void @llvm.x86.ldtilecfg(ptr %cfg)
-  %s1 = getelementptr i8, ptr %s, i64 1024
-  br label %mloop
-mloop:
-  %at = phi i64 [0, %entry], [%at1, %nend]
-  br label %nloop
-nloop:
-  %bt = phi i64 [0, %mloop], [%bt1, %rend]
-  call void @llvm.x86.tilezero(i8 0)
-  call void @llvm.x86.tilezero(i8 7)
-  br label %kloop
-kloop:
-  %ks = phi i64 [0, %nloop], [%ks1, %kloop]
-  {chr(10).join(body)}
-  %ks1 = add i64 %ks, 1
-  %kd = icmp eq i64 %ks1, {ks}
-  br i1 %kd, label %kend, label %kloop
-kend:
-  call void @llvm.x86.tilestored64(i8 0, ptr %s, i64 64)
-  call void @llvm.x86.tilestored64(i8 7, ptr %s1, i64 64)
-  br label %rloop
-rloop:
-  %r = phi i64 [0, %kend], [%r1, %rloop]
-  %so = mul i64 %r, 64
-  %sp0 = getelementptr i8, ptr %s, i64 %so
-  %sp1 = getelementptr i8, ptr %s1, i64 %so
-  %v0 = load <16 x float>, ptr %sp0, align 4
-  %v1 = load <16 x float>, ptr %sp1, align 4
-  %v = fadd <16 x float> %v0, %v1
-  %row = mul i64 %at, 16
-  %row1 = add i64 %row, %r
-  %co = mul i64 %row1, {nt * 64}
-  %cn = mul i64 %bt, 64
-  %co1 = add i64 %co, %cn
-  %cp = getelementptr i8, ptr %c, i64 %co1
-  store <16 x float> %v, ptr %cp, align 4
-  %r1 = add i64 %r, 1
-  %rd = icmp eq i64 %r1, 16
-  br i1 %rd, label %rend, label %rloop
-rend:
-  %bt1 = add i64 %bt, 1
-  %nd = icmp eq i64 %bt1, {nt}
-  br i1 %nd, label %nend, label %nloop
-nend:
-  %at1 = add i64 %at, 1
-  %md = icmp eq i64 %at1, {mt}
-  br i1 %md, label %exit, label %mloop
-exit:
-  call void @llvm.x86.tilerelease()
-  ret void
-}}
-"""
-
-
-class CapsuleGemm:
-    """The capsule as one bf16x6 AMX gemm (rows n, x, y, i; columns co, j; depth kx, ky, ci,
-    k): A's patches split and packed here in NumPy, which a real pack kernel would do at run
-    time, so ``run`` times the tile multiplies alone. ``out`` is V after ``run``."""
-
-    def __init__(self, batch: int = 8, size: int = 16, caps: int = 32):
-        _require_amx()
-        capsule = tests_module("capsule")
-        self.poses, w = capsule.poses(batch, size, caps), capsule.weights(caps)
-        a = capsule.patches(self.poses).transpose(0, 1, 3, 6, 2, 4, 5, 7)   # n x y i a b c k
-        a = a.reshape(np.prod(a.shape[:4]), -1)
-        b = w.transpose(0, 1, 2, 4, 3, 5).reshape(a.shape[1], caps * 4)
-        self.exact = a.astype(np.float64) @ b.astype(np.float64)
-        m, k, n = (-(-d // q) * q for d, q in zip((a.shape[0], a.shape[1], b.shape[1]), (16, 32, 16)))
-        a, b = np.pad(a, ((0, m - a.shape[0]), (0, k - a.shape[1]))), \
-            np.pad(b, ((0, k - b.shape[0]), (0, n - b.shape[1])))
-        mt, nt, ks = m // 16, n // 16, k // 32
-        bits = [(p.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-                for p in (*bf16_parts(a), *bf16_parts(b))]
-        self.a = np.ascontiguousarray(np.stack(
-            [p.reshape(mt, 16, ks, 32).transpose(0, 2, 1, 3) for p in bits[:3]]))
-        self.b = np.ascontiguousarray(np.stack(
-            [p.reshape(ks, 16, 2, nt, 16).transpose(3, 0, 1, 4, 2) for p in bits[3:]]))
-        self.c = np.zeros((m, n), np.float32)
-        self._s, self._cfg = np.zeros(512, np.float32), _tile_config()
-        self._ee, self._fn = _jit(_gemm_ir(mt, nt, ks), "gemm", 5)
-        self._args = tuple(v.ctypes.data for v in (self._cfg, self.a, self.b, self.c, self._s))
-
-    def run(self) -> None:
-        self._fn(*self._args)
-
-    @property
-    def out(self) -> np.ndarray:
-        rows, cols = self.exact.shape
-        return self.c[:rows, :cols]
-
-
-def time_capsule(runs: int) -> dict[str, float]:
-    """Median ms of the capsule: the AMX gemm, mlpack's x86_64-v4 artifact and ONNX Runtime's
-    Einsum, one thread each, at least ``runs`` each, alternating as the benchmark does."""
+def compare_targets(names, runs: int, rounds: int, threads: int = 1) -> list[dict]:
+    """Per model of the benchmark set (benchmarks/models.py) and per round: median ms of its
+    x86_64-v4 artifact, its x86_64-v4-amx artifact and ONNX Runtime, alternating, at least
+    ``runs`` runs each; rounds a second apart, since this machine's speed drifts by phases
+    and its tile unit's more than the FMA units' (benchmarks/RESULTS.md)."""
     import tempfile
+    from pathlib import Path
 
     import mlpack
+    import onnx
     from mlpack.packager.bench import ort_session, time_alternating
-    capsule = tests_module("capsule")
-    gemm = CapsuleGemm()
-    model = capsule.einsum_model()
-    feeds = {model.graph.input[0].name: gemm.poses}
-    sess = ort_session(model.SerializeToString(), 1)
+    from mlpack.packager.bench import model_inputs
+
+    from . import models as bench_models
+    _require_amx()
+    out = []
     with tempfile.TemporaryDirectory() as tmp:
-        mlpack.build(model, f"{tmp}/c.mlpack", targets=["x86_64-v4"])
-        with mlpack.load(f"{tmp}/c.mlpack", threads=1) as ours:
-            timings, _ = time_alternating(
-                {"AMX bf16x6 gemm": gemm.run, "mlpack x86_64-v4": lambda: ours.run(feeds),
-                 "ONNX Runtime Einsum": lambda: sess.run(None, feeds)}, repeat=runs)
-    return {k: t.median_s * 1e3 for k, t in timings.items()}
+        for name in names:
+            model = onnx.load(bench_models.materialize(name, Path(tmp)))
+            sess = ort_session(model.SerializeToString(), threads)
+            loaded = {}
+            for t in ("x86_64-v4", "x86_64-v4-amx"):
+                mlpack.build(model, f"{tmp}/{name}.{t}.mlpack", targets=[t])
+                loaded[t] = mlpack.load(f"{tmp}/{name}.{t}.mlpack", threads=threads)
+            feeds, _ = model_inputs(loaded["x86_64-v4"])
+            try:
+                for r in range(rounds):
+                    time.sleep(1 if r else 0)
+                    timings, _ = time_alternating(
+                        {**{t: (lambda m=m: m.run(feeds)) for t, m in loaded.items()},
+                         "ONNX Runtime": lambda: sess.run(None, feeds)}, repeat=runs)
+                    out.append({"model": name, "round": r, **{
+                        k: v.median_s * 1e3 for k, v in timings.items()}})
+            finally:
+                for m in loaded.values():
+                    m.close()
+    return out
 
 
-def bf16_parts(x: np.ndarray, count: int = 3) -> list[np.ndarray]:
-    """f32 ``x`` as ``count`` bf16 values (held in float64) summing to it, largest first; each
-    rounded to nearest even, so three parts hold every normal f32 exactly."""
-    parts, rest = [], x.astype(np.float64)
-    for _ in range(count):
-        bits = rest.astype(np.float32).view(np.uint32)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        part = bits.view(np.float32).astype(np.float64)
-        parts.append(part)
-        rest = rest - part
-    return parts
+def bf16_parts(x: np.ndarray) -> list[np.ndarray]:
+    """f32 ``x`` as its three bf16 parts (in float64) summing to it, largest first: the split
+    the x86_64-v4-amx target's kernels make (codegen/targets/cpu/amx.py)."""
+    return [tiles.join(p[None]) for p in tiles.split(x)]
 
 
 SPLITS = {"bf16x3": ((0, 0), (0, 1), (1, 0)),
@@ -326,9 +229,12 @@ def capsule_errors(batch: int = 8, size: int = 16, caps: int = 32) -> dict[str, 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=0.2, help="time per measurement")
-    ap.add_argument("--capsule", type=int, default=0, metavar="RUNS",
-                    help="also time the capsule as a bf16x6 AMX gemm against mlpack and ONNX "
-                         "Runtime, at least RUNS alternating runs each")
+    ap.add_argument("--models", default="", metavar="NAMES",
+                    help="also build these models of the benchmark set (comma-separated) for "
+                         "x86_64-v4 and x86_64-v4-amx and time both against ONNX Runtime")
+    ap.add_argument("--runs", type=int, default=20, help="--models: alternating runs a round")
+    ap.add_argument("--compare-rounds", type=int, default=3, help="--models: rounds per model")
+    ap.add_argument("--threads", type=int, default=1, help="--models: threads")
     ap.add_argument("--rounds", type=int, default=5,
                     help="rounds of (fp32 peak, AMX rates); the best of each is reported")
     a = ap.parse_args(argv)
@@ -352,13 +258,15 @@ def main(argv=None) -> None:
         each = " ".join(f"{x[name]:.0f}" for x in rounds)
         print(f"{name}:\n  bf16 best {r:.0f} GFLOP/s (rounds: {each}); as fp32 products, "
               f"{r / split:.0f} GFLOP/s = {r / split / peak:.2f}x the fp32 peak")
-    if a.capsule:
-        ms = time_capsule(a.capsule)
-        ort_ms = ms["ONNX Runtime Einsum"]
-        print(f"capsule, 1 thread, medians of at least {a.capsule} alternating runs (the AMX "
-              "gemm without its pack):")
-        for k, v in ms.items():
-            print(f"  {k:22s} {v:7.3f} ms  ORT/this {ort_ms / v:.2f}")
+    if a.models:
+        print(f"the x86_64-v4 and x86_64-v4-amx artifacts and ONNX Runtime, {a.threads} "
+              f"thread(s), medians of at least {a.runs} alternating runs, per round:")
+        print(f"  {'model':18s} {'v4 ms':>8s} {'amx ms':>8s} {'ORT ms':>8s} {'ORT/v4':>7s} "
+              f"{'ORT/amx':>7s} {'v4/amx':>7s}")
+        for row in compare_targets(a.models.split(","), a.runs, a.compare_rounds, a.threads):
+            v4, tl, ort = row["x86_64-v4"], row["x86_64-v4-amx"], row["ONNX Runtime"]
+            print(f"  {row['model']:18s} {v4:8.3f} {tl:8.3f} {ort:8.3f} {ort / v4:7.2f} "
+                  f"{ort / tl:7.2f} {v4 / tl:7.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -45,9 +45,13 @@ from ..spec.errors import Error
 from . import testvectors as tv
 
 # every target name mlpack knows, in the order `inspect` lists them; IMPLEMENTED can build today
-TARGETS = ("portable", "x86_64-v2", "x86_64-v3", "x86_64-v4", "aarch64", "cuda")
-CPU_TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4", "aarch64")
+TARGETS = ("portable", "x86_64-v2", "x86_64-v3", "x86_64-v4", "x86_64-v4-amx", "aarch64", "cuda")
+CPU_TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4", "x86_64-v4-amx", "aarch64")
 IMPLEMENTED_TARGETS = ("portable",) + CPU_TARGETS
+# what a build without --target makes. The AMX level is asked for by name: on the VMs measured
+# its tile unit ran from 1.9x to 0.6x of AVX-512 by the minute (benchmarks/RESULTS.md, "AMX")
+OPT_IN_TARGETS = ("x86_64-v4-amx",)
+DEFAULT_TARGETS = tuple(t for t in IMPLEMENTED_TARGETS if t not in OPT_IN_TARGETS)
 PRECISIONS = media.PRECISIONS
 IMPLEMENTED_PRECISIONS = ("fp32",)
 
@@ -101,10 +105,12 @@ class BuildReport:
 # ---------------------------------------------------------------- choosing what to build
 
 
-def _pick(asked, known: tuple[str, ...], implemented: tuple[str, ...], what: str) -> list[str]:
-    """The requested names, checked; all implemented ones when none were asked for."""
+def _pick(asked, known: tuple[str, ...], implemented: tuple[str, ...], what: str,
+          default: tuple[str, ...] | None = None) -> list[str]:
+    """The requested names, checked; ``default`` (all implemented ones) when none were asked
+    for."""
     if not asked:
-        return list(implemented)
+        return list(implemented if default is None else default)
     out = []
     for name in asked:
         if name not in known:
@@ -120,7 +126,7 @@ def _pick(asked, known: tuple[str, ...], implemented: tuple[str, ...], what: str
 def plan_artifacts(targets=None, precisions=None) -> list[tuple[str, str]]:
     """(target, precision) pairs to build; the portable fp32 artifact is always among them (the
     spec promises that every container runs somewhere)."""
-    pairs = [(t, p) for t in _pick(targets, TARGETS, IMPLEMENTED_TARGETS, "target")
+    pairs = [(t, p) for t in _pick(targets, TARGETS, IMPLEMENTED_TARGETS, "target", DEFAULT_TARGETS)
              for p in _pick(precisions, PRECISIONS, IMPLEMENTED_PRECISIONS, "precision")]
     if ("portable", "fp32") not in pairs:
         pairs.insert(0, ("portable", "fp32"))
@@ -538,4 +544,5 @@ def _remove(path: str) -> None:
 
 __all__ = ["build", "BuildReport", "ArtifactReport", "BuildError", "DeadOnArrivalError",
            "SkippedTargetWarning", "cpu_artifact_spec", "model_signature", "TARGETS",
-           "CPU_TARGETS", "PRECISIONS", "IMPLEMENTED_TARGETS", "IMPLEMENTED_PRECISIONS"]
+           "CPU_TARGETS", "PRECISIONS", "IMPLEMENTED_TARGETS", "DEFAULT_TARGETS",
+           "IMPLEMENTED_PRECISIONS"]

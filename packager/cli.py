@@ -297,7 +297,8 @@ def build_cmd(
     model: Path = typer.Argument(..., help="the ONNX model file"),
     output: Path = typer.Option(..., "--output", "-o", help="the container to write (.mlpack)"),
     target: list[str] = typer.Option([], "--target", "-t",
-                                     help="target to build, repeatable (default: all implemented)"),
+                                     help="target to build, repeatable (default: all implemented but "
+                                          "x86_64-v4-amx)"),
     precision: list[str] = typer.Option(
         [], "--precision", "-p", help="precision to build, repeatable (default: all implemented)"),
     inputs: Optional[Path] = typer.Option(
@@ -311,8 +312,9 @@ def build_cmd(
 ) -> None:
     """Compile a model into one container, with reference test vectors, validated before writing.
 
-    Targets: portable (always built), x86_64-v2, x86_64-v3, x86_64-v4, aarch64. A cpu target that
-    cannot lower an op of the model is skipped with a warning, unless named with --target."""
+    Targets: portable (always built), x86_64-v2, x86_64-v3, x86_64-v4, aarch64; x86_64-v4-amx
+    (Intel AMX) only when named. A cpu target that cannot lower an op of the model is skipped
+    with a warning, unless named with --target."""
     import warnings
 
     from .build import SkippedTargetWarning, build, skip_lines

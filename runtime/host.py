@@ -113,6 +113,24 @@ def detect_cuda_sm() -> int | None:
     return major.value * 10 + minor.value
 
 
+# Linux gives a process the AMX tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
+# XFEATURE_XTILEDATA); a tile instruction before that is SIGILL
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL_X86_64 = 0x1023, 18, 158
+_AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "amx-tile", "amx-bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def request_amx() -> str | None:
+    """Ask Linux for this process's AMX tile state, as the C engine does when it detects the
+    host: None once granted (asking again is harmless), else why not."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"not x86-64 Linux ({platform.system()} {platform.machine()})"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_ARCH_PRCTL_X86_64, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+        return f"the kernel refused the tile state (errno {ctypes.get_errno()})"
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def detect_host() -> Host:
     """The machine this process runs on (read once, then cached)."""
@@ -122,7 +140,10 @@ def detect_host() -> Host:
     if arch == "amd64":
         # every x86-64 CPU has v1; a missing /proc/cpuinfo must not make the host look older
         level = x86_level(features) or 1
+        if "amx_tile" in features and request_amx() is not None:   # as host.c: usable or not
+            features = frozenset(f for f in features if f not in _AMX_FLAGS)
     return Host(platform.system().lower(), arch, features, level, detect_cuda_sm())
 
 
-__all__ = ["Host", "detect_host", "detect_cuda_sm", "parse_cpuinfo", "x86_level", "X86_LEVELS"]
+__all__ = ["Host", "detect_host", "detect_cuda_sm", "parse_cpuinfo", "request_amx", "x86_level",
+           "X86_LEVELS"]

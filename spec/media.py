@@ -60,6 +60,8 @@ PLATFORMS = {
     "x86_64-v2": {"os": "linux", "architecture": "amd64", "variant": "v2"},
     "x86_64-v3": {"os": "linux", "architecture": "amd64", "variant": "v3"},
     "x86_64-v4": {"os": "linux", "architecture": "amd64", "variant": "v4"},
+    # v4 plus AMX: OCI has no variant for it; the artifact's cpu features tell it apart
+    "x86_64-v4-amx": {"os": "linux", "architecture": "amd64", "variant": "v4"},
     "aarch64": {"os": "linux", "architecture": "arm64", "variant": "v8"},
 }
 
@@ -78,7 +80,8 @@ def platform_for(target: str) -> dict | None:
 # runtime/c/src/host.c spells the same aliases in its cpuid table ("bmi1|bmi").
 CPU_FEATURE_SPELLINGS = {
     "amd64": {"pni": "sse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2", "abm": "lzcnt",
-              "lahf_lm": "sahf", "bmi1": "bmi"},
+              "lahf_lm": "sahf", "bmi1": "bmi", "avx512_bf16": "avx512bf16",
+              "amx_tile": "amx-tile", "amx_bf16": "amx-bf16"},
     "arm64": {"asimd": "neon", "asimdhp": "fp16", "fphp": "fullfp16", "asimddp": "dotprod",
               "asimdfhm": "fp16fml"},
 }

@@ -1,24 +1,13 @@
-"""benchmarks/amx.py: the bf16 split of f32 values, the split products' accuracy on a small
-capsule, the kernels' IR, and (on a host with AMX) the tile-multiply kernels it times."""
+"""benchmarks/amx.py: the split products' accuracy on a small capsule, the kernels' IR, and
+(on a host with AMX) the tile-multiply kernels it times and its target comparison on a model.
+The split itself is tested with the compiler's (tests/codegen/targets/cpu/test_amx_gemm.py)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from benchmarks import amx
 
 NO_AMX = amx.amx_usable()   # also asks Linux for the tile state, once
-
-
-def test_three_bf16_parts_hold_every_f32_exactly():
-    rng = np.random.default_rng(0)
-    x = np.concatenate([rng.standard_normal(10000), rng.standard_normal(100) * 1e30,
-                        [0.0, 1.0, -3.0, 1e-30]]).astype(np.float32)
-    parts = amx.bf16_parts(x)
-    for p in parts:   # each part is a bf16: its f32 pattern has 16 zero low bits
-        assert not (p.astype(np.float32).view(np.uint32) & 0xFFFF).any()
-    np.testing.assert_array_equal(sum(parts), x.astype(np.float64))
-    assert np.all(np.abs(parts[1]) <= np.abs(parts[0]) * 2.0 ** -8)
 
 
 def test_six_split_products_meet_the_fp32_tolerance_and_three_are_coarser():
@@ -45,9 +34,7 @@ def test_kernel_ir_loads_each_operand_tile_once_per_step():
 
 
 @pytest.mark.skipif(NO_AMX is not None, reason=f"no AMX here: {NO_AMX}")
-def test_capsule_gemm_on_tiles_meets_the_fp32_tolerance():
-    """A capsule with every size padded (72 rows to 80, 288 deep, 32 columns) through the
-    bf16x6 tile gemm, against float64 at the container's fp32 tolerance."""
-    g = amx.CapsuleGemm(batch=2, size=7, caps=8)
-    g.run()
-    np.testing.assert_allclose(g.out, g.exact, rtol=1e-4, atol=1e-5)
+def test_targets_are_compared_on_a_model():
+    (row,) = amx.compare_targets(["mlp"], runs=2, rounds=1)
+    assert row["model"] == "mlp" and all(
+        row[k] > 0 for k in ("x86_64-v4", "x86_64-v4-amx", "ONNX Runtime"))

@@ -31,6 +31,19 @@ class CpuArtifact:
     winograd: int = 0   # convolutions computed with Winograd's algorithm (winograd.py)
 
 
+def schedule_kernels(graph: Graph, t, use_winograd: bool = True):
+    """The kernels of ``graph`` for target ``t``, before the plan: (the graph as rewritten,
+    kernels, buffers, concat aliases, convolutions on Winograd's algorithm)."""
+    source = graph
+    graph, aliases, parents = split_concats(layout.channels_last(graph))
+    graph, rewritten = winograd.rewrite(graph, aliases, parents) if use_winograd else (graph, 0)
+    bufs = tensor_buffers(graph)
+    bufs.update(parents)
+    kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=aliases), bufs, t,
+                                source)
+    return graph, kernels, bufs, aliases, rewritten
+
+
 def compile_cpu(graph: Graph, target: str, use_winograd: bool = True) -> CpuArtifact:
     """Compile ``graph`` (the output of ``compile_onnx``) for the cpu target named ``target``.
     ``use_winograd``: whether convolutions may use Winograd's algorithm where it pays (winograd.py;
@@ -42,13 +55,7 @@ def compile_cpu(graph: Graph, target: str, use_winograd: bool = True) -> CpuArti
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     reject_procedures(graph)
-    source = graph
-    graph, aliases, parents = split_concats(layout.channels_last(graph))
-    graph, rewritten = winograd.rewrite(graph, aliases, parents) if use_winograd else (graph, 0)
-    bufs = tensor_buffers(graph)
-    bufs.update(parents)
-    kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=aliases), bufs, t,
-                                source)
+    graph, kernels, bufs, aliases, rewritten = schedule_kernels(graph, t, use_winograd)
     copies, owners = output_copies(graph, bufs, len(kernels))
     narrowconv.unpack_ports(graph, bufs, owners)
     kernels += copies

@@ -105,6 +105,10 @@ class Contraction:
     b_direct: Expr | None = None   # B read in place: N dims flattened at unit stride
     b_masked: bool = False    # in place with a ragged N: the last columns load under a mask
     n_inner: bool = False     # units walk N tiles fastest (A stays cached, B is re-read)
+    amx: bool = False         # bf16x6 tile products (amx.py): mr, group, tb as its blocks
+    k_steps: int = 0          # AMX: K in steps of 32, zero-padded
+    run_dims: int = 0         # AMX: the innermost K dims, A's unit-stride run
+    run_group: int = 1        # AMX: runs per vector of A (amx.k_order)
 
     @property
     def ntiles(self) -> Expr:
@@ -330,13 +334,16 @@ def index_range(coeffs: dict[str, int], c0: Expr, extent) -> tuple[Expr, Expr]:
     return ex.simplify_size(lo), ex.simplify_size(hi)
 
 
-def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str):
-    """(A read without guards, pad kernel or None); None when the index range is unknown."""
+def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, layout=None):
+    """(A read without guards, pad kernel or None); None when the index range is unknown.
+    ``layout``: the copy's dims in memory order (amx.a_layout), which makes a copy even of an
+    A that needs no padding."""
     ra = info["a"]
-    if ra.arg[2] is None:
+    src = bufs[ra.arg[0]]
+    relaid = layout is not None and tuple(layout) != tuple(src.layout)
+    if ra.arg[2] is None and not relaid:
         return ra, None
     out = bufs[k.out]
-    src = bufs[ra.arg[0]]
     index = dict(zip(ra.arg[1], ra.args))
     sizes, shift, inside = {}, {}, True
     for d in src.layout:
@@ -352,9 +359,9 @@ def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str):
             inside = False
     unguarded = {d: ex.simplify_size(index[d] - shift[d]) if shift[d] else index[d]
                  for d in ra.arg[1]}
-    if inside:   # every read is in bounds: no copy
+    if inside and not relaid:   # every read is in bounds: no copy
         return ex.read(src.name, dict(zip(ra.arg[1], ra.args)), ra.dtype), None
-    pbuf = Buffer(name, src.layout, sizes, src.dtype)
+    pbuf = Buffer(name, tuple(layout or src.layout), sizes, src.dtype)
     bufs[name] = pbuf
     body = ex.read(src.name, {d: ex.var(d) + shift[d] if shift[d] else ex.var(d)
                               for d in src.layout}, src.dtype, ra.arg[2])
@@ -498,14 +505,24 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             depthwise.apply(k, bufs, t)   # a narrow contraction may still vectorize by rows
             out.append(k)
             continue
-        hit = _unguard(k, info, bufs, f"{k.out}#a")
+        ob = bufs[k.out]
+        tiles = None
+        if t.amx and info["mode"] == "const":   # (then every K extent is a constant)
+            tiles = amx.plan(info, bufs, {v: _extent(v, ob, k.rdims).value for v in info["k"]},
+                             ob.contiguous_dim())
+        hit = _unguard(k, info, bufs, f"{k.out}#a", tiles and tiles[0])
         if hit is None:
             out.append(k)
             continue
         ra, pad = hit
         rb = info["b"]
-        ob = bufs[k.out]
         pre = [] if pad is None else [pad]
+        if tiles is not None and _amx_gemm(k, info, ra, g, bufs, packs, cache):
+            k.reads = list(dict.fromkeys([ra.arg[0], k.gemm.packed, *(
+                [] if k.epilogue is None else [r for r in _reads(k.epilogue) if r != k.out])]))
+            out.extend(pre)
+            out.append(k)
+            continue
         direct = None
         if info["mode"] == "const":
             const = g.constants[rb.arg[0]]
@@ -543,6 +560,41 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         out.extend(pre)
         out.append(k)
     return out
+
+
+def _amx_gemm(k: Kernel, info: dict, ra: Expr, g, bufs: dict[str, Buffer], packs: dict,
+              cache: dict) -> bool:
+    """Make ``k`` an AMX gemm (amx.py) reading A through ``ra``: B split and packed as tiles
+    (once per graph), K in A's stride order. False when A's K cannot be read in whole vectors."""
+    ob, rb = bufs[k.out], info["b"]
+    extents = {v: _extent(v, ob, k.rdims).value for v in info["batch"] + info["n"] + info["k"]}
+    found = amx.k_order(ra, bufs[ra.arg[0]], info["k"], extents)
+    if found is None:
+        return False
+    order, run, group = found
+    dims = info["batch"] + info["n"] + order
+    key = ("amx", rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]))
+    if key not in packs:
+        if key not in cache:
+            const = g.constants[rb.arg[0]]
+            cache[key] = amx.pack_b(pack_b(const.data, const.layout, rb, info["aff_b"], dims,
+                                           extents, info["n"], order))
+        data = cache[key]
+        name = _fresh(f"{rb.arg[0]}#amx", bufs)
+        axes = ("b", "nb", "ks", "part", "pair", "l", "e")
+        bufs[name] = Buffer(name, axes, {d: ex.const(s) for d, s in zip(axes, data.shape)}, "u16")
+        packs[key] = (name, data)
+    name, data = packs[key]
+    blocks = data.shape[1]
+    tb = min(amx.MAX_N // PACK, -(-blocks // 2) * 2)
+    others = ex.const(data.shape[0] * -(-blocks // tb))
+    nblk = amx.unit_blocks(data.shape[2], tb, info["m_size"], others)
+    k.gemm = Contraction(ra, name, data, info["batch"], info["m"], info["n"], order,
+                         info["n_size"], info["k_size"], ex.const(blocks), amx.RUN, tb,
+                         amx.TILE_ROWS, True, 2 * nblk, 1, amx=True, k_steps=data.shape[2],
+                         run_dims=run, run_group=group)
+    k.strategy = "gemm"
+    return True
 
 
 def _group(m_size: Expr, mr: int) -> int:
@@ -638,6 +690,29 @@ class _Gemm:
     def umin(self, x, y):
         return self.b.select(self.b.icmp_unsigned("<", x, y), x, y)
 
+    def _share(self, units):
+        """This workgroup's [start, end) of ``units`` (the count shared out evenly)."""
+        b = self.b
+        w64, c64 = b.zext(self.wg, I64), b.zext(self.count, I64)
+        return b.udiv(b.mul(units, w64), c64), b.udiv(b.mul(units, b.add(w64, _c(1))), c64)
+
+    def _unit(self, u, mgroups, ntiles, c0, S, n_inner: bool = False):
+        """(M group, N tile, batch point, A's offset there) of unit ``u``, the M groups walked
+        fastest (or the N tiles, ``n_inner``); binds the batch dims."""
+        b, c, E = self.b, self.c, self.E
+        if n_inner:
+            nt, rest = b.urem(u, ntiles), b.udiv(u, ntiles)
+            mg, bi = b.urem(rest, mgroups), b.udiv(rest, mgroups)
+        else:
+            mg, rest = b.urem(u, mgroups), b.udiv(u, mgroups)
+            nt, bi = b.urem(rest, ntiles), b.udiv(rest, ntiles)
+        self.L._delinearize(bi, c.batch)
+        base = c0
+        for d in c.batch:
+            if d in S:
+                base = self.add(base, self.mul(S[d], E.lookup(d)))
+        return mg, nt, bi, base
+
     def _offsets(self, read: Expr):
         """(constant part, {loop var: stride}) of ``read``'s flat element offset:
         c0 + sum_v S_v * v, with S_v = sum_d stride_d * coeff(ix_d, v)."""
@@ -688,10 +763,7 @@ class _Gemm:
         bsz = _c(1)
         for d in c.batch:
             bsz = self.mul(bsz, osz[d])
-        units = self.mul(self.mul(bsz, ntiles), mgroups)
-        w64, c64 = b.zext(self.wg, I64), b.zext(self.count, I64)
-        start = b.udiv(b.mul(units, w64), c64)
-        end = b.udiv(b.mul(units, b.add(w64, _c(1))), c64)
+        start, end = self._share(self.mul(self.mul(bsz, ntiles), mgroups))
         packed = L.E.bases[c.packed]
         A = L.E.bases[a_name]
         last = b.sub(m_size, _c(1))
@@ -705,21 +777,7 @@ class _Gemm:
             return b.bitcast(p, self.vty.as_pointer())
 
         with L.loops.loop(start, end, "unit") as u, E.scope():
-            if c.n_inner:
-                nt = b.urem(u, ntiles)
-                rest = b.udiv(u, ntiles)
-                mg = b.urem(rest, mgroups)
-                bi = b.udiv(rest, mgroups)
-            else:
-                mg = b.urem(u, mgroups)
-                rest = b.udiv(u, mgroups)
-                nt = b.urem(rest, ntiles)
-                bi = b.udiv(rest, ntiles)
-            L._delinearize(bi, c.batch)
-            base = c0
-            for d in c.batch:
-                if d in S:
-                    base = self.add(base, self.mul(S[d], E.lookup(d)))
+            mg, nt, bi, base = self._unit(u, mgroups, ntiles, c0, S, c.n_inner)
             t0 = b.mul(mg, _c(c.group))
             ng = self.umin(_c(c.group), b.sub(mtiles, t0))
             blk0 = b.mul(nt, _c(c.tb))
@@ -926,4 +984,7 @@ def emit_gemm(L, wg, count) -> None:
     if isinstance(L.k.gemm, depthwise.Direct):
         depthwise.emit_direct(L, wg, count)
         return
-    _Gemm(L, wg, count).emit()
+    (amx.AmxGemm if L.k.gemm.amx else _Gemm)(L, wg, count).emit()
+
+
+from . import amx  # noqa: E402  (amx.AmxGemm builds on _Gemm above)

@@ -15,6 +15,9 @@ from ...errors import UnsupportedTargetError
 _X86_V2 = ("cx16", "popcnt", "sahf", "sse3", "sse4.1", "sse4.2", "ssse3")
 _X86_V3 = _X86_V2 + ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave")
 _X86_V4 = _X86_V3 + ("avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl")
+# v4 plus Intel AMX (Sapphire Rapids on): fp32 contractions run as bf16x6 tile products
+# (contraction_amx.py); avx512bf16 converts f32 to bf16 in the operand packs
+_X86_V4_AMX = _X86_V4 + ("avx512bf16", "amx-tile", "amx-bf16")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,11 @@ class CpuTarget:
     fma: bool = True            # fused multiply-add instructions (llvm.fma is no libcall)
 
     @property
+    def amx(self) -> bool:
+        """Whether the target multiplies with AMX tiles (bf16)."""
+        return "amx-bf16" in self.features
+
+    @property
     def feature_string(self) -> str:
         return ",".join("+" + f for f in self.features)
 
@@ -42,6 +50,8 @@ TARGETS: dict[str, CpuTarget] = {t.name: t for t in (
     CpuTarget("x86_64-v3", "x86_64-unknown-linux-gnu", "x86-64", _X86_V3, "amd64",
               "Advanced Micro Devices X86-64", 256),
     CpuTarget("x86_64-v4", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4, "amd64",
+              "Advanced Micro Devices X86-64", 512, vector_registers=32),
+    CpuTarget("x86_64-v4-amx", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4_AMX, "amd64",
               "Advanced Micro Devices X86-64", 512, vector_registers=32),
     CpuTarget("aarch64", "aarch64-unknown-linux-gnu", "generic", ("fp-armv8", "neon"), "arm64",
               "AArch64", 128, vector_registers=32),

@@ -148,6 +148,8 @@ void mp_host_detect(mp_host *out);
 /* "linux/amd64 x86-64 v4, no CUDA GPU": for messages (as runtime/host.py's Host.describe). */
 void mp_host_describe(const mp_host *h, char *buf, size_t size);
 int mp_host_has_feature(const mp_host *h, const char *feature);
+/* Whether the comma-separated ``list`` holds ``name`` (an artifact's cpu_features, say). */
+int mp_list_has(const char *list, const char *name);
 
 /* ---------------------------------------------------------------- select.c */
 typedef struct mp_verdict {

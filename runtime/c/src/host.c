@@ -3,7 +3,10 @@
  * Feature names are the ones artifacts write in org.mlpack.cpu.features: the Linux
  * /proc/cpuinfo spellings plus the LLVM ones (sse4_2 and sse4.2, abm and lzcnt, asimd and neon),
  * as runtime/host.py reports them, so either spelling in an annotation matches.
- * x86 comes from cpuid (and xgetbv: AVX and AVX-512 count only when the OS saves their state);
+ * x86 comes from cpuid (and xgetbv: AVX and AVX-512 count only when the OS saves their state;
+ * AMX only when it saves the tile state and, on Linux, grants it to this process: the kernel
+ * asks each process to request it with arch_prctl before its first tile instruction, and
+ * detection makes that request, so a host that reports amx_tile can run tile code at once);
  * aarch64 from getauxval(AT_HWCAP/AT_HWCAP2).
  * CUDA: cuda_sm is always 0 for now. Probing would mean dlopen("libcuda.so.1") and cuInit, which
  * is slow and has side effects; the engine has no CUDA executor yet, so it is not done.
@@ -17,6 +20,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
@@ -27,12 +34,15 @@ static void mp_feature_add(mp_host *h, const char *name) {
 }
 
 int mp_host_has_feature(const mp_host *h, const char *feature) {
-  size_t len = strlen(feature);
-  if (!len) return 1;
-  for (const char *p = h->features; *p;) {
+  return !*feature || mp_list_has(h->features, feature);
+}
+
+int mp_list_has(const char *list, const char *name) {
+  size_t len = strlen(name);
+  for (const char *p = list; p && *p;) {
     const char *e = strchr(p, ',');
     size_t n = e ? (size_t)(e - p) : strlen(p);
-    if (n == len && memcmp(p, feature, n) == 0) return 1;
+    if (n == len && memcmp(p, name, n) == 0) return 1;
     if (!e) break;
     p = e + 1;
   }
@@ -63,11 +73,23 @@ static const mp_x86_bit mp_x86_bits[] = {
     {7, 0, 'b', 17, "avx512dq"}, {7, 0, 'b', 28, "avx512cd"}, {7, 0, 'b', 30, "avx512bw"},
     {7, 0, 'b', 31, "avx512vl"}, {7, 0, 'c', 11, "avx512_vnni|avx512vnni"}, {7, 1, 'a', 4, "avx_vnni|avxvnni"},
     {7, 1, 'a', 5, "avx512_bf16|avx512bf16"}, {7, 0, 'd', 23, "avx512_fp16|avx512fp16"},
+    {7, 0, 'd', 24, "amx_tile|amx-tile"}, {7, 0, 'd', 22, "amx_bf16|amx-bf16"},
     {0x80000001, 0, 'c', 0, "lahf_lm|sahf"}, {0x80000001, 0, 'c', 5, "abm|lzcnt"},
 };
 
 static int mp_x86_needs_avx_state(const char *names) {
   return strncmp(names, "avx", 3) == 0 || strncmp(names, "fma", 3) == 0 || strncmp(names, "f16c", 4) == 0;
+}
+
+/* Whether this process may use the AMX tile data: the OS saves it (XCR0 bits 17, 18) and, on
+ * Linux, grants it (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; granting twice is harmless). */
+static int mp_x86_tile_state(unsigned long long xcr0) {
+  if ((xcr0 & 0x60000ull) != 0x60000ull) return 0;
+#if defined(__linux__)
+  return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+  return 0;
+#endif
 }
 
 static void mp_x86_detect(mp_host *h) {
@@ -82,6 +104,7 @@ static void mp_x86_detect(mp_host *h) {
     xcr0 = ((unsigned long long)hi << 32) | lo;
   }
   int os_avx = (xcr0 & 6) == 6, os_avx512 = os_avx && (xcr0 & 0xe0) == 0xe0;
+  int os_amx = -1;  /* asked only on a cpu with AMX: the request has a (small) lasting effect */
   for (size_t i = 0; i < sizeof mp_x86_bits / sizeof *mp_x86_bits; i++) {
     const mp_x86_bit *bit = &mp_x86_bits[i];
     if (bit->leaf >= 0x80000000 ? bit->leaf > max_ext : bit->leaf > max) continue;
@@ -90,6 +113,10 @@ static void mp_x86_detect(mp_host *h) {
     if (!(reg & (1u << bit->bit))) continue;
     if (mp_x86_needs_avx_state(bit->names) && !os_avx) continue;
     if (strncmp(bit->names, "avx512", 6) == 0 && !os_avx512) continue;
+    if (strncmp(bit->names, "amx", 3) == 0) {
+      if (os_amx < 0) os_amx = mp_x86_tile_state(xcr0);
+      if (!os_amx) continue;
+    }
     char names[64];
     snprintf(names, sizeof names, "%s", bit->names);
     char *save = NULL;
