@@ -13,19 +13,20 @@ A contraction runs here when classify's view has B a build-time constant (``plan
 * B is packed at build time as ``[batch][N block of 16][K step of 32][part][16 pairs][16][2]``
   bf16 (``pack_b``): one 1 KB tile per (block, step, part), pairs of K adjacent as the tile
   multiply reads them, K zero-padded to whole steps;
-* A is read through affine offsets as in contraction.py. A workgroup unit splits its 32 rows
-  of A once, over the whole K, into a stack scratch laid out as tiles,
-  ``[K step][part][32 rows][32]`` bf16, reading A in runs of 16 floats along its unit-stride
-  K dims; then for each pair of 16-column blocks of its up to ``MAX_N`` columns
+* A is read through affine offsets as in contraction.py. A workgroup unit splits its blocks
+  of 32 rows (``unit_blocks``: 1 to 8) once, over the whole K, into a stack scratch laid out
+  as tiles, ``[block][K step][part][32 rows][32]`` bf16; then for each pair of 16-column
+  blocks of its up to ``MAX_N`` columns, and each block of rows,
 * a 2x2 block of accumulator tiles (32 rows x 32 columns) runs the whole K. Per K step it loads
   the parts in an order that reuses each (``PRODUCTS``: 16 tile loads for 24 tile products);
-* the unit's 32 x N outputs go through contraction.py's epilogue (bias, activation, residual).
+* the unit's outputs go through contraction.py's epilogue (bias, activation, residual).
 
-A's K dims go in order of their stride in A, so the innermost run is at unit stride; when that
-run is not whole vectors, A is first copied with the dims only K reads innermost
-(``a_layout``): the capsule's poses ``[n, X, Y, ci, i, k]`` become ``[n, X, Y, i, ci, k]``,
-runs of 128 floats. A convolution whose input is read in place already (channels last) needs
-no copy.
+A's K dims go in order of their stride in A (``k_order``), so the innermost run is at unit
+stride, and A is split in vectors of 16 floats: whole from a run of 16 or more, or from 4 runs
+of 4 along the next K dim out (the capsule's poses ``[n, X, Y, ci, i, k]``: k, for 4 ci), so
+neither the poses nor their patches are copied. A whose runs are neither is copied first with
+the dims only K reads innermost (``a_layout``); a convolution's input, channels last, is read
+in place.
 """
 
 from __future__ import annotations
