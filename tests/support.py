@@ -46,12 +46,18 @@ def check(model, feeds, rtol: float = 1e-4, atol: float = 1e-5, oracle: str = "o
     assert_outputs_match(got, want, rtol, atol, int_slack)
 
 
-def load_light():
-    """tests/models/light.py as a module (the light_* model builders)."""
-    spec = importlib.util.spec_from_file_location("mlpack_test_light", os.path.join(MODELS_DIR, "light.py"))
+def load_models_module(name: str):
+    """tests/models/NAME.py as a module (model builders: light, capsule)."""
+    spec = importlib.util.spec_from_file_location(f"mlpack_test_{name}",
+                                                  os.path.join(MODELS_DIR, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_light():
+    """tests/models/light.py as a module (the light_* model builders)."""
+    return load_models_module("light")
 
 
 def cli(*args):

@@ -37,9 +37,8 @@ from llvmlite import ir
 from ....spec.ir import expr as ex
 from ....spec.ir.expr import Expr
 from . import mathlib
-from .contraction import PACK, F32, I64, _affine, _c, _Gemm
+from .contraction import PACK, F32, I64, _affine, _c, _Gemm, read_step
 from .kernels import Buffer
-from .lower import delinearize
 
 TILE_K = 32                 # bf16 values of K per tile row (64 bytes)
 TILE_ROWS = 16              # rows of a tile (A's M, B's K pairs)
@@ -123,30 +122,18 @@ def pack_b(blocked: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- where it applies
 
 
-def _strides(buf: Buffer, layout) -> dict[str, Expr]:
-    strides, s = {}, ex.const(1)
-    for d in reversed(layout):
-        strides[d] = s
-        s = ex.simplify_size(s * buf.sizes[d])
-    return strides
-
-
 def k_order(read: Expr, buf: Buffer, kdims: list[str], extents: dict[str, int],
             layout=None) -> tuple[list[str], int, int] | None:
     """(the K dims in order of their stride in A, how many innermost ones form its unit-stride
     run, sub-runs per vector) for A read by ``read`` from ``buf`` laid out as ``layout``; None
     when the vectors of ``RUN`` floats cannot be loaded whole or from ``RUN // run`` equal runs
     (at least 4 floats each) along the next K dim out."""
-    strides = _strides(buf, layout or buf.layout)
-    loop = set(kdims)
-    step = {v: ex.const(0) for v in kdims}
+    aff = {}
     for d, ix in zip(read.arg[1], read.args):
-        hit = _affine(ix, loop | set(ex.free_vars(ix)))
-        if hit is None:
+        aff[d] = _affine(ix, set(kdims) | set(ex.free_vars(ix)))
+        if aff[d] is None:
             return None
-        for v, c in hit[0].items():
-            if v in step:
-                step[v] = ex.simplify_size(step[v] + ex.const(c) * strides[d])
+    step = {v: read_step(aff, buf, v, layout) for v in kdims}
     if not all(s.is_const for s in step.values()):
         return None
     order = sorted(kdims, key=lambda v: -step[v].value)
@@ -270,15 +257,10 @@ class AmxGemm(_Gemm):
         cbuf = b.alloca(ir.ArrayType(F32, rows * tile_n), name="cbuf")
         cbuf.align = 64
         b.call(self._intr("ldtilecfg", ir.PointerType()), [_tile_config(b.module)])
-        m_size = _c(1)
-        for d in c.m:
-            m_size = self.mul(m_size, osz[d])
+        m_size = self._size(c.m, osz)
         mgroups = b.udiv(self.add(m_size, _c(rows - 1)), _c(rows))
         ntiles = b.udiv(self.add(blocks, _c(c.tb - 1)), _c(c.tb))
-        bsz = _c(1)
-        for d in c.batch:
-            bsz = self.mul(bsz, osz[d])
-        start, end = self._share(self.mul(self.mul(bsz, ntiles), mgroups))
+        start, end = self._share(self.mul(self.mul(self._size(c.batch, osz), ntiles), mgroups))
         A, packed = E.bases[c.a.arg[0]], E.bases[c.packed]
         last = b.sub(m_size, _c(1))
         if c.k_size.value % TILE_K:   # the last step's columns past K: zero in every row
@@ -298,17 +280,13 @@ class AmxGemm(_Gemm):
                                               _c(BLOCK_ROWS)))
             with L.loops.loop(_c(0), b.mul(used, _c(BLOCK_ROWS)), "arow") as r:
                 m = self.umin(b.add(m0, r), last)
-                off = base
-                for d, v in delinearize(b, m, c.m, osz).items():
-                    if d in S:
-                        off = self.add(off, self.mul(S[d], v))
-                row = b.gep(A, [off], inbounds=True, source_etype=F32)
+                row = b.gep(A, [self._row_offset(base, m, S, osz)], inbounds=True,
+                            source_etype=F32)
                 blk = b.gep(scratch, [_c(0), b.mul(b.udiv(r, _c(BLOCK_ROWS)), _c(per_blk))],
                             inbounds=True)
                 self._split_row(row, b.urem(r, _c(BLOCK_ROWS)), blk, S)
-            blk0 = b.mul(nt, _c(c.tb))
-            nblk = self.umin(_c(c.tb), b.sub(blocks, blk0))
-            pairs = b.udiv(b.add(nblk, _c(1)), _c(2))
+            blk0 = b.mul(nt, _c(c.tb))   # the unit's column blocks, in pairs
+            pairs = b.udiv(b.add(self.umin(_c(c.tb), b.sub(blocks, blk0)), _c(1)), _c(2))
             last_blk = b.sub(blocks, _c(1))
             with L.loops.loop(_c(0), pairs, "npair") as p:
                 j0 = b.add(blk0, b.mul(p, _c(2)))

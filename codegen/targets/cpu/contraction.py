@@ -249,16 +249,22 @@ def _masks(t: CpuTarget | None) -> bool:
     return t is not None and t.vector_bits >= 256
 
 
-def _b_step(info: dict, bufs, v: str) -> Expr:
-    """How many elements B's read moves in memory when loop var ``v`` steps by one."""
-    buf = bufs[info["b"].arg[0]]
+def read_step(aff: dict, buf: Buffer, v: str, layout=None) -> Expr:
+    """How many elements a read of ``buf`` moves in memory when loop var ``v`` steps by one:
+    ``aff`` is the read's affine form per dim (``_affine``), ``layout`` the buffer's dims in
+    memory order (its own by default)."""
     step, stride = ex.const(0), ex.const(1)
-    for d in reversed(buf.layout):
-        c = info["aff_b"][d][0].get(v)
+    for d in reversed(layout or buf.layout):
+        c = aff[d][0].get(v)
         if c:
             step = ex.simplify_size(step + ex.const(c) * stride)
         stride = ex.simplify_size(stride * buf.sizes[d])
     return step
+
+
+def _b_step(info: dict, bufs, v: str) -> Expr:
+    """How many elements B's read moves in memory when loop var ``v`` steps by one."""
+    return read_step(info["aff_b"], bufs[info["b"].arg[0]], v)
 
 
 def _in_place_mode(info: dict, bufs) -> str:
@@ -518,8 +524,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         rb = info["b"]
         pre = [] if pad is None else [pad]
         if tiles is not None and _amx_gemm(k, info, ra, g, bufs, packs, cache):
-            k.reads = list(dict.fromkeys([ra.arg[0], k.gemm.packed, *(
-                [] if k.epilogue is None else [r for r in _reads(k.epilogue) if r != k.out])]))
+            k.reads = _gemm_reads(k, ra, k.gemm.packed)
             out.extend(pre)
             out.append(k)
             continue
@@ -555,8 +560,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                              direct, direct is not None and info["n_size"].value % PACK != 0,
                              _n_inner(bufs[ra.arg[0]], bufs[name]))
         k.strategy = "gemm"
-        epi = [] if k.epilogue is None else _reads(k.epilogue)
-        k.reads = list(dict.fromkeys([ra.arg[0], name, *[r for r in epi if r != k.out]]))
+        k.reads = _gemm_reads(k, ra, name)
         out.extend(pre)
         out.append(k)
     return out
@@ -615,6 +619,12 @@ def _n_inner(a: Buffer, b: Buffer) -> bool:
     N tile) but B is small enough to."""
     sa, sb = exact_bytes(a), exact_bytes(b)
     return sa.is_const and sb.is_const and sa.value > CACHE_REUSE_BYTES >= sb.value
+
+
+def _gemm_reads(k: Kernel, ra: Expr, b_name: str) -> list[str]:
+    """What a gemm kernel reads: A, B (packed or in place) and its epilogue's other tensors."""
+    epi = [] if k.epilogue is None else _reads(k.epilogue)
+    return list(dict.fromkeys([ra.arg[0], b_name, *[r for r in epi if r != k.out]]))
 
 
 def _reads(e: Expr) -> list[str]:
@@ -713,6 +723,21 @@ class _Gemm:
                 base = self.add(base, self.mul(S[d], E.lookup(d)))
         return mg, nt, bi, base
 
+    def _row_offset(self, base, m, S, osz):
+        """A's offset at flat row ``m`` (over the M dims) from ``base``, its batch point's."""
+        off = base
+        for d, v in delinearize(self.b, m, self.c.m, osz).items():
+            if d in S:
+                off = self.add(off, self.mul(S[d], v))
+        return off
+
+    def _size(self, dims, osz):
+        """The product of the output's sizes along ``dims`` (i64)."""
+        n = _c(1)
+        for d in dims:
+            n = self.mul(n, osz[d])
+        return n
+
     def _offsets(self, read: Expr):
         """(constant part, {loop var: stride}) of ``read``'s flat element offset:
         c0 + sum_v S_v * v, with S_v = sum_d stride_d * coeff(ix_d, v)."""
@@ -750,9 +775,7 @@ class _Gemm:
         tile_n = c.tb * PACK
         # the group's outputs between K chunks (and for the epilogue): [G][MR][tile_n]
         cbuf = b.alloca(ir.ArrayType(F32, c.group * c.mr * tile_n), name="cbuf")
-        m_size = _c(1)
-        for d in c.m:
-            m_size = self.mul(m_size, osz[d])
+        m_size = self._size(c.m, osz)
         # one M group: each B panel is read once per run, from memory (a fully connected
         # layer at batch 1, a late convolution's 7x7 image): the hardware prefetcher alone
         # leaves the loads waiting (alexnet's fc6 15.4 -> 13.8 ms with it)
@@ -760,10 +783,7 @@ class _Gemm:
         self.stream_b = self.SB is None and rows.is_const and rows.value <= c.group * c.mr
         mtiles = b.udiv(self.add(m_size, _c(c.mr - 1)), _c(c.mr))
         mgroups = b.udiv(self.add(mtiles, _c(c.group - 1)), _c(c.group))
-        bsz = _c(1)
-        for d in c.batch:
-            bsz = self.mul(bsz, osz[d])
-        start, end = self._share(self.mul(self.mul(bsz, ntiles), mgroups))
+        start, end = self._share(self.mul(self.mul(self._size(c.batch, osz), ntiles), mgroups))
         packed = L.E.bases[c.packed]
         A = L.E.bases[a_name]
         last = b.sub(m_size, _c(1))
@@ -824,11 +844,8 @@ class _Gemm:
                     rows = []
                     for r in range(c.mr):
                         m = self.umin(self.add(m0, _c(r)), last)
-                        off = base
-                        for d, v in delinearize(b, m, c.m, osz).items():
-                            if d in S:
-                                off = self.add(off, self.mul(S[d], v))
-                        rows.append(b.gep(A, [off], inbounds=True, source_etype=F32))
+                        rows.append(b.gep(A, [self._row_offset(base, m, S, osz)], inbounds=True,
+                                          source_etype=F32))
                     for r in range(c.mr):
                         for q in range(nv):
                             b.store(zero_vec if single else b.load(cvec(g, r, q), align=4),

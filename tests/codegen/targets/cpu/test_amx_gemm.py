@@ -22,7 +22,7 @@ from mlpack.runtime.host import detect_host
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from plan_runner import assert_matches_ort, rand  # noqa: E402
-from test_contraction import _gemms, matmul_case  # noqa: E402
+from test_contraction import _gemms, capsule_case, matmul_case  # noqa: E402
 
 TARGET = "x86_64-v4-amx"
 NO_AMX = "amx_tile" not in detect_host().cpu_features   # (detection asks for the tile state)
@@ -83,24 +83,9 @@ def _amx_gemms(m):
     return [k.gemm for k in kernels if getattr(k.gemm, "amx", False)]
 
 
-def _capsule_module():
-    from test_contraction import MODELS_DIR, importlib
-    spec = importlib.util.spec_from_file_location("mlpack_test_capsule",
-                                                  os.path.join(MODELS_DIR, "capsule.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _capsule_case(batch=2, size=16, caps=32):
-    mod = _capsule_module()
-    m = mod.einsum_model(batch, size, caps)
-    return m, {m.graph.input[0].name: mod.poses(batch, size, caps)}
-
-
 def test_which_contractions_run_on_tiles():
     # the capsule's poses read in place (no copy): 4 floats of k per run, 4 runs (ci) a vector
-    caps, _ = _capsule_case(4)
+    caps, _ = capsule_case(4, 16, 32)
     (c,) = _amx_gemms(caps)
     assert (c.run_dims, c.run_group) == (1, 4)
     assert c.k_steps == 3 * 3 * 32 * 4 // 32 and c.data.dtype == np.uint16
@@ -137,7 +122,7 @@ CASES = {
     "matmul_batched_const": lambda: matmul_case(96, 64, 256, batch=2),
     "conv3x3_pad_relu": lambda: conv_chain_case(64, 128, 16, batch=2),
     "conv3x3_dynamic_batch": lambda: conv_chain_case(32, 128, 16, batch=3, dyn=True),
-    "capsule_einsum": _capsule_case,
+    "capsule_einsum": lambda: capsule_case(2, 16, 32),
 }
 
 

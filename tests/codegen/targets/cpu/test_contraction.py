@@ -12,7 +12,6 @@ convolutions), on the same three targets.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -22,7 +21,7 @@ from mlpack.codegen.compile import compile_onnx
 from mlpack.codegen.targets.cpu import compile_cpu
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
-from support import MODELS_DIR, one_output_model, oracle_outputs
+from support import MODELS_DIR, load_models_module, one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # tests/codegen/targets/plan_runner.py
@@ -76,13 +75,10 @@ def conv_add_case(cin, cout, size, k, other_shape):
     return m, {"x": rand(1, cin, size, size), "r": rand(*other_shape, seed=3)}
 
 
-def capsule_case():
-    spec = importlib.util.spec_from_file_location("mlpack_test_capsule",
-                                                  os.path.join(MODELS_DIR, "capsule.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    m = mod.einsum_model(2, 7, 8)
-    return m, {m.graph.input[0].name: mod.poses(2, 7, 8)}
+def capsule_case(batch=2, size=7, caps=8):
+    mod = load_models_module("capsule")
+    m = mod.einsum_model(batch, size, caps)
+    return m, {m.graph.input[0].name: mod.poses(batch, size, caps)}
 
 
 CASES = {
