@@ -180,6 +180,60 @@ def _dtype_code(a: np.ndarray, name: str) -> int:
         raise errors.InputError(f"input {name!r}: dtype {a.dtype} is not one the engine knows") from None
 
 
+def _output_shapes(inputs, outputs, arrays: dict[str, np.ndarray]) -> list | None:
+    """(shape, NumPy dtype) per output if the inputs' shapes fix every output's shape (the
+    symbols bound as the engine binds them: by the input axes they size), else None."""
+    bound: dict[str, int] = {}
+    for info in inputs:
+        a = arrays.get(info.name)
+        if a is not None and a.ndim == len(info.shape):
+            for d, n in zip(info.shape, a.shape):
+                if isinstance(d, str):
+                    bound.setdefault(d, n)
+    out = []
+    for info in outputs:
+        shape = tuple(bound.get(d, -1) if isinstance(d, str) else d for d in info.shape)
+        if any(n < 0 for n in shape):
+            return None   # data-dependent: the engine sizes it while running
+        try:
+            out.append((shape, _numpy_dtype(info.dtype)))
+        except errors.Error:
+            return None   # no NumPy dtype for it (bf16 without ml_dtypes): run's message
+    return out
+
+
+def _address(a: np.ndarray) -> int:
+    """``a``'s data address (C-contiguous): through the buffer protocol where it is writable,
+    not empty and of a NumPy dtype, a quarter of what ``a.ctypes.data`` costs (each is per
+    tensor per run)."""
+    if a.flags.writeable and a.nbytes and a.dtype.isbuiltin == 1:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    return a.ctypes.data   # (ml_dtypes' bf16 and fp8 arrays export no buffer)
+
+
+_MAX_CALLS = 64   # input signatures whose call structures a model keeps
+
+
+class _Call:
+    """What a run with one input signature (names, dtypes, shapes) hands the engine, built
+    once and reused: the tensor structs, of which only the data pointers change between
+    runs, and the output shapes (None where the engine sizes them while running). This keeps
+    a run's Python side to a few microseconds."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], inputs, outputs):
+        self.ins = (_Tensor * max(len(arrays), 1))()
+        self._keep = []   # the names and shapes the structs point to
+        for i, (name, a) in enumerate(arrays.items()):
+            shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
+            bname = name.encode()
+            self._keep += [shape, bname]
+            self.ins[i] = _Tensor(bname, _dtype_code(a, name), a.ndim, shape, None, 0)
+        self.n_out = len(outputs)
+        self.outs = (_Tensor * max(self.n_out, 1))()
+        self.out_names = [o.name for o in outputs]
+        self.out_shapes = _output_shapes(inputs, outputs, arrays)
+
+
 def _info(ti: _TensorInfo) -> TensorInfo:
     dims = tuple(ti.dim_names[k].decode() for k in range(ti.rank))
     shape = tuple(ti.dim_syms[k].decode() if ti.dim_syms[k] else int(ti.dims[k]) for k in range(ti.rank))
@@ -221,6 +275,7 @@ class NativeModel:
         self.inputs = self._infos(lib.mlpack_input_count, lib.mlpack_input_info)
         self.outputs = self._infos(lib.mlpack_output_count, lib.mlpack_output_info)
         self.artifacts = [self._verdict(i) for i in range(lib.mlpack_artifact_count(self._m))]
+        self._calls: dict[tuple, _Call] = {}
 
     def _infos(self, count, get) -> list[TensorInfo]:
         out = []
@@ -248,30 +303,32 @@ class NativeModel:
         if self._m is None:
             raise errors.Error(f"{self.path}: model is closed")
         # not np.ascontiguousarray: it turns a 0-d array (a scalar input) into shape (1,)
-        arrays = {name: np.asarray(a, order="C") for name, a in feeds.items()}
-        ins = (_Tensor * max(len(arrays), 1))()
-        keep = []
-        for i, (name, a) in enumerate(arrays.items()):
-            shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
-            bname = name.encode()
-            keep += [shape, bname]
-            ins[i] = _Tensor(bname, _dtype_code(a, name), a.ndim, shape, a.ctypes.data, a.nbytes)
-        n_out = len(self.outputs)
-        outs = (_Tensor * max(n_out, 1))()
+        arrays = [np.asarray(a, order="C") for a in feeds.values()]
+        key = tuple([(name, a.dtype, a.shape) for name, a in zip(feeds, arrays)])
+        call = self._calls.get(key)
+        if call is None:
+            call = _Call(dict(zip(feeds, arrays)), self.inputs, self.outputs)
+            if len(self._calls) >= _MAX_CALLS:   # (a model fed ever new shapes)
+                self._calls.clear()
+            self._calls[key] = call
+        ins, outs = call.ins, call.outs
+        for t, a in zip(ins, arrays):
+            t.data, t.nbytes = _address(a), a.nbytes
         err = ctypes.c_void_p()
-        into = self._output_arrays(arrays)
-        if into is not None:
-            for i, out in enumerate(into):
-                outs[i] = _Tensor(None, 0, 0, None, out.ctypes.data, out.nbytes)
-            st = self._lib.mlpack_run_into(self._m, ins, len(arrays), outs, n_out, ctypes.byref(err))
+        if call.out_shapes is not None:
+            into = [np.empty(shape, dt) for shape, dt in call.out_shapes]
+            for t, out in zip(outs, into):
+                t.data, t.nbytes = _address(out), out.nbytes
+            st = self._lib.mlpack_run_into(self._m, ins, len(arrays), outs, call.n_out,
+                                           ctypes.byref(err))
             if st != OK:
                 _raise(err, st)
-            return {o.name: out for o, out in zip(self.outputs, into)}
-        st = self._lib.mlpack_run(self._m, ins, len(arrays), outs, n_out, ctypes.byref(err))
+            return dict(zip(call.out_names, into))
+        st = self._lib.mlpack_run(self._m, ins, len(arrays), outs, call.n_out, ctypes.byref(err))
         if st != OK:
             _raise(err, st)
         result = {}
-        for i in range(n_out):
+        for i in range(call.n_out):
             t = outs[i]
             shape = tuple(int(t.shape[k]) for k in range(t.rank))
             out = np.empty(shape, dtype=_numpy_dtype(DTYPES[t.dtype]))
@@ -281,27 +338,6 @@ class NativeModel:
                 ctypes.memmove(out.ctypes.data, t.data, t.nbytes)
             result[t.name.decode() if t.name else self.outputs[i].name] = out
         return result
-
-    def _output_arrays(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray] | None:
-        """New arrays for the outputs if the inputs' shapes fix every output's shape (the
-        symbols bound as the engine binds them: by the input axes they size), else None."""
-        bound: dict[str, int] = {}
-        for info in self.inputs:
-            a = arrays.get(info.name)
-            if a is not None and a.ndim == len(info.shape):
-                for d, n in zip(info.shape, a.shape):
-                    if isinstance(d, str):
-                        bound.setdefault(d, n)
-        out = []
-        for info in self.outputs:
-            shape = tuple(bound.get(d, -1) if isinstance(d, str) else d for d in info.shape)
-            if any(n < 0 for n in shape):
-                return None   # data-dependent: the engine sizes it while running
-            try:
-                out.append(np.empty(shape, dtype=_numpy_dtype(info.dtype)))
-            except errors.Error:
-                return None   # no NumPy dtype for it (bf16 without ml_dtypes): run's message
-        return out
 
     def __call__(self, **arrays) -> dict[str, np.ndarray]:
         return self.run(arrays)

@@ -40,18 +40,26 @@ INTS = SIGNED | UNSIGNED
 INDEX = "i64"
 
 
+# both directions as dicts: a run looks its inputs' dtypes up (the first match per NumPy
+# dtype, as a scan of _NUMPY would find it)
+_TO_NUMPY = {name: np.dtype(t) for name, t in _NUMPY.items()}
+_FROM_NUMPY: dict[np.dtype, str] = {}
+for _name, _dt in _TO_NUMPY.items():
+    _FROM_NUMPY.setdefault(_dt, _name)
+
+
 def to_numpy(dtype: str) -> np.dtype:
     """The NumPy dtype for an IR dtype name."""
-    return np.dtype(_NUMPY[dtype])
+    return _TO_NUMPY[dtype]
 
 
 def from_numpy(dt) -> str:
     """The IR dtype name for a NumPy dtype (raises KeyError for one the IR has no name for)."""
     dt = np.dtype(dt)
-    for name, np_type in _NUMPY.items():
-        if np.dtype(np_type) == dt:
-            return name
-    raise KeyError(str(dt))
+    try:
+        return _FROM_NUMPY[dt]
+    except KeyError:
+        raise KeyError(str(dt)) from None
 
 
 def is_float(dtype: str) -> bool:

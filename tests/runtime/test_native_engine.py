@@ -134,7 +134,7 @@ def test_run_matches_python_runtime(tmp_path, tiny):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_outputs_are_written_into_new_arrays(tmp_path, tiny):
+def test_outputs_are_written_into_new_arrays(tmp_path, tiny, monkeypatch):
     """The inputs' shapes fix the output's (batch), so run asks the engine to write it straight
     into a new array (mlpack_run_into): each run's result is its own, of the run's size, and
     equal to what the engine's own memory gives (mlpack_run, when no shape can be known)."""
@@ -142,15 +142,37 @@ def test_outputs_are_written_into_new_arrays(tmp_path, tiny):
     x3 = np.linspace(-4, 4, 12, dtype=np.float32).reshape(3, 4)
     x5 = np.linspace(-2, 3, 20, dtype=np.float32).reshape(5, 4)
     with native.open_model(path, threads=2) as m:
-        planned = m._output_arrays({"x": x5})
-        assert [a.shape for a in planned] == [(5, 4)]
-        assert m._output_arrays({"y": x5}) is None   # no input binds batch
+        planned = native._output_shapes(m.inputs, m.outputs, {"x": x5})
+        assert planned == [((5, 4), np.dtype(np.float32))]
+        assert native._output_shapes(m.inputs, m.outputs, {"y": x5}) is None   # batch unbound
         first, second = m(x=x3)["y"], m(x=x5)["y"]
         assert first.shape == (3, 4) and second.shape == (5, 4)
         assert first.flags.owndata and second.flags.owndata
-        m._output_arrays = lambda arrays: None      # the copying path, for comparison
+        monkeypatch.setattr(native, "_output_shapes", lambda *a: None)   # the copying path
+        m._calls.clear()
         np.testing.assert_array_equal(first, m(x=x3)["y"])
         np.testing.assert_array_equal(second, m(x=x5)["y"])
+
+
+def test_a_signature_call_is_reused_with_each_runs_data(tmp_path, tiny):
+    """Runs with one input signature share the structs built for it (only the data pointers
+    change): a second run with new data of the same shape computes on the new data, into a
+    new array, and a new shape gets structs of its own."""
+    path = write(tmp_path / "t.mlpack", tiny, [artifact(tiny)])
+    a = np.linspace(-4, 4, 12, dtype=np.float32).reshape(3, 4)
+    b = -2 * a
+    with native.open_model(path, threads=1) as m:
+        ya = m(x=a)["y"]
+        yb = m(x=b)["y"]
+        assert len(m._calls) == 1
+        assert ya is not yb and not np.shares_memory(ya, yb)
+        np.testing.assert_array_equal(ya, m(x=a)["y"])   # a's result was not overwritten
+        assert not np.array_equal(ya, yb)
+        assert m(x=a[:2])["y"].shape == (2, 4) and len(m._calls) == 2
+        with pytest.raises(errors.InputError, match="'x'"):
+            m.run({"x": a.astype(np.float64)})   # the engine refuses it, each time
+        with pytest.raises(errors.InputError, match="'x'"):
+            m.run({"x": a.astype(np.float64)})
 
 
 def test_bad_options_are_errors(full):
@@ -226,3 +248,17 @@ def test_mutated_corpus_verdicts_match_python_reader(tmp_path):
         if got is not want:
             mismatches.append((i, want, got))
     assert not mismatches, mismatches[:10]
+
+
+def test_data_address_of_every_dtype_and_flag():
+    """The address a run hands the engine, for arrays of NumPy's own dtypes (through the buffer
+    protocol), ml_dtypes' (which export no buffer), read-only and empty ones alike."""
+    import ml_dtypes
+    arrays = [np.arange(6).astype(d).reshape(2, 3) for d in (np.float32, np.int64, np.float16,
+                                                            np.uint8, bool)]
+    arrays += [np.zeros((2, 3), ml_dtypes.bfloat16), np.zeros(4, ml_dtypes.float8_e4m3fn),
+               np.array(1.5, np.float32), np.zeros((0, 4), np.float32)]
+    ro = np.ones(3, np.float32)
+    ro.flags.writeable = False
+    for a in arrays + [ro]:
+        assert native._address(a) == a.ctypes.data, a.dtype

@@ -112,6 +112,7 @@ def test_outputs_come_in_the_signature_axis_order(two_model):
     (lambda f: f.update(scale=[1.0, 2.0, 3.0]), "input 'scale' is float64"),
 ])
 def test_bad_inputs_are_named(two_model, change, fragment):
+    two_model.run(_two_feeds(batch=2, seq=5))   # the good signature passed (and is kept)
     feeds = _two_feeds(batch=2, seq=5)
     change(feeds)
     with pytest.raises(InputError) as info:
