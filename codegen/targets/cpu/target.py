@@ -16,8 +16,8 @@ _X86_V2 = ("cx16", "popcnt", "sahf", "sse3", "sse4.1", "sse4.2", "ssse3")
 _X86_V3 = _X86_V2 + ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave")
 _X86_V4 = _X86_V3 + ("avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl")
 # v4 plus Intel AMX (Sapphire Rapids on): fp32 contractions run as bf16x6 tile products
-# (amx.py). avx512bf16 is listed, though the split rounds with integer ops, not with it
-_X86_V4_AMX = _X86_V4 + ("avx512bf16", "amx-tile", "amx-bf16")
+# (amx.py); the split into bf16 parts rounds with integer ops, so avx512bf16 is not needed
+_X86_V4_AMX = _X86_V4 + ("amx-tile", "amx-bf16")
 
 
 @dataclass(frozen=True)
