@@ -5,8 +5,9 @@
 
 The Markdown is what benchmarks/RESULTS.md holds for a run: when, the exact command, the
 machine (with its load average: other work on it skews every number), the matmul peak, the
-table (a row per model and thread count; ``load``: the 1-minute load average as the model's
-timing began), the geometric means, mismatches and failures.
+table (a row per model and thread count; ``steal %``: the share of the machine's CPU time its
+hypervisor gave other guests while that row was timed; ``load``: the 1-minute load average as
+the model's timing began), the geometric means, mismatches and failures.
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ def markdown(doc: dict) -> str:
                       for t, p in doc["matmul_peak_gflops"].items() if p)
     lines.append(f"- matmul peak (ONNX Runtime sgemm 2048^3, best of the runs): {peaks}")
     lines += ["", "| model | T | mlpack ms | ORT ms | ORT/mlpack | mlpack GFLOP/s | % peak | "
-              "ORT GFLOP/s | % peak | runs (mlpack/ORT) | build s | peak RSS mlpack MiB | "
-              "peak RSS ORT MiB | outputs | load |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+              "ORT GFLOP/s | % peak | runs (mlpack/ORT) | steal % | build s | "
+              "peak RSS mlpack MiB | peak RSS ORT MiB | outputs | load |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in doc["models"]:
         out = r.get("outputs")
         verdict = "-" if out is None else "ok" if out["match"] else "**MISMATCH**"
@@ -70,6 +71,7 @@ def markdown(doc: dict) -> str:
                 _ms(o.get("median_s")), _f(row["ratio"], ".3f"), _f(mp["gflops"], ".2f"),
                 _f(mp["percent_of_peak"], ".1f"), _f(o.get("gflops"), ".1f"),
                 _f(o.get("percent_of_peak"), ".1f"), f"{mp['runs']}/{o.get('runs', '-')}",
+                _f(row.get("steal_percent"), ".0f"),
                 _f(r.get("build_seconds"), ".1f") if first else "",
                 _mib(r, "mlpack") if first else "", _mib(r, "ort") if first else "",
                 verdict if first else "", _load(r) if first else ""]) + " |")

@@ -403,9 +403,11 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
             if proto is not None:
                 session = ort_session(onnx_path, t)
                 fns["ort"] = lambda: session.run(None, full_feeds)
+            ticks = cpu_ticks()
             timings, outs = time_alternating(fns, repeat=repeat, min_seconds=min_seconds,
                                              max_seconds=max_seconds)
-        row = {"threads": t, "matmul_peak_gflops": peak,
+            steal = steal_percent(ticks, cpu_ticks())
+        row = {"threads": t, "matmul_peak_gflops": peak, "steal_percent": steal,
                "mlpack": _per_runtime(timings["mlpack"], flops, peak), "ort": None, "ratio": None}
         if session is not None:
             row["ort"] = _per_runtime(timings["ort"], flops, peak)
@@ -458,6 +460,28 @@ def machine() -> dict:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "system": platform.system(),
             "architecture": platform.machine(), "versions": versions, "load_average": _load()}
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(all, stolen) CPU time of the machine so far, in clock ticks (/proc/stat's cpu line);
+    None where there is no /proc. Stolen time is what a hypervisor gave other guests while
+    this one had work: on a shared VM it slows both runtimes, not always alike."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    ticks = [int(x) for x in fields[1:9]]   # user nice system idle iowait irq softirq steal
+    return sum(ticks), ticks[7]
+
+
+def steal_percent(before, after) -> float | None:
+    """The share of the machine's CPU time stolen between two ``cpu_ticks`` readings."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return 100.0 * (after[1] - before[1]) / (after[0] - before[0])
 
 
 def _load() -> list[float] | None:
@@ -533,7 +557,8 @@ def mismatches(results: list[dict]) -> list[str]:
 def table_lines(results: list[dict]) -> list[str]:
     """The results as a text table: a row per model and thread count."""
     head = ("model", "T", "mlpack ms", "ORT ms", "ORT/mlpack", "mlpack GF/s", "%peak",
-            "ORT GF/s", "%peak", "build s", "RSS mlpack MiB", "RSS ORT MiB", "outputs")
+            "ORT GF/s", "%peak", "steal %", "build s", "RSS mlpack MiB", "RSS ORT MiB",
+            "outputs")
     rows = []
     for r in results:
         out = r.get("outputs")
@@ -545,7 +570,7 @@ def table_lines(results: list[dict]) -> list[str]:
                 r["model"] if first else "", str(row["threads"]), _ms(m["median_s"]),
                 _ms(o.get("median_s")), _num(row["ratio"], ".3f"), _num(m["gflops"], ".2f"),
                 _num(m["percent_of_peak"], ".1f"), _num(o.get("gflops"), ".1f"),
-                _num(o.get("percent_of_peak"), ".1f"),
+                _num(o.get("percent_of_peak"), ".1f"), _num(row.get("steal_percent"), ".0f"),
                 _num(r.get("build_seconds"), ".1f") if first else "",
                 _mib(r.get("peak_rss"), "mlpack") if first else "",
                 _mib(r.get("peak_rss"), "ort") if first else "", verdict if first else ""))
@@ -570,5 +595,6 @@ def summary_lines(doc: dict) -> list[str]:
 
 __all__ = ["bench_model", "time_alternating", "Timing", "ort_session", "load_mlpack",
            "compare_outputs", "model_inputs", "matmul_peak", "peak_rss", "document",
-           "table_lines", "summary_lines", "mismatches", "geomean_ratios", "machine",
+           "table_lines", "summary_lines", "mismatches", "geomean_ratios", "machine", "cpu_ticks",
+           "steal_percent",
            "BenchError", "RTOL", "ATOL"]

@@ -49,6 +49,7 @@ def test_bench_compare_json_has_positive_numbers(container, monkeypatch):
     assert model["outputs"]["match"] is True
     (row,) = model["threads"]
     assert row["threads"] == 1 and row["ratio"] > 0
+    assert 0 <= row["steal_percent"] <= 100   # this machine has /proc/stat
     for side in ("mlpack", "ort"):
         t = row[side]
         assert t["runs"] >= 3 and 0 < t["min_s"] <= t["median_s"]
@@ -106,6 +107,25 @@ def test_flops_of_conv_matmul_gemm_einsum():
                            "MatMul": 2 * 2 * 5 * 7 * 6, "Gemm": 2 * 3 * 7 * 6,
                            "Einsum": 2 * 4 * 2 * 6 * 7}
     assert count.total == sum(count.by_op.values()) and count.unknown == []
+
+
+def test_steal_share_from_proc_stat_lines(tmp_path, monkeypatch):
+    from mlpack.packager import bench
+
+    before = bench.cpu_ticks()
+    assert before is not None and before[0] >= before[1] >= 0
+    # user nice system idle iowait irq softirq steal: 40 of 200 ticks stolen in between
+    assert bench.steal_percent((1000, 100), (1200, 140)) == pytest.approx(20.0)
+    assert bench.steal_percent(None, (1200, 140)) is None
+    assert bench.steal_percent((1200, 140), (1200, 140)) is None   # no time passed
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  10 0 5 80 0 0 0 5 0 0\ncpu0 10 0 5 80 0 0 0 5 0 0\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(
+        stat if path == "/proc/stat" else path, *a, **k))
+    assert bench.cpu_ticks() == (100, 5)
+    stat.write_text("intr 1 2 3\n")
+    assert bench.cpu_ticks() is None
 
 
 def test_time_alternating_gives_each_callable_its_runs():
