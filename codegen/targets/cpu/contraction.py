@@ -534,18 +534,11 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             dims = info["batch"] + info["n"] + info["k"]
             extents = {v: _extent(v, ob, k.rdims).value for v in dims}
             key = (rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]))
-            if key not in packs:
-                name = f"{rb.arg[0]}#pack{len(packs)}" if packs else f"{rb.arg[0]}#pack"
-                name = _fresh(name, bufs)
-                if key not in cache:
-                    cache[key] = pack_b(const.data, const.layout, rb, info["aff_b"], dims,
-                                        extents, info["n"], info["k"])
-                data = cache[key]
-                bufs[name] = Buffer(name, ("b", "nb", "k", "l"),
-                                    {d: ex.const(s) for d, s in zip(("b", "nb", "k", "l"),
-                                                                    data.shape)}, "f32")
-                packs[key] = (name, data)
-            name, data = packs[key]
+            name, data = _weights_pack(
+                key, f"{rb.arg[0]}#pack{len(packs)}" if packs else f"{rb.arg[0]}#pack",
+                ("b", "nb", "k", "l"), "f32", lambda: pack_b(
+                    const.data, const.layout, rb, info["aff_b"], dims, extents, info["n"],
+                    info["k"]), bufs, packs, cache)
         elif info["mode"] == "pack":
             data = None
             name = _fresh(f"{k.out}#b", bufs)
@@ -578,17 +571,11 @@ def _amx_gemm(k: Kernel, info: dict, ra: Expr, g, bufs: dict[str, Buffer], packs
     order, run, group = found
     dims = info["batch"] + info["n"] + order
     key = ("amx", rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]))
-    if key not in packs:
-        if key not in cache:
-            const = g.constants[rb.arg[0]]
-            cache[key] = amx.pack_b(pack_b(const.data, const.layout, rb, info["aff_b"], dims,
-                                           extents, info["n"], order))
-        data = cache[key]
-        name = _fresh(f"{rb.arg[0]}#amx", bufs)
-        axes = ("b", "nb", "ks", "part", "pair", "l", "e")
-        bufs[name] = Buffer(name, axes, {d: ex.const(s) for d, s in zip(axes, data.shape)}, "u16")
-        packs[key] = (name, data)
-    name, data = packs[key]
+    const = g.constants[rb.arg[0]]
+    name, data = _weights_pack(
+        key, f"{rb.arg[0]}#amx", ("b", "nb", "ks", "part", "pair", "l", "e"), "u16",
+        lambda: amx.pack_b(pack_b(const.data, const.layout, rb, info["aff_b"], dims, extents,
+                                  info["n"], order)), bufs, packs, cache)
     blocks = data.shape[1]
     tb = min(amx.MAX_N // PACK, -(-blocks // 2) * 2)
     others = ex.const(data.shape[0] * -(-blocks // tb))
@@ -599,6 +586,22 @@ def _amx_gemm(k: Kernel, info: dict, ra: Expr, g, bufs: dict[str, Buffer], packs
                          run_dims=run, run_group=group)
     k.strategy = "gemm"
     return True
+
+
+def _weights_pack(key: tuple, stem: str, axes: tuple[str, ...], dtype: str, make,
+                  bufs: dict[str, Buffer], packs: dict, cache: dict) -> tuple[str, np.ndarray]:
+    """(buffer name, data) of constant weights packed at build time: ``make()``d once per
+    graph (``cache``, which every target of a build shares) and declared once per kernel list
+    (``packs``), as a buffer named after ``stem`` with ``axes``."""
+    if key not in packs:
+        if key not in cache:
+            cache[key] = make()
+        data = cache[key]
+        name = _fresh(stem, bufs)
+        bufs[name] = Buffer(name, axes, {d: ex.const(n) for d, n in zip(axes, data.shape)},
+                            dtype)
+        packs[key] = (name, data)
+    return packs[key]
 
 
 def _group(m_size: Expr, mr: int) -> int:
