@@ -154,6 +154,9 @@ def _check_one(info: TensorInfo, a: np.ndarray, want: np.dtype, bound: dict) -> 
             bound.setdefault(size, (n, info.name))
 
 
+_MAX_SIGNATURES = 64   # feed signatures a model remembers as checked (then it checks the rest)
+
+
 def _signature(feeds) -> tuple | None:
     """(name, dtype, shape) of each feed when ``feeds`` is a dict of plain arrays, else None."""
     if not isinstance(feeds, dict):
@@ -288,7 +291,7 @@ class Model:
             checked = feeds
         else:
             checked = check_feeds(self.inputs, feeds, self.path)
-            if key is not None and len(self._checked) < 64:
+            if key is not None and len(self._checked) < _MAX_SIGNATURES:
                 self._checked.add(key)
         got = self._executor.run(checked)
         return {o.name: got[o.name] for o in self.outputs}
