@@ -6,8 +6,10 @@
 The steps, each timed in ``BuildReport.timings`` and announced through ``progress``:
 
 1. **import** and **compile** the model (``codegen.compile_onnx``) into an IR graph;
-2. **reference outputs**: seeded inputs (or the user's ``.npz``) and what ONNX Runtime computes
-   for them, the test vectors every artifact carries (``testvectors.py``);
+2. **reference outputs**: seeded inputs (or the user's ``.npz``), the float64 reference outputs
+   (``reference.float64_outputs``) and ONNX Runtime's fp32 outputs for them, the test vectors
+   every artifact carries (``testvectors.py``). Outputs the vectors cannot judge (the same for
+   every case or element) are warned about (``BlindVectorsWarning``);
 3. **lower** each requested target x precision into an artifact, with its weights and the
    vectors: the portable program, and per cpu target (x86_64-v2/v3/v4, aarch64) the kernels
    compiled by ``compile_cpu`` (an ELF library plus its plan), each timed on its own
@@ -16,11 +18,14 @@ The steps, each timed in ``BuildReport.timings`` and announced through ``progres
    unless the caller named it, which makes it an error;
 4. **validate**: the container is written to a scratch file and opened with the runtime, exactly
    as a user would; every artifact this host can run runs the vectors (native ones in the C
-   engine, libmlpack). One that misses the tolerance, or cannot run at all, is dead on arrival
-   and the build fails (``DeadOnArrivalError``) with no output;
+   engine, libmlpack), judged against the float64 reference by ``spec/accuracy.py``: each
+   output's error within its precision's multiple of ONNX Runtime's own error. One that misses
+   it, or cannot run at all, is dead on arrival and the build fails (``DeadOnArrivalError``)
+   with no output;
 5. **write** the final container (deterministic bytes, atomic rename) with each artifact's
    measured accuracy in its config. The scratch file is removed whatever happens, Ctrl-C
-   included, and the output path only ever appears complete.
+   included, and the output path only ever appears complete. The output path is checked before
+   anything is compiled.
 
 A target or precision that is planned but not implemented (cuda; fp16, bf16, int8) is refused by
 name, never skipped.
@@ -39,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..spec import media
+from ..spec import accuracy, media
 from ..spec.container import ArtifactSpec, Layer, make_config, signature, write_container
 from ..spec.errors import Error
 from . import testvectors as tv
@@ -55,8 +60,6 @@ DEFAULT_TARGETS = tuple(t for t in IMPLEMENTED_TARGETS if t not in OPT_IN_TARGET
 PRECISIONS = media.PRECISIONS
 IMPLEMENTED_PRECISIONS = ("fp32",)
 
-# the fp32 tolerance against ONNX Runtime: summation order differs, so bits do not match
-RTOL, ATOL = 1e-4, 1e-5
 
 
 class BuildError(Error):
@@ -78,8 +81,12 @@ class ArtifactReport:
     precision: str
     validated: bool  # False where this host cannot run it (another machine will)
     cases: int = 0
-    max_abs_error: float | None = None
-    max_rel_error: float | None = None
+    # worst over the outputs, against the float64 reference (spec/accuracy.py)
+    max_error: float | None = None      # max |y - ref| / max |ref|
+    rel_l2: float | None = None         # ||y - ref|| / ||ref||
+    max_abs_error: float | None = None  # max |y - ref|
+    baseline_max_error: float | None = None  # ONNX Runtime's own max_error (the fp32 floor)
+    top1: float | None = None           # worst top-1 agreement of class-score outputs
     seconds: float | None = None  # compiling this target's code (None: portable, nothing to do)
     reason: str = ""  # why it was not validated here
 
@@ -100,6 +107,7 @@ class BuildReport:
     # seconds compiling each native target (part of timings["lower"])
     target_seconds: dict[str, float] = field(default_factory=dict)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (target, why) not built
+    blind_spots: list[str] = field(default_factory=list)  # outputs the vectors cannot judge
 
 
 # ---------------------------------------------------------------- choosing what to build
@@ -166,28 +174,12 @@ def _compile(proto):
                          "input shapes only (this one needs an input's value at compile time)") from None
 
 
-def _size(e):
-    """A config dim size: a count, or the size expression as text (``$batch``, ``$seq * 2``)."""
-    from ..spec.ir.expr import free_syms, free_vars, index_value
-    from ..spec.ir.printer import format_expr
-
-    if e.is_const:
-        return e.value
-    if not free_syms(e) and not free_vars(e):
-        # a closed expression the compiler left unfolded (``select(ge(2, 4), 1, 2)``, from
-        # ceil_mode pooling) is a count: configs hold counts or symbol expressions only
-        return index_value(e, {})
-    return format_expr(e)
-
-
 def model_signature(graph) -> tuple[list[dict], list[dict]]:
-    """Config inputs and outputs: the graph's ports with their dims in layout (ONNX) order, so
-    the program's layouts equal the signature's and the runtime needs no transposes."""
-    def sig(port):
-        ty = graph.types[port.name]
-        return signature(port.name, ty.dtype, [(d, _size(ty.dims[d])) for d in port.layout])
+    """Config inputs and outputs (packager/signature.py); a ``SignatureError`` for a size the
+    container cannot state."""
+    from .signature import model_signature as signature_of
 
-    return [sig(p) for p in graph.inputs], [sig(p) for p in graph.outputs]
+    return signature_of(graph)
 
 
 def _weights(graph) -> bytes:
@@ -196,12 +188,28 @@ def _weights(graph) -> bytes:
     return write_tensors({c.name: c.data for c in graph.constants.values()})
 
 
-def _accuracy(reference: str, check=None) -> dict:
-    acc = {"reference": reference, "rtol": RTOL, "atol": ATOL}
-    if check is not None:
-        for key, value in (("max_abs_error", check[0]), ("max_rel_error", check[1])):
-            if value is not None and math.isfinite(value):  # JSON has no inf; omit what is unknown
-                acc[key] = float(value)
+def _number(value) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None  # JSON has no inf
+
+
+def _accuracy(baseline: str, precision: str, check=None) -> dict:
+    """The config's ``accuracy``: what the errors are measured against, the tolerance, and (once
+    validated) the worst errors and each output's (spec/SPEC.md, "Accuracy")."""
+    acc = {"reference": accuracy.REFERENCE, "baseline": baseline,
+           "tolerance": accuracy.TOLERANCES[precision].to_json()}
+    if check is None:
+        return acc
+    outputs = {}
+    for o in check.outputs:
+        entry = {"max_error": o.max_error, "rel_l2": o.rel_l2, "max_abs_error": o.max_abs_error,
+                 "baseline_max_error": o.baseline_max_error, "baseline_rel_l2": o.baseline_rel_l2,
+                 "top1": o.top1}
+        outputs[o.name] = {k: _number(v) for k, v in entry.items() if _number(v) is not None}
+    for key in ("max_error", "rel_l2", "max_abs_error", "baseline_max_error", "top1"):
+        values = [e[key] for e in outputs.values() if key in e]
+        if values:
+            acc[key] = min(values) if key == "top1" else max(values)
+    acc["outputs"] = outputs
     return acc
 
 
@@ -210,7 +218,8 @@ def _portable_artifact(name: str, graph, sig, weights: bytes, vectors: bytes, re
     from ..spec.ir.program import dumps_program
 
     config = make_config(name, *sig, device="portable", precision="fp32", target="portable",
-                         accuracy=_accuracy(reference, check), min_runtime=media.MIN_RUNTIME)
+                         accuracy=_accuracy(reference, "fp32", check),
+                         min_runtime=media.MIN_RUNTIME)
     layers = [Layer(media.PROGRAM_PORTABLE, dumps_program(graph)), Layer(media.WEIGHTS, weights),
               Layer(media.TESTVECTORS, vectors)]
     return ArtifactSpec(config, layers, media.platform_for("portable"))
@@ -317,7 +326,8 @@ def cpu_artifact_spec(name: str, target: str, code, weights: bytes, sig, referen
     config = make_config(name, *sig, device="cpu", precision="fp32", target=target,
                          cpu_features=media.config_cpu_features(code.features,
                                                                media.PLATFORMS[target]["architecture"]), plan=code.plan,
-                         accuracy=_accuracy(reference, check), min_runtime=media.MIN_RUNTIME)
+                         accuracy=_accuracy(reference, "fp32", check),
+                         min_runtime=media.MIN_RUNTIME)
     layers = [Layer(media.CODE_ELF, code.elf), Layer(media.WEIGHTS, weights)]
     if vectors is not None:
         layers.append(Layer(media.TESTVECTORS, vectors))
@@ -365,10 +375,7 @@ def _dead_on_arrival(result, pairs, output: str) -> DeadOnArrivalError:
     if result.cases == 0:
         detail = "it carries no test vectors"
     else:
-        detail = "; ".join(
-            f"output {o.name!r}: max abs error {o.max_abs_error:.3g}, max rel error "
-            f"{o.max_rel_error:.3g} (allowed atol {o.atol:g}, rtol {o.rtol:g})"
-            + (f", {o.note}" if o.note else "") for o in bad)
+        detail = "; ".join(o.detail() for o in bad)
     error = DeadOnArrivalError(f"artifact {i} ({target}, {precision}) fails its test vectors on "
                                f"this host: {detail}; nothing written to {output}")
     error.index = i
@@ -376,7 +383,7 @@ def _dead_on_arrival(result, pairs, output: str) -> DeadOnArrivalError:
 
 
 def _validate_one(model, i: int, pairs, output: str):
-    """The vectors on artifact ``i``: (max abs error, max rel error, cases), or DeadOnArrival."""
+    """The vectors on artifact ``i``: its ValidationResult, or DeadOnArrivalError."""
     try:
         result = model.validate(i)
     except Error as e:  # the engine cannot load or run the code: as dead as a wrong answer
@@ -385,15 +392,14 @@ def _validate_one(model, i: int, pairs, output: str):
                                  f"host: {e}; nothing written to {output}") from None
     if not result.ok:
         raise _dead_on_arrival(result, pairs, output)
-    return (max((o.max_abs_error for o in result.outputs), default=0.0),
-            max((o.max_rel_error for o in result.outputs), default=0.0), result.cases)
+    return result
 
 
 def validate_container(path: str, pairs, output: str, progress=None) -> tuple[dict, dict]:
     """Open ``path`` with the runtime and run the vectors on every artifact this host can run.
 
-    Returns ({artifact index: (max abs error, max rel error, cases)}, {index: why not run});
-    raises DeadOnArrivalError for the first artifact that fails."""
+    Returns ({artifact index: ValidationResult}, {index: why not run}); raises
+    DeadOnArrivalError for the first artifact that fails."""
     from ..runtime import load
     from ..spec.errors import PortableFallbackWarning
 
@@ -424,14 +430,57 @@ def _model_name(proto, model, name: str | None) -> str:
 
 
 def _vectors(proto, graph, inputs, dims, seed: int, cases: int):
+    """(inputs, ONNX Runtime's outputs, float64 reference outputs), one dict per case."""
+    from .reference import float64_outputs
+
     if inputs is None:
         feeds = tv.random_cases(graph, dims=dims, cases=cases, seed=seed)
-    elif isinstance(inputs, dict):
-        feeds = tv.user_case(inputs, graph, "inputs")
-    else:
-        feeds = tv.load_npz(inputs, graph)
+    else:  # one case per .npz path or dict
+        many = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+        feeds = [case for one in many for case in
+                 (tv.user_case(one, graph, "inputs") if isinstance(one, dict)
+                  else tv.load_npz(one, graph))]
     outputs = tv.reference_outputs(proto, feeds, [p.name for p in graph.outputs])
-    return feeds, outputs
+    return feeds, outputs, float64_outputs(graph, feeds)
+
+
+class ReferenceMismatchError(BuildError):
+    """ONNX Runtime and the float64 reference disagree: the vectors would prove nothing."""
+
+
+def check_references(expected: list[dict], references: list[dict]) -> None:
+    """Refuse vectors whose two references disagree (``accuracy.disagreement``)."""
+    worst: dict[str, accuracy.Errors] = {}
+    for ort_out, ref in zip(expected, references):
+        for name, r in ref.items():
+            if name in ort_out:
+                e = accuracy.measure(ort_out[name], r)
+                worst[name] = worst[name].worst(e) if name in worst else e
+    why = accuracy.disagreement(worst)
+    if why:
+        raise ReferenceMismatchError(
+            f"ONNX Runtime and mlpack's float64 reference disagree on the test inputs, {why}: "
+            "mlpack does not compute this model as ONNX Runtime does (a bug in mlpack: please "
+            "report it), or the inputs sit where the model is discontinuous (try --inputs)")
+
+
+class BlindVectorsWarning(UserWarning):
+    """The test vectors cannot tell a right artifact from a wrong one for some output (it is
+    the same for every case or every element); ``--inputs`` gives better ones."""
+
+
+def check_output_path(output: str) -> None:
+    """Refuse an output path the container cannot be written to, before any slow work."""
+    folder = os.path.dirname(os.path.abspath(output)) or "."
+    if os.path.isdir(output):
+        raise BuildError(f"{output}: is a folder; give a file path for the container (-o)")
+    if not os.path.isdir(folder):
+        raise BuildError(f"{output}: folder {folder} does not exist (-o)")
+    try:  # a probe, not os.access: root passes that test on a read-only file system
+        _remove(_scratch_path(output))
+    except OSError as e:
+        raise BuildError(f"{output}: cannot write into folder {folder} (-o): "
+                         f"{e.strerror or e}") from None
 
 
 def _layer_sizes(artifacts: list[ArtifactSpec]) -> dict[str, int]:
@@ -452,7 +501,8 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     """Compile ``model`` (a path, bytes or ModelProto) into the container ``output``.
 
     ``targets``/``precisions``: names to build (default: every implemented one); ``inputs``: a
-    ``.npz`` path (or a dict) of test inputs instead of random ones; ``dims``: sizes for the size
+    ``.npz`` path (or a dict) of test inputs instead of random ones, or a list of them (one
+    test case each); ``dims``: sizes for the size
     symbols in the random inputs (default 1); ``seed``/``cases``: the random test vectors;
     ``name``: the model name (default: the file's stem); ``progress``: called with a line as each
     step starts. Raises an ``mlpack.Error`` and writes nothing if any step fails.
@@ -461,15 +511,20 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
 
     output = os.fspath(output)
     pairs = plan_artifacts(targets, precisions)  # refuse bad names before any slow work
+    check_output_path(output)
     step = _Steps(progress)
     with step("import"):
         proto = load_model(model)
     name = _model_name(proto, model, name)
     with step("compile"):
         graph = _compile(proto)
-    with step("reference", f"outputs ({tv.reference_name()})"):
-        feeds, expected = _vectors(proto, graph, inputs, dims, seed, cases)
-        vectors = tv.pack(feeds, expected, tv.reference_name())
+        model_signature(graph)  # a size the container cannot state stops the build here
+    with step("reference", f"outputs (float64; {tv.reference_name()})"):
+        feeds, expected, references = _vectors(proto, graph, inputs, dims, seed, cases)
+        check_references(expected, references)
+        vectors = tv.pack(feeds, expected, tv.reference_name(), references)
+    blind = accuracy.blind_spots(references)
+    _warn(BlindVectorsWarning, blind, progress)
     with step("lower", "portable fp32"):
         weights = _weights(graph)
     compiled, skipped = compile_targets(pairs, graph, set(targets or ()), step, progress, weights)
@@ -495,7 +550,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     seconds = {t: n.seconds for t, n in compiled.items()}
     return BuildReport(output, name, os.path.getsize(output), tv.reference_name(), len(feeds),
                        _reports(pairs, artifacts, checks, passed_over, seconds),
-                       _layer_sizes(artifacts), step.timings, seconds, skipped)
+                       _layer_sizes(artifacts), step.timings, seconds, skipped, blind)
 
 
 def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progress) -> bool:
@@ -516,10 +571,14 @@ def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progr
 
 
 def _warn_skipped(skipped, progress) -> None:
-    for line in skip_lines(skipped):
+    _warn(SkippedTargetWarning, skip_lines(skipped), progress)
+
+
+def _warn(kind: type, lines: list[str], progress) -> None:
+    for line in lines:
         if progress:
             progress(f"warning: {line}")
-        warnings.warn(SkippedTargetWarning(line), stacklevel=3)
+        warnings.warn(kind(line), stacklevel=4)
 
 
 def _reports(pairs, artifacts: list[ArtifactSpec], checks: dict, passed_over: dict,
@@ -530,7 +589,12 @@ def _reports(pairs, artifacts: list[ArtifactSpec], checks: dict, passed_over: di
         report = ArtifactReport(target, device, precision, i in checks, seconds=seconds.get(target),
                                 reason=passed_over.get(i, ""))
         if i in checks:
-            report.max_abs_error, report.max_rel_error, report.cases = checks[i]
+            result = checks[i]
+            acc = art.config["accuracy"]
+            report.cases = result.cases
+            report.max_error, report.rel_l2 = acc.get("max_error"), acc.get("rel_l2")
+            report.max_abs_error = acc.get("max_abs_error")
+            report.baseline_max_error, report.top1 = acc.get("baseline_max_error"), acc.get("top1")
         out.append(report)
     return out
 
@@ -543,6 +607,6 @@ def _remove(path: str) -> None:
 
 
 __all__ = ["build", "BuildReport", "ArtifactReport", "BuildError", "DeadOnArrivalError",
-           "SkippedTargetWarning", "cpu_artifact_spec", "model_signature", "TARGETS",
+           "SkippedTargetWarning", "BlindVectorsWarning", "ReferenceMismatchError", "check_output_path", "cpu_artifact_spec", "model_signature", "TARGETS",
            "CPU_TARGETS", "PRECISIONS", "IMPLEMENTED_TARGETS", "DEFAULT_TARGETS",
            "IMPLEMENTED_PRECISIONS"]

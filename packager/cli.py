@@ -301,8 +301,8 @@ def build_cmd(
                                           "x86_64-v4-amx)"),
     precision: list[str] = typer.Option(
         [], "--precision", "-p", help="precision to build, repeatable (default: all implemented)"),
-    inputs: Optional[Path] = typer.Option(
-        None, "--inputs", help="test inputs: FILE.npz, an array per input"),
+    inputs: list[Path] = typer.Option(
+        [], "--inputs", help="test inputs: FILE.npz, an array per input; repeat for more cases"),
     dim: list[str] = typer.Option(
         [], "--dim", help="NAME=SIZE: a size symbol in the test inputs (default 1)"),
     seed: int = typer.Option(0, "--seed", help="seed of the random test inputs"),
@@ -317,19 +317,20 @@ def build_cmd(
     with a warning, unless named with --target."""
     import warnings
 
-    from .build import SkippedTargetWarning, build, skip_lines
+    from .build import BlindVectorsWarning, SkippedTargetWarning, build, skip_lines
 
     progress = _progress(quiet)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SkippedTargetWarning)  # said once, as a line, below
+        warnings.simplefilter("ignore", BlindVectorsWarning)
         report = build(_existing(model), output, targets=target, precisions=precision,
-                       inputs=_existing(inputs, "test inputs") if inputs else None,
+                       inputs=[_existing(p, "test inputs") for p in inputs] or None,
                        dims=_key_int(dim, "--dim"), seed=seed, cases=cases, name=name,
                        progress=progress)
     if quiet:
         return
     if progress is None:  # the progress lines (a terminal) already said it
-        for line in skip_lines(report.skipped):
+        for line in skip_lines(report.skipped) + report.blind_spots:
             typer.echo(f"warning: {line}", err=True)
     secs = sum(report.timings.values())
     typer.echo(f"wrote {report.path} ({_bytes(report.size)}) in {secs:.1f}s: model {report.name}, "
@@ -342,8 +343,9 @@ def build_cmd(
 def _artifact_state(a) -> str:
     built = f"built in {a.seconds:.1f}s, " if a.seconds is not None else ""
     if a.validated:
-        return (f"{built}validated on {a.cases} cases, max abs err {_err(a.max_abs_error)}, "
-                f"max rel err {_err(a.max_rel_error)}")
+        return (f"{built}validated on {a.cases} cases against float64: max err "
+                f"{_err(a.max_error)} (ONNX Runtime {_err(a.baseline_max_error)}), rel L2 "
+                f"{_err(a.rel_l2)}" + (f", top-1 {a.top1:.0%}" if a.top1 is not None else ""))
     return f"{built}not validated: {a.reason or 'not runnable here'}"
 
 
@@ -516,7 +518,7 @@ def _validate_rows(path: str) -> list[dict]:
                 art = v.artifact
                 row = {"index": art.index, "device": art.device, "precision": art.precision,
                        "target": art.config["artifact"]["target"], "cases": 0,
-                       "max_abs": None, "max_rel": None}
+                       "max_err": None, "rel_l2": None, "allowed": None}
                 if not v.runnable:
                     rows.append({**row, "verdict": "skipped", "detail": v.reason})
                     continue
@@ -531,22 +533,35 @@ def _validate_one(model, index: int) -> dict:
         return {"verdict": "FAIL", "detail": f"cannot run: {one_paragraph(e)}"}
     if result.cases == 0:  # another writer's container may carry none: nothing to hold it to
         return {"verdict": "no vectors", "detail": "the artifact carries no test vectors"}
+    allowed = [o.allowed_max_error for o in result.outputs if o.allowed_max_error is not None]
     out = {"cases": result.cases,
-           "max_abs": max((o.max_abs_error for o in result.outputs), default=0.0),
-           "max_rel": max((o.max_rel_error for o in result.outputs), default=0.0)}
+           "max_err": max((o.max_error for o in result.outputs), default=0.0),
+           "rel_l2": max((o.rel_l2 for o in result.outputs), default=0.0),
+           "allowed": min(allowed) if allowed else None}
     bad = [o for o in result.outputs if not o.ok]
     if not bad:
         return {**out, "verdict": "ok", "detail": ""}
-    detail = "; ".join(f"output {o.name!r} max abs err {o.max_abs_error:.3g} (atol {o.atol:g}, "
-                       f"rtol {o.rtol:g}){' ' + o.note if o.note else ''}" for o in bad)
-    return {**out, "verdict": "FAIL", "detail": detail}
+    return {**out, "verdict": "FAIL", "detail": "; ".join(o.detail() for o in bad)}
+
+
+def _blind_spots(path: str) -> list[str]:
+    import warnings
+
+    from ..runtime import load
+    from ..spec.errors import PortableFallbackWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PortableFallbackWarning)
+        with load(path) as model:
+            return model.blind_spots()
 
 
 def _table(rows: list[dict]) -> list[str]:
-    head = ("artifact", "device", "target", "precision", "cases", "max abs err", "max rel err",
-            "verdict")
+    head = ("artifact", "device", "target", "precision", "cases", "max err", "rel L2",
+            "allowed", "verdict")
     body = [(str(r["index"]), r["device"], r["target"], r["precision"], str(r["cases"]),
-             _err(r["max_abs"]), _err(r["max_rel"]), r["verdict"]) for r in rows]
+             _err(r["max_err"]), _err(r["rel_l2"]), _err(r["allowed"]), r["verdict"])
+            for r in rows]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     return ["  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in (head, *body)]
 
@@ -563,6 +578,8 @@ def validate_cmd(file: Path = typer.Argument(..., help="the container (.mlpack)"
     for r in rows:
         if r["verdict"] != "ok" and r["detail"]:
             typer.echo(f"  [{r['index']}] {r['verdict']}: {r['detail']}")
+    for line in _blind_spots(str(file)):
+        typer.echo(f"warning: {line}")
     failed = [r for r in rows if r["verdict"] == "FAIL"]
     if failed:
         names = ", ".join(f"{r['index']} ({r['target']} {r['precision']})" for r in failed)

@@ -1,9 +1,15 @@
-"""Run a model on the NumPy reference interpreter, with the inputs checked first.
+"""Run a model on the NumPy reference interpreter: as written, or widened to float64.
 
 ``run_reference(model, {name: array})`` compiles the model (specializing integer inputs when an
 op needs their values at compile time, as ``mlpack.backend`` does) and evaluates the IR graph
 with ``spec.ir.interp.run_graph``. Wrong names, ranks and dtypes are ``InputError``s naming
 the input, before anything runs.
+
+``float64_outputs(graph, cases)`` is the build's oracle (``spec/accuracy.py``): the compiled
+graph with every f32, f16 and bf16 value widened to float64 (``widen``), so what it computes is
+the model's arithmetic with rounding errors some 1e-9 of fp32's. The inputs and the constants
+keep their values (an fp32 weight is exactly representable in float64); fp8 and fp4 types are
+quantization formats whose rounding is the model's meaning, so they stay as they are.
 """
 
 from __future__ import annotations
@@ -13,6 +19,12 @@ from typing import Any
 import numpy as np
 
 from ..spec.errors import InputError
+from ..spec.ir import dtypes as dt
+from ..spec.ir.expr import Expr
+from ..spec.ir.graph import (Comprehension, Constant, For, Graph, If, Let, Procedure, SetSize,
+                             Store, TensorType, While)
+
+WIDENED = frozenset({"f16", "bf16", "f32"})  # computed in float64 by the oracle
 
 
 def _signature(model) -> dict[str, tuple[str, int]]:
@@ -63,3 +75,86 @@ def run_reference(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndar
     rep = MlpackRep(proto)
     outs = rep.run({k: np.asarray(v) for k, v in feeds.items()})
     return dict(zip(rep.output_names, outs))
+
+
+# ---------------------------------------------------------------- the float64 oracle
+
+
+def _wide(dtype: str) -> str:
+    return "f64" if dtype in WIDENED else dtype
+
+
+class _Widen:
+    """Rewrites expressions, types and statements with WIDENED dtypes made f64; shared
+    subexpressions are rewritten once (by identity: hashing a deep Expr walks it)."""
+
+    def __init__(self):
+        self.done: dict[int, tuple[Expr, Expr]] = {}
+
+    def expr(self, e: Expr) -> Expr:
+        hit = self.done.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        args = tuple(self.expr(a) for a in e.args)
+        dtype = _wide(e.dtype)
+        out = e if args == e.args and dtype == e.dtype else Expr(e.op, args, e.arg, dtype)
+        self.done[id(e)] = (e, out)  # the original is kept alive so its id stays unique
+        return out
+
+    @staticmethod
+    def type(t: TensorType) -> TensorType:
+        return TensorType(_wide(t.dtype), dict(t.dims))
+
+    def stmts(self, body: list) -> list:
+        out = []
+        for s in body:
+            if isinstance(s, Let):
+                out.append(Let(s.name, self.expr(s.value)))
+            elif isinstance(s, Store):
+                out.append(Store(s.tensor, {d: self.expr(i) for d, i in s.index.items()},
+                                 self.expr(s.value)))
+            elif isinstance(s, For):
+                out.append(For(s.var, s.extent, self.stmts(s.body)))
+            elif isinstance(s, While):
+                out.append(While(self.expr(s.cond), self.stmts(s.body)))
+            elif isinstance(s, If):
+                out.append(If(self.expr(s.cond), self.stmts(s.then), self.stmts(s.orelse)))
+            elif isinstance(s, SetSize):
+                out.append(SetSize(s.sym, self.expr(s.value)))
+            else:  # a statement kind this version does not know: widening would be a guess
+                raise TypeError(f"cannot widen statement {type(s).__name__}")
+        return out
+
+
+def widen(graph: Graph) -> Graph:
+    """``graph`` computing in float64 wherever it computed in f32, f16 or bf16."""
+    w = _Widen()
+    out = Graph(graph.name, list(graph.inputs), list(graph.outputs))
+    out.types = {n: w.type(t) for n, t in graph.types.items()}
+    for c in graph.constants.values():
+        data = c.data.astype(np.float64) if c.type.dtype in WIDENED else c.data
+        out.constants[c.name] = Constant(c.name, w.type(c.type), c.layout, data)
+    for op in graph.ops:
+        if isinstance(op, Comprehension):
+            out.ops.append(Comprehension(op.out, w.type(op.type), w.expr(op.body), op.reduce,
+                                         dict(op.rdims)))
+        else:
+            out.ops.append(Procedure({n: w.type(t) for n, t in op.results.items()},
+                                     w.stmts(op.body),
+                                     {n: w.type(t) for n, t in op.locals_.items()},
+                                     dict(op.bounds)))
+    return out
+
+
+def float64_outputs(graph: Graph, cases: list[dict]) -> list[dict]:
+    """The float64 reference outputs of ``graph`` for each case, by output name. Outputs of a
+    widened dtype come back as float64; integer and bool outputs in their own dtype."""
+    from ..spec.ir.interp import run_graph
+
+    wide = widen(graph)
+    outs = []
+    with np.errstate(all="ignore"):  # the model's own overflow and 0/0 are part of its meaning
+        for feeds in cases:
+            got = run_graph(wide, feeds)
+            outs.append({p.name: got[p.name] for p in graph.outputs})
+    return outs

@@ -1,10 +1,13 @@
 """Reference test vectors: seeded inputs, the outputs ONNX Runtime computes for them, and the
-archive that carries them.
+archive that carries them with the float64 reference.
 
 A container carries its vectors as a tensor archive (``spec/tensorfile.py``) with tensors
-``case{i}/input/{name}`` and ``case{i}/output/{name}`` and metadata ``{"cases": N, "reference":
-"onnxruntime <version>"}``. ONNX Runtime is the oracle because it is what users compare against;
-the packager is the only part of mlpack that imports it.
+``case{i}/input/{name}``, ``case{i}/reference64/{name}`` (the float64 reference,
+``reference.float64_outputs``) and ``case{i}/output/{name}`` (ONNX Runtime's fp32 outputs, the
+baseline whose own error sets the tolerance: ``spec/accuracy.py``) and metadata ``{"cases": N,
+"reference": "float64 ...", "baseline": "onnxruntime <version>"}``. ONNX Runtime is the baseline
+because it is what users compare against; the packager is the only part of mlpack that imports
+it.
 
 Inputs are drawn so that every model runs on them: floats N(0, 1), integers in [0, 10) (token ids
 and indices must stay inside an embedding table; 10 is below any vocabulary), booleans fair coins.
@@ -189,10 +192,20 @@ def reference_outputs(model, cases: list[dict], output_names: list[str]) -> list
 # ---------------------------------------------------------------- the archive
 
 
-def pack(inputs: list[dict], outputs: list[dict], reference: str) -> bytes:
-    """The test-vector tensor archive (deterministic for the same arrays)."""
+def pack(inputs: list[dict], outputs: list[dict], baseline: str,
+         references: list[dict] | None = None) -> bytes:
+    """The test-vector tensor archive (deterministic for the same arrays): the inputs, the
+    baseline's ``outputs`` and, when given, the float64 ``references``."""
+    from ..spec.accuracy import REFERENCE
+
     tensors = {}
     for i, (feeds, outs) in enumerate(zip(inputs, outputs)):
         tensors.update({f"case{i}/input/{n}": np.ascontiguousarray(a) for n, a in feeds.items()})
         tensors.update({f"case{i}/output/{n}": np.ascontiguousarray(a) for n, a in outs.items()})
-    return write_tensors(tensors, {"cases": len(inputs), "reference": reference})
+        if references is not None:
+            tensors.update({f"case{i}/reference64/{n}": np.ascontiguousarray(a)
+                            for n, a in references[i].items()})
+    meta = {"cases": len(inputs), "reference": baseline}
+    if references is not None:
+        meta.update(reference=REFERENCE, baseline=baseline)
+    return write_tensors(tensors, meta)

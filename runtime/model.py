@@ -19,7 +19,9 @@ for ``device="portable"`` is not a fallback and does not warn.
 
 Inputs are checked against the signature before anything runs (``check_feeds``): a missing or
 unknown input, a wrong dtype (never cast silently), a wrong rank, a wrong size for a fixed dim,
-or a symbolic dim bound to two sizes is an ``InputError`` naming the input and the dim.
+or a symbolic dim bound to two sizes is an ``InputError`` naming the input and the dim. Input dims
+are counts or symbols (the format allows expressions of symbols in output dims only), so the
+inputs bind every symbol an output's size can be computed from.
 
 The test-vector layer is a tensor archive with tensors ``case{i}/input/{name}`` and
 ``case{i}/output/{name}`` and metadata ``{"cases": N}``.
@@ -32,7 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlpack.spec import media
+from mlpack.spec import accuracy, media
+from mlpack.spec import sizes
 from mlpack.spec.container import Artifact, open_container
 from mlpack.spec.errors import (Error, FormatError, InputError, PortableFallbackError,
                                 PortableFallbackWarning)
@@ -58,10 +61,12 @@ class TensorInfo:
     name: str
     dtype: str  # the IR's name: f32, i64, ...
     dims: tuple[str, ...]  # dim names
-    shape: tuple[int | str, ...]  # a count, or a symbol name such as "batch"
+    # a count, a symbol name such as "batch", or (outputs) a size expression such as
+    # "2 * $batch" (spec/sizes.py), told apart from a name by its "$"
+    shape: tuple[int | str, ...]
 
     def __str__(self) -> str:
-        dims = [f"{d}={s}" if isinstance(s, int) else d if s == d else f"{d}=${s}"
+        dims = [f"{d}={s}" if isinstance(s, int) or "$" in s else d if s == d else f"{d}=${s}"
                 for d, s in zip(self.dims, self.shape)]
         return f"{self.name}: {self.dtype}[{', '.join(dims)}]"
 
@@ -80,15 +85,42 @@ class ArtifactInfo:
 
 @dataclass(frozen=True)
 class OutputCheck:
-    """One output over every test case: the worst errors and whether they are within tolerance."""
+    """One output over every test case: its errors against the float64 reference, ONNX
+    Runtime's (the baseline), the bound they set and the verdict (``spec/accuracy.py``).
+
+    A container written before the float64 reference (format 1.x with no ``reference64``
+    vectors) is judged as it was written, by its config's rtol/atol against the recorded
+    outputs: then ``rtol``/``atol`` are set and the baseline and bounds are None."""
 
     name: str
-    max_abs_error: float
-    max_rel_error: float
-    atol: float
-    rtol: float
+    max_error: float          # max |y - ref| / max |ref|
+    rel_l2: float             # ||y - ref|| / ||ref||
+    max_abs_error: float      # max |y - ref|
     ok: bool
+    allowed_max_error: float | None = None
+    allowed_rel_l2: float | None = None
+    baseline_max_error: float | None = None
+    baseline_rel_l2: float | None = None
+    top1: float | None = None  # share of rows whose argmax agrees (class-score outputs)
     note: str = ""
+    rtol: float | None = None
+    atol: float | None = None
+
+    @property
+    def max_rel_error(self) -> float:  # the name the format's 1.0 configs used
+        return self.max_error
+
+    def detail(self) -> str:
+        """Why it failed, in one clause."""
+        if self.note:
+            return f"output {self.name!r}: {self.note}"
+        if self.allowed_max_error is None:
+            return (f"output {self.name!r}: max abs error {self.max_abs_error:.3g} (allowed "
+                    f"atol {self.atol:g}, rtol {self.rtol:g})")
+        return (f"output {self.name!r}: max error {self.max_error:.3g} (allowed "
+                f"{self.allowed_max_error:.3g}), rel L2 {self.rel_l2:.3g} (allowed "
+                f"{self.allowed_rel_l2:.3g}); ONNX Runtime's own: "
+                f"{self.baseline_max_error:.3g}, {self.baseline_rel_l2:.3g}")
 
 
 @dataclass(frozen=True)
@@ -105,8 +137,8 @@ class ValidationResult:
 
 
 def _tensor_infos(sigs: list[dict]) -> list[TensorInfo]:
-    def size(s):
-        return s[1:] if isinstance(s, str) else s
+    def size(s):  # "$batch" -> "batch"; an expression stays as written
+        return s[1:] if isinstance(s, str) and isinstance(sizes.parse_size(s), str) else s
     return [TensorInfo(s["name"], s["dtype"], tuple(d["name"] for d in s["dims"]),
                        tuple(size(d["size"]) for d in s["dims"])) for s in sigs]
 
@@ -324,17 +356,25 @@ class Model:
 
     def _validate(self, art: Artifact, executor) -> ValidationResult:
         acc = art.config.get("accuracy") or {}
-        rtol, atol = float(acc.get("rtol", 1e-5)), float(acc.get("atol", 1e-6))
         cases = _test_vectors(self._container, art)
-        worst: dict[str, list] = {o.name: [0.0, 0.0, True, ""] for o in self.outputs}
-        for feeds, want in cases:
-            got = executor.run(check_feeds(self.inputs, feeds, self.path))
-            for name, expected in want.items():
-                if name in worst:
-                    _accumulate(worst[name], got[name], expected, rtol, atol)
+        refs = _references64(self._container, art, len(cases))
+        got = [executor.run(check_feeds(self.inputs, feeds, self.path)) for feeds, _ in cases]
+        names = [o.name for o in self.outputs]
+        if cases and all(refs):
+            checks = _judged(names, got, [want for _, want in cases], refs,
+                             accuracy.tolerance_for(art.precision, acc.get("tolerance")))
+        else:  # written before the float64 reference: its own rtol/atol against its outputs
+            checks = _legacy_checks(names, got, [want for _, want in cases],
+                                    float(acc.get("rtol", 1e-5)), float(acc.get("atol", 1e-6)))
         reason = next(v.reason for v in self.verdicts if v.artifact is art)
-        checks = tuple(OutputCheck(n, w[0], w[1], atol, rtol, w[2], w[3]) for n, w in worst.items())
         return ValidationResult(_artifact_info(art, reason), len(cases), checks)
+
+    def blind_spots(self) -> list[str]:
+        """Outputs the bundled test vectors cannot judge (``spec.accuracy.blind_spots``)."""
+        cases = _test_vectors(self._container, self._art)
+        refs = [r or want for r, (_, want) in
+                zip(_references64(self._container, self._art, len(cases)), cases)]
+        return accuracy.blind_spots(refs)
 
     def _runnable(self, index) -> Artifact:
         verdict = next((v for v in self.verdicts if v.artifact.index == index), None)
@@ -364,8 +404,38 @@ class Model:
                 f"{', '.join(map(str, self.inputs))} -> {', '.join(map(str, self.outputs))}>")
 
 
+def _judged(names, got: list, baseline: list, refs: list, tol) -> tuple[OutputCheck, ...]:
+    """Each output over the cases, against the float64 reference (spec/accuracy.py)."""
+    out = []
+    for name in names:
+        mine, base = accuracy.Errors(), accuracy.Errors()
+        for g, b, r in zip(got, baseline, refs):
+            if name in r:
+                mine = mine.worst(accuracy.measure(g[name], r[name], b.get(name)))
+                if name in b:
+                    base = base.worst(accuracy.measure(b[name], r[name]))
+        v = accuracy.judge(name, mine, base, tol)
+        out.append(OutputCheck(name, mine.max_error, mine.rel_l2, mine.max_abs_error, v.ok,
+                               v.allowed_max_error, v.allowed_rel_l2, base.max_error,
+                               base.rel_l2, mine.top1,
+                               mine.note or (f"{mine.mismatches} exact element(s) match neither "
+                                             "reference" if mine.mismatches else "")))
+    return tuple(out)
+
+
+def _legacy_checks(names, got: list, want: list, rtol: float, atol: float) -> tuple:
+    out = []
+    for name in names:
+        w = [0.0, 0.0, True, ""]
+        for g, e in zip(got, want):
+            if name in e:
+                _accumulate(w, g[name], e[name], rtol, atol)
+        out.append(OutputCheck(name, w[1], w[1], w[0], w[2], note=w[3], rtol=rtol, atol=atol))
+    return tuple(out)
+
+
 def _accumulate(w: list, got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> None:
-    """Fold one case's comparison into ``w`` = [max abs, max rel, ok, note]."""
+    """Fold one case's rtol/atol comparison into ``w`` = [max abs, max rel, ok, note]."""
     if got.shape != want.shape:
         w[2], w[3] = False, f"shape {got.shape} != expected {want.shape}"
         return
@@ -392,13 +462,17 @@ def _is_float(dt: np.dtype) -> bool:
         return False
 
 
-def _test_vectors(container, art: Artifact) -> list[tuple[dict, dict]]:
+def _vector_tensors(container, art: Artifact) -> tuple[dict, dict]:
+    """(metadata, tensors) of the artifact's test-vector layer; ({}, {}) if it has none."""
     layer = art.layer(media.TESTVECTORS)
     if layer is None:
-        return []
+        return {}, {}
     blob = container.blob(layer.digest)
-    meta = read_header(blob).get("metadata") or {}
-    tensors = read_tensors(blob)
+    return read_header(blob).get("metadata") or {}, read_tensors(blob)
+
+
+def _test_vectors(container, art: Artifact) -> list[tuple[dict, dict]]:
+    meta, tensors = _vector_tensors(container, art)
     n = meta.get("cases")
     if not isinstance(n, int):  # no count recorded: as many as the names say
         n = len({k.split("/", 1)[0] for k in tensors if k.startswith("case")})
@@ -408,6 +482,12 @@ def _test_vectors(container, art: Artifact) -> list[tuple[dict, dict]]:
         outs = _case_part(tensors, f"case{i}/output/")
         cases.append((ins, outs))
     return cases
+
+
+def _references64(container, art: Artifact, cases: int) -> list[dict]:
+    """Each case's float64 reference outputs; {} each in a container written before them."""
+    tensors = _vector_tensors(container, art)[1]
+    return [_case_part(tensors, f"case{i}/reference64/") for i in range(cases)]
 
 
 def _case_part(tensors: dict, prefix: str) -> dict:

@@ -10,7 +10,9 @@ runtime/c/src through setup.py) or, in a checkout, at ``runtime/c/build/libmlpac
 -C runtime/c``), the newer of the two when both exist; ``MLPACK_LIBRARY`` names another. Errors become the exceptions of
 ``mlpack.spec.errors`` with the engine's message: FORMAT and IO -> FormatError, DIGEST ->
 DigestError, VERSION -> VersionError, INPUT -> InputError, NO_ARTIFACT -> NoRunnableArtifactError
-(PortableFallbackError when ``strict`` refused the portable fallback), anything else -> Error.
+(PortableFallbackError when ``strict`` refused the portable fallback), INDEX -> IndexRangeError
+(an index taken from data out of range: the message names the ONNX node and the index),
+anything else -> Error.
 It imports only ``mlpack.spec``, NumPy and the standard library, like the rest of the runtime.
 """
 
@@ -24,12 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlpack.spec import errors
+from mlpack.spec import errors, sizes
 from mlpack.spec.ir import dtypes as ir_dtypes
 
 # mlpack_status
 OK, ERR_ARGUMENT, ERR_IO, ERR_FORMAT, ERR_DIGEST, ERR_VERSION, ERR_NO_ARTIFACT, ERR_INPUT, \
-    ERR_LOAD, ERR_RUNTIME, ERR_NOMEM = range(11)
+    ERR_LOAD, ERR_RUNTIME, ERR_NOMEM, ERR_INDEX = range(12)
 
 # mlpack_dtype, in enum order
 DTYPES = ("bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32", "f64")
@@ -139,6 +141,7 @@ def _raise(err: ctypes.c_void_p, status: int | None = None):
         raise errors.PortableFallbackError(message)
     cls = {ERR_IO: errors.FormatError, ERR_FORMAT: errors.FormatError, ERR_DIGEST: errors.DigestError,
            ERR_VERSION: errors.VersionError, ERR_INPUT: errors.InputError,
+           ERR_INDEX: errors.IndexRangeError,
            ERR_NO_ARTIFACT: getattr(errors, "NoRunnableArtifactError", errors.Error)}.get(code, errors.Error)
     raise cls(message)
 
@@ -151,7 +154,7 @@ class TensorInfo:
     name: str
     dtype: str
     dims: tuple[str, ...]
-    shape: tuple[int | str, ...]  # a count, or a symbol name
+    shape: tuple[int | str, ...]  # a count, a symbol name, or a size expression ("2 * $batch")
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,7 @@ def _output_shapes(inputs, outputs, arrays: dict[str, np.ndarray]) -> list | Non
                     bound.setdefault(d, n)
     out = []
     for info in outputs:
-        shape = tuple(bound.get(d, -1) if isinstance(d, str) else d for d in info.shape)
+        shape = tuple(_dim_size(d, bound) for d in info.shape)
         if any(n < 0 for n in shape):
             return None   # data-dependent: the engine sizes it while running
         try:
@@ -200,6 +203,19 @@ def _output_shapes(inputs, outputs, arrays: dict[str, np.ndarray]) -> list | Non
         except errors.Error:
             return None   # no NumPy dtype for it (bf16 without ml_dtypes): run's message
     return out
+
+
+def _dim_size(d, bound: dict[str, int]) -> int:
+    """An output dim's size with the inputs' symbols bound; -1 where the run decides it (a
+    symbol no input binds) or where the engine will refuse it (an expression that overflows)."""
+    if isinstance(d, int):
+        return d
+    if "$" not in d:
+        return bound.get(d, -1)
+    try:
+        return sizes.evaluate(sizes.parse_size(d), bound)
+    except (KeyError, ValueError):
+        return -1
 
 
 def _address(a: np.ndarray) -> int:

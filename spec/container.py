@@ -1,6 +1,6 @@
 """The mlpack container: one uncompressed POSIX ustar tar holding an OCI image layout.
 
-This module writes and reads format 1.0 (spec/SPEC.md is the full statement; media types and
+This module writes format 1.1 and reads every 1.x (spec/SPEC.md is the full statement; media types and
 annotation keys are in media.py). The bytes, in brief:
 
     tar (ustar, 512-byte blocks; sorted members; mtime 0, uid/gid 0, empty uname/gname,
@@ -42,7 +42,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import media
+from . import media, sizes
 from .errors import (DigestError, FormatError, ManifestError, MediaTypeError, MissingBlobError,
                      NotAContainerError, TarError, TruncatedError, VersionError)
 
@@ -111,7 +111,8 @@ class ArtifactSpec:
 
 
 def signature(name: str, dtype: str, dims) -> dict:
-    """A config SIG entry from ``dims`` as (name, size) pairs; size is an int or ``"$symbol"``."""
+    """A config SIG entry from ``dims`` as (name, size) pairs; size is an int, ``"$symbol"`` or
+    (outputs) a size expression (spec/sizes.py)."""
     return {"name": name, "dtype": dtype, "dims": [{"name": d, "size": s} for d, s in dims]}
 
 
@@ -534,19 +535,24 @@ def _string_map(doc: dict, key: str, where: str) -> dict:
     return value
 
 
-def _check_sig(sig, where: str) -> None:
+def _check_sig(sig, where: str, output: bool) -> None:
     if not isinstance(sig, dict):
         raise ManifestError(f"{where}: a signature entry must be an object")
-    _field(sig, "name", str, where)
+    name = _field(sig, "name", str, where)
     _field(sig, "dtype", str, where)
     for d in _field(sig, "dims", list, where):
         if not isinstance(d, dict):
             raise ManifestError(f"{where}: a dim must be an object")
-        _field(d, "name", str, where)
+        dim = _field(d, "name", str, where)
         size = d.get("size")
-        if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0
-                or isinstance(size, str) and size.startswith("$")):
-            raise ManifestError(f"{where}: dim size {size!r} is neither a count nor a '$symbol'")
+        try:
+            parsed = sizes.parse_size(size)
+        except ValueError as e:
+            raise ManifestError(f"{where} {name!r} dim {dim!r}: size {size!r} is neither a count, "
+                                f"a '$symbol' nor a size expression ({e})") from None
+        if sizes.is_expression(parsed) and not output:
+            raise ManifestError(f"{where} {name!r} dim {dim!r}: size {size!r} is an expression; "
+                                "an input dim is a count or a '$symbol'")
 
 
 def check_config(cfg: dict, where: str) -> tuple[int, int]:
@@ -556,7 +562,7 @@ def check_config(cfg: dict, where: str) -> tuple[int, int]:
     _field(model, "name", str, f"{where} model")
     for key in ("inputs", "outputs"):
         for sig in _field(model, key, list, f"{where} model"):
-            _check_sig(sig, f"{where} model.{key}")
+            _check_sig(sig, f"{where} model.{key}", key == "outputs")
     art = _field(cfg, "artifact", dict, where)
     _field(art, "device", str, f"{where} artifact")
     _field(art, "precision", str, f"{where} artifact")
@@ -565,8 +571,12 @@ def check_config(cfg: dict, where: str) -> tuple[int, int]:
     if not all(isinstance(x, str) for x in features):
         raise ManifestError(f"{where} artifact: cpu_features must be strings")
     acc = _field(cfg, "accuracy", dict, where)
-    for key in ("max_abs_error", "max_rel_error", "rtol", "atol"):
+    # 1.0's rtol/atol and max_rel_error; 1.1's errors against the float64 reference
+    for key in ("max_abs_error", "max_rel_error", "rtol", "atol", "max_error", "rel_l2",
+                "baseline_max_error", "top1"):
         _field(acc, key, (int, float), f"{where} accuracy", required=False)
+    for key in ("tolerance", "outputs"):
+        _field(acc, key, dict, f"{where} accuracy", required=False)
     _field(cfg, "min_runtime", str, where)
     _field(cfg, "plan", dict, where, required=False)
     return version

@@ -69,6 +69,12 @@ class InterpError(Error):
     """The reference interpreter met a value it cannot evaluate (out-of-range read, bad size)."""
 
 
+class IndexRangeError(InterpError):
+    """An index taken from data (a Gather's, a ScatterND's) lies outside the tensor it indexes.
+    Every executor raises it (the interpreters and native kernels alike: the C engine's
+    MLPACK_ERR_INDEX); the message names the ONNX node and the index, as ONNX Runtime refuses."""
+
+
 # ---- selection and loading (runtime/select.py, runtime/model.py)
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 # ---------------------------------------------------------------- versions
 
-FORMAT_VERSION = (1, 0)  # the container format this module writes and reads (reads any 1.x)
+# the container format this module writes; readers read any 1.x. 1.1: output dim sizes may be
+# expressions of symbols (spec/sizes.py)
+FORMAT_VERSION = (1, 1)
 FORMAT_VERSION_STR = f"{FORMAT_VERSION[0]}.{FORMAT_VERSION[1]}"
 OCI_LAYOUT_VERSION = "1.0.0"  # the `oci-layout` file's imageLayoutVersion
 MIN_RUNTIME = "0.1.0"  # default for the config's `min_runtime`

@@ -110,3 +110,23 @@ def check_pass(before_text: str, fn, after_text: str, inputs, rtol: float, atol:
     got = run_graph(after, inputs)
     for k in expected:
         np.testing.assert_allclose(got[k], expected[k], rtol=rtol, atol=atol)
+
+
+def reverse_sums(graph):
+    """A copy of ``graph`` whose sums run their reduction variables backwards (``k`` becomes
+    ``K - 1 - k``): the same values summed in another order, as another CPU's kernels might,
+    so only the rounding changes."""
+    import copy
+
+    from mlpack.spec.ir import expr as ex
+    from mlpack.spec.ir.graph import Comprehension
+
+    out = copy.copy(graph)
+    out.ops = []
+    for op in graph.ops:
+        if isinstance(op, Comprehension) and op.reduce == "sum" and op.rdims:
+            flip = {r: ex.sub(ex.sub(n, 1), ex.var(r)) for r, n in op.rdims.items()}
+            op = Comprehension(op.out, op.type, ex.substitute(op.body, flip), op.reduce,
+                               dict(op.rdims))
+        out.ops.append(op)
+    return out

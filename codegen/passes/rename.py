@@ -54,6 +54,7 @@ def rename_in_graph(g, mapping: dict[str, str]) -> None:
     g.types = {mapping.get(n, n): t for n, t in g.types.items()}
     g.inputs = [Port(mapping.get(p.name, p.name), p.layout) for p in g.inputs]
     g.outputs = [Port(mapping.get(p.name, p.name), p.layout) for p in g.outputs]
+    g.origins = {(mapping.get(t, t), d): o for (t, d), o in g.origins.items()}
 
 
 def _all_stores(stmts):

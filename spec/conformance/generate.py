@@ -151,6 +151,20 @@ def _unknown_fields(kind, doc, i):
     return doc
 
 
+def _older_minor(kind, doc, i):
+    """Format 1.0, as the first writers wrote it (every field it has, 1.0 has)."""
+    if kind in ("index", "nested"):
+        doc["annotations"][m.ANN_FORMAT_VERSION] = "1.0"
+    if kind == "config":
+        doc["mlpack_format"] = "1.0"
+    return doc
+
+
+def _output_size(size):
+    """An edit of the config that sets the output's first dim size (a size expression: 1.1)."""
+    return _edit("config", lambda d: _set(d, ["model", "outputs", 0, "dims", 0, "size"], size))
+
+
 def _valid_cases():
     future = portable()
     future.layers.append(c.Layer(UNKNOWN_LAYER, b"bytes for a code format of a later minor"))
@@ -158,6 +172,8 @@ def _valid_cases():
         "ok_minimal.mlpack": (tar(layout()), None),
         "ok_multi.mlpack": (tar(layout(multi())), None),
         "ok_minor_unknown_fields.mlpack": (tar(layout([future], _unknown_fields)), None),
+        "ok_minor_older.mlpack": (tar(layout(edit=_older_minor)), None),
+        "ok_size_expression.mlpack": (tar(layout(edit=_output_size("2 * $batch"))), None),
     }
 
 
@@ -213,6 +229,12 @@ def _document_cases(members: list):
                                       ("DigestError", "larger than the whole file")),
         "err_zero_artifacts.mlpack": (tar(layout(edit=no_artifacts)),
                                       ("ManifestError", "zero artifacts")),
+        "err_size_malformed.mlpack": (tar(layout(edit=_output_size("2 * $batch +"))),
+                                      ("ManifestError", "nor a size expression")),
+        "err_input_size_expression.mlpack": (
+            tar(layout(edit=_edit("config", lambda d: _set(
+                d, ["model", "inputs", 0, "dims", 0, "size"], "$batch + 1")))),
+            ("ManifestError", "an input dim is a count or a '$symbol'")),
     }
 
 

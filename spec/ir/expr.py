@@ -174,6 +174,10 @@ def binary(op: str, a, b) -> Expr:
         folded = _fold_index(op, a, b)
         if folded is not None:
             return folded
+    if op in COMPARISONS and a.dtype == b.dtype == dt.INDEX:
+        folded = _fold_compare(op, a, b)
+        if folded is not None:
+            return folded
     return Expr(op, (a, b), None, out)
 
 
@@ -215,6 +219,72 @@ def _fold_index(op: str, a: Expr, b: Expr) -> Expr | None:
     if op == "mod" and b.is_const and b.value == 1:
         return const(0)
     return None
+
+
+# ---- what is known of a size: symbols are sizes, so never negative
+
+_RANGE_CHECKS = {"eq": lambda lo, hi: False if lo > 0 or hi < 0 else True if lo == hi == 0 else None,
+                 "ne": lambda lo, hi: True if lo > 0 or hi < 0 else False if lo == hi == 0 else None,
+                 "lt": lambda lo, hi: True if hi < 0 else False if lo >= 0 else None,
+                 "le": lambda lo, hi: True if hi <= 0 else False if lo > 0 else None,
+                 "gt": lambda lo, hi: True if lo > 0 else False if hi <= 0 else None,
+                 "ge": lambda lo, hi: True if lo >= 0 else False if hi < 0 else None}
+
+
+def _fold_compare(op: str, a: Expr, b: Expr) -> Expr | None:
+    """A comparison of index expressions that constants or the range of ``a - b`` decide, as a
+    constant.
+
+    Exporters guard sizes against -1 ("infer this dim"): torch's ``expand(B, -1, -1)`` becomes
+    ``where(eq(shape, -1), 1, shape)``, and only the fact that ``$batch >= 0`` makes the size a
+    plain ``$batch`` again (spec/ir/expr.py is where every size is built, so it is decided once).
+    """
+    if a.is_const and b.is_const:
+        lo = hi = a.value - b.value
+    elif not (free_syms(a) or free_syms(b)):
+        return None  # only sizes are reasoned about; other comparisons stay as written
+    else:
+        lo, hi = bounds(simplify_size(sub(a, b)))
+    verdict = _RANGE_CHECKS[op](-math.inf if lo is None else lo, math.inf if hi is None else hi)
+    return None if verdict is None else const(verdict)
+
+
+def bounds(e: Expr) -> tuple[int | None, int | None]:
+    """Lower and upper bounds of an index expression (None: unbounded), from the one fact known
+    of every size symbol: it is >= 0. Loop variables and reads are unbounded here."""
+    op = e.op
+    if op == "const" and isinstance(e.arg, int) and not isinstance(e.arg, bool):
+        return e.arg, e.arg
+    if op == "sym":
+        return 0, None
+    if op not in ("add", "sub", "mul", "floordiv", "mod", "max", "min", "select") \
+            or e.dtype != dt.INDEX:
+        return None, None
+    if op == "select":
+        (lo1, hi1), (lo2, hi2) = bounds(e.args[1]), bounds(e.args[2])
+        return (None if lo1 is None or lo2 is None else min(lo1, lo2),
+                None if hi1 is None or hi2 is None else max(hi1, hi2))
+    (alo, ahi), (blo, bhi) = bounds(e.args[0]), bounds(e.args[1])
+    if op == "add":
+        return (None if alo is None or blo is None else alo + blo,
+                None if ahi is None or bhi is None else ahi + bhi)
+    if op == "sub":
+        return (None if alo is None or bhi is None else alo - bhi,
+                None if ahi is None or blo is None else ahi - blo)
+    if op in ("max", "min"):
+        pick = max if op == "max" else min
+        lo = pick(alo, blo) if alo is not None and blo is not None else \
+            (alo if alo is not None else blo) if op == "max" else None
+        hi = pick(ahi, bhi) if ahi is not None and bhi is not None else \
+            (ahi if ahi is not None else bhi) if op == "min" else None
+        return lo, hi
+    if op == "mul" and alo is not None and blo is not None and alo >= 0 and blo >= 0:
+        return alo * blo, None if ahi is None or bhi is None else ahi * bhi
+    if op == "floordiv" and blo is not None and blo == bhi and blo > 0:
+        return (None if alo is None else alo // blo, None if ahi is None else ahi // blo)
+    if op == "mod" and blo is not None and blo == bhi and blo > 0:
+        return 0, blo - 1
+    return None, None
 
 
 def add(a, b): return binary("add", a, b)
@@ -305,7 +375,7 @@ def rename_tensors(e: Expr, mapping: dict[str, str]) -> Expr:
 
 def rebuild(e: Expr, args: tuple[Expr, ...]) -> Expr:
     """``e`` with new operands, folding again where the op allows."""
-    if e.op in BINARY and e.dtype == dt.INDEX:
+    if e.op in BINARY and (e.dtype == dt.INDEX or e.op in COMPARISONS):
         return binary(e.op, *args)
     if e.op == "select":
         return select(*args)

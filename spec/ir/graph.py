@@ -179,6 +179,8 @@ class Graph:
     constants: dict[str, Constant] = field(default_factory=dict)
     ops: list[Op] = field(default_factory=list)
     types: dict[str, TensorType] = field(default_factory=dict)  # every tensor, inputs included
+    # (tensor, dim) -> the ONNX node that indexes it with data, for messages (origins.py)
+    origins: dict = field(default_factory=dict)
 
     def type_of(self, name: str) -> TensorType:
         return self.types[name]

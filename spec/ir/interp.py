@@ -18,7 +18,8 @@ from . import dtypes as dt
 from .expr import Expr
 from .graph import (Comprehension, For, Graph, If, Let, Procedure, SetSize, Store, While, tensors_read)
 from .expr import index_value
-from ..errors import InterpError
+from ..errors import IndexRangeError, InterpError
+from .origins import message as index_message
 
 
 @dataclass
@@ -146,10 +147,12 @@ class _Tensors:
 class _Comprehension:
     """Evaluate one comprehension into an array over its output dims."""
 
-    def __init__(self, op: Comprehension, tensors: _Tensors, syms: dict[str, int]):
+    def __init__(self, op: Comprehension, tensors: _Tensors, syms: dict[str, int],
+                 origins: dict | None = None):
         self.op = op
         self.tensors = tensors
         self.syms = syms
+        self.origins = origins or {}
         self.extent = {v: index_value(s, syms) for v, s in op.loop_dims.items()}
         for v, n in self.extent.items():
             if n < 0:
@@ -210,9 +213,10 @@ class _Comprehension:
         arrays = [np.asarray(a).astype(np.int64, copy=False) for a in arrays]
         if pad is None:
             for d, a, n in zip(layout, arrays, data.shape):
-                if a.size and (a.min() < 0 or a.max() >= n):
-                    raise InterpError(f"%{self.op.out}: read of %{name} out of range in dim {d} "
-                                      f"(index {int(a.min())}..{int(a.max())}, size {n})")
+                bad = (a < 0) | (a >= n)
+                if bad.any():   # the first bad index, as the C interpreter meets it
+                    v = int(np.broadcast_to(a, bad.shape)[bad].flat[0])
+                    raise IndexRangeError(index_message(name, d, v, n, self.origins.get((name, d))))
             return LArr(data[tuple(arrays)], labels)
         mask = None
         clipped = []
@@ -321,8 +325,10 @@ class _Comprehension:
 class _Procedure:
     """Execute a procedure's statements with scalar locals."""
 
-    def __init__(self, op: Procedure, tensors: _Tensors, syms: dict[str, int]):
+    def __init__(self, op: Procedure, tensors: _Tensors, syms: dict[str, int],
+                 origins: dict | None = None):
         self.op, self.tensors, self.syms = op, tensors, syms
+        self.origins = origins or {}
         self.locals: dict[str, object] = {}
 
     def value(self, e: Expr):
@@ -344,7 +350,7 @@ class _Procedure:
             if any(not 0 <= p < n for p, n in zip(pos, data.shape)):
                 if pad is not None:
                     return np.asarray(pad, dtype=data.dtype)
-                raise InterpError(f"procedure: read of %{name} out of range at {index}")
+                raise self._range_error(name, layout, pos, data.shape, "read of")
             return data[pos]
         vals = [self.value(a) for a in e.args]
         return apply_op(op, [np.asarray(v) for v in vals], e.dtype, [a.dtype for a in e.args])
@@ -357,7 +363,7 @@ class _Procedure:
                 data, layout = self.tensors.data[s.tensor], self.tensors.layout[s.tensor]
                 pos = tuple(int(self.value(s.index[d])) for d in layout)
                 if any(not 0 <= p < n for p, n in zip(pos, data.shape)):
-                    raise InterpError(f"procedure: store to %{s.tensor} out of range at {pos}")
+                    raise self._range_error(s.tensor, layout, pos, data.shape, "store to")
                 data[pos] = self.value(s.value)
             elif isinstance(s, For):
                 n = int(self.value(s.extent))
@@ -371,6 +377,10 @@ class _Procedure:
                 self.exec(s.then if bool(self.value(s.cond)) else s.orelse)
             elif isinstance(s, SetSize):
                 self.syms[s.sym] = int(self.value(s.value))
+
+    def _range_error(self, name, layout, pos, shape, what) -> IndexRangeError:
+        d, p, n = next((d, p, n) for d, p, n in zip(layout, pos, shape) if not 0 <= p < n)
+        return IndexRangeError(index_message(name, d, p, n, self.origins.get((name, d)), what))
 
     def run(self):
         op = self.op
@@ -440,9 +450,10 @@ def run_graph(g: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     keep = {p.name for p in g.outputs}
     for i, op in enumerate(g.ops):
         if isinstance(op, Comprehension):
-            tensors.put(op.out, _Comprehension(op, tensors, syms).run(), tuple(op.type.dims))
+            tensors.put(op.out, _Comprehension(op, tensors, syms, g.origins).run(),
+                        tuple(op.type.dims))
         else:
-            _Procedure(op, tensors, syms).run()
+            _Procedure(op, tensors, syms, g.origins).run()
         for name in last_use.get(i, ()):
             if name not in keep and name not in g.constants:
                 tensors.data.pop(name, None)

@@ -21,6 +21,8 @@ Procedures are ``{"proc": {"results": [...], "locals": [...], "bounds": [[sym, E
 with STMT one of ``["let", name, EXPR]``, ``["store", tensor, [[dim, EXPR]...], EXPR]``,
 ``["for", var, EXPR, [STMT]]``, ``["while", EXPR, [STMT]]``, ``["if", EXPR, [STMT], [STMT]]``,
 ``["size", sym, EXPR]``.
+An optional ``"origins"``, ``[[tensor, dim, node, wraps], ...]``, names the ONNX node that
+indexes a tensor's dim with data, for the message an index out of range gives (origins.py).
 
 A reader refuses a newer major version and reads every older minor; unknown keys are ignored.
 """
@@ -32,6 +34,7 @@ import math
 
 from ..errors import FormatError
 from . import dtypes as dt
+from . import origins as org
 from .expr import Expr, _normalize, result_dtype
 from .graph import (Comprehension, Constant, For, Graph, If, Let, Port, Procedure, SetSize, Store,
                     TensorType, While)
@@ -103,7 +106,7 @@ def encode_program(g: Graph) -> dict:
                 "locals": [{"name": n, "dtype": t.dtype, "dims": _dims(t.dims)} for n, t in op.locals_.items()],
                 "bounds": [[s, encode_expr(b)] for s, b in op.bounds.items()],
                 "body": _encode_stmts(op.body)}})
-    return {
+    out = {
         "program": FORMAT, "version": list(VERSION), "name": g.name,
         "inputs": [{"name": p.name, "dtype": g.types[p.name].dtype,
                     "dims": [[d, encode_expr(g.types[p.name].dims[d])] for d in p.layout]} for p in g.inputs],
@@ -112,6 +115,9 @@ def encode_program(g: Graph) -> dict:
         "ops": ops,
         "outputs": [{"name": p.name, "layout": list(p.layout)} for p in g.outputs],
     }
+    if g.origins:   # (an optional key: older readers skip it)
+        out["origins"] = org.encode(g.origins)
+    return out
 
 
 def dumps_program(g: Graph) -> bytes:
@@ -242,6 +248,7 @@ class _Decoder:
                                        self.dims(o.get("rdims", []))))
         for p in j["outputs"]:
             g.outputs.append(Port(p["name"], tuple(p["layout"])))
+        g.origins = org.decode(j.get("origins"))
         return g
 
 

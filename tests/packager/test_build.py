@@ -22,7 +22,7 @@ import mlpack
 from mlpack.packager import build as build_mod
 from mlpack.packager import testvectors
 from mlpack.packager.build import BuildError, DeadOnArrivalError, build
-from mlpack.spec import media
+from mlpack.spec import accuracy, media
 from mlpack.spec.container import open_container
 from mlpack.spec.tensorfile import read_header, read_tensors
 
@@ -81,8 +81,14 @@ def test_mlp_builds_and_matches_onnxruntime(tmp_path):
     assert art.max_abs_error < ATOL and set(report.timings) >= {"import", "compile", "write"}
     with open_container(out) as c:
         cfg = c.artifacts[0].config
-    assert cfg["accuracy"]["rtol"] == RTOL and cfg["accuracy"]["atol"] == ATOL
-    assert cfg["accuracy"]["max_abs_error"] == art.max_abs_error
+    acc = cfg["accuracy"]
+    assert acc["reference"] == accuracy.REFERENCE and acc["baseline"].startswith("onnxruntime ")
+    assert acc["tolerance"] == accuracy.TOLERANCES["fp32"].to_json()
+    assert acc["max_abs_error"] == art.max_abs_error and acc["max_error"] == art.max_error
+    # what the portable artifact measured is within the bound its baseline sets
+    out_y = acc["outputs"]["y"]
+    assert 0 < out_y["max_error"] <= accuracy.TOLERANCES["fp32"].allowed(out_y["baseline_max_error"])
+    assert out_y["top1"] == 1.0 and acc["top1"] == 1.0
     assert cfg["min_runtime"] == media.MIN_RUNTIME
     assert cfg["model"]["inputs"][0]["dims"][0]["size"] == "$batch"
     x = np.random.default_rng(7).standard_normal((3, 784)).astype(np.float32)
@@ -92,9 +98,13 @@ def test_mlp_builds_and_matches_onnxruntime(tmp_path):
 def test_vectors_cover_two_sizes_of_a_symbol(tmp_path):
     build(MLP, tmp_path / "mlp.mlpack")
     tensors, meta = _vectors(tmp_path / "mlp.mlpack")
-    assert meta["cases"] == 2 and meta["reference"].startswith("onnxruntime ")
+    assert meta["cases"] == 2 and meta["baseline"].startswith("onnxruntime ")
+    assert meta["reference"] == accuracy.REFERENCE
     assert tensors["case0/input/x"].shape == (1, 784) and tensors["case1/input/x"].shape == (2, 784)
-    assert tensors["case1/output/y"].shape == (2, 10)
+    assert tensors["case1/output/y"].shape == (2, 10) and tensors["case1/output/y"].dtype == np.float32
+    ref = tensors["case1/reference64/y"]
+    assert ref.shape == (2, 10) and ref.dtype == np.float64
+    np.testing.assert_allclose(tensors["case1/output/y"], ref, rtol=1e-5, atol=1e-6)
 
 
 def test_bert_block_with_token_ids(tmp_path):
@@ -157,16 +167,34 @@ def test_unsupported_op_leaves_no_file(tmp_path):
 
 
 def test_failing_validation_is_dead_on_arrival_and_leaves_no_file(tmp_path, monkeypatch):
-    real = testvectors.reference_outputs
+    from mlpack.spec.tensorfile import write_tensors
 
-    def wrong(*args):  # a reference the artifact cannot match
-        return [{k: v + 1 for k, v in case.items()} for case in real(*args)]
+    def wrong_weights(graph):  # the portable artifact's weights 1e-3 off
+        return write_tensors({c.name: c.data * c.data.dtype.type(1.001)
+                              if c.data.dtype.kind == "f" else c.data
+                              for c in graph.constants.values()})
 
-    monkeypatch.setattr(testvectors, "reference_outputs", wrong)
+    monkeypatch.setattr(build_mod, "_weights", wrong_weights)
     with pytest.raises(DeadOnArrivalError) as e:
         build(MLP, tmp_path / "mlp.mlpack")
     msg = str(e.value)
-    assert "artifact 0 (portable, fp32)" in msg and "output 'y'" in msg and "max abs error" in msg
+    assert "artifact 0 (portable, fp32)" in msg and "output 'y': max error" in msg
+    assert "ONNX Runtime's own" in msg and "nothing written" in msg
+    assert os.listdir(tmp_path) == []
+
+
+def test_references_that_disagree_stop_the_build(tmp_path, monkeypatch):
+    """ONNX Runtime's outputs check mlpack's import: if they and the float64 reference part,
+    the vectors would only prove that mlpack agrees with itself."""
+    real = testvectors.reference_outputs
+
+    def wrong(*args):
+        return [{k: v + 1 for k, v in case.items()} for case in real(*args)]
+
+    monkeypatch.setattr(testvectors, "reference_outputs", wrong)
+    with pytest.raises(build_mod.ReferenceMismatchError,
+                       match=r"ONNX Runtime and mlpack's float64 reference disagree .* output 'y'"):
+        build(MLP, tmp_path / "mlp.mlpack")
     assert os.listdir(tmp_path) == []
 
 

@@ -75,7 +75,7 @@ def test_inspect_shows_signature_and_artifacts(container):
     result = invoke("inspect", container)
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert "format:     1.0" in out and "model:      mlp" in out
+    assert f"format:     {media.FORMAT_VERSION_STR}" in out and "model:      mlp" in out
     assert "x: f32[batch=$batch, d1=784]" in out and "output:     y: f32[" in out
     assert "weights" in out and "test vectors" in out
     assert "portable" in out and "fp32" in out and "min runtime 0.1.0" in out
@@ -86,7 +86,7 @@ def test_inspect_json_parses(container):
     result = invoke("inspect", container, "--json", "--host")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["format_version"] == "1.0" and doc["model"] == "mlp"
+    assert doc["format_version"] == media.FORMAT_VERSION_STR and doc["model"] == "mlp"
     assert doc["sizes"]["weights"] > 0 and doc["sizes"]["code"] > 0 and doc["sizes"]["vectors"] > 0
     assert doc["inputs"][0]["dims"][0] == {"name": "batch", "size": "$batch"}
     [art] = doc["artifacts"]
@@ -112,8 +112,11 @@ def test_validate_good_container(container):
     result = invoke("validate", container)
     assert result.exit_code == 0, result.output
     head, row = result.stdout.splitlines()[:2]
-    assert head.split()[:3] == ["artifact", "device", "target"] and "max abs err" in head
+    assert head.split()[:3] == ["artifact", "device", "target"]
+    assert "max err" in head and "rel L2" in head and "allowed" in head
     assert row.split()[0] == "0" and row.split()[-1] == "ok" and " 2 " in row
+    max_err, rel_l2, allowed = (float(x) for x in row.split()[5:8])
+    assert 0 < max_err <= allowed and 0 < rel_l2 <= allowed
 
 
 def _flip_weights_byte(src, dst):

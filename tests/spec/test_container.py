@@ -52,7 +52,7 @@ def _open_bytes(data: bytes, verify: bool = True):
 def test_round_trip_multi(tmp_path):
     specs = corpus.multi()
     with c.open_container(_write(tmp_path, specs)) as k:
-        assert k.format_version == (1, 0) and k.name == "tiny" and k.tag == "latest"
+        assert k.format_version == media.FORMAT_VERSION and k.name == "tiny" and k.tag == "latest"
         assert [a.device for a in k.artifacts] == ["portable", "cpu", "cpu", "cpu", "cuda"]
         assert [a.precision for a in k.artifacts] == ["fp32", "fp32", "fp32", "fp16", "fp32"]
         assert k.artifacts[0].platform is None

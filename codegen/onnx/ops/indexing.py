@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ....spec.ir import expr as ex
 from ....spec.ir.graph import For, If, Let, SetSize, Store, TensorType
+from ....spec.ir.origins import Origin, is_wrapped
 from ..registry import op
 from ..values import tensor_value
 
@@ -24,6 +25,21 @@ def norm_index(i, size):
     if i.is_const:
         return ex.simplify_size(i + size) if i.value < 0 else i
     return ex.select(ex.binary("lt", i, ex.const(0)), i + size, i)
+
+
+def noted(b, n, e):
+    """``e``, with every (tensor, dim) it reads at a data-dependent index recorded as indexed by
+    node ``n`` (graph.origins): an index out of range then names the node on every executor."""
+    for r in ex.walk(e):
+        if r.op == "read" and r.arg[2] is None:
+            _note_index(b, n, r.arg[0], dict(zip(r.arg[1], r.args)))
+    return e
+
+
+def _note_index(b, n, tensor: str, index: dict) -> None:
+    for d, ix in index.items():
+        if any(a.op == "read" for a in ex.walk(ix)):
+            b.graph.origins.setdefault((tensor, d), Origin(repr(n), is_wrapped(ix)))
 
 
 def norm_axis(n, axis: int, rank: int) -> int:
@@ -87,7 +103,7 @@ def gather(b, n):
 
     def fn(idx):
         i = norm_index(ind.at(idx[axis:axis + q]), data.shape[axis])
-        return data.at(idx[:axis] + [i] + idx[axis + q:])
+        return noted(b, n, data.at(idx[:axis] + [i] + idx[axis + q:]))
     return [b.map(data.dtype, shape, fn, names)]
 
 
@@ -98,7 +114,7 @@ def gather_elements(b, n):
 
     def fn(idx):
         i = norm_index(ind.at(idx), data.shape[axis])
-        return data.at(idx[:axis] + [i] + idx[axis + 1:])
+        return noted(b, n, data.at(idx[:axis] + [i] + idx[axis + 1:]))
     return [b.map(data.dtype, ind.shape, fn, ind.names)]
 
 
@@ -117,7 +133,7 @@ def gather_nd(b, n):
     def fn(idx):
         pre = idx[:q - 1]
         sel = [norm_index(ind.at(pre + [ex.const(j)]), data.shape[bd + j]) for j in range(k)]
-        return data.at(idx[:bd] + sel + idx[q - 1:])
+        return noted(b, n, data.at(idx[:bd] + sel + idx[q - 1:]))
     return [b.map(data.dtype, shape, fn, names)]
 
 
@@ -130,7 +146,7 @@ def array_feature_extractor(b, n):
 
     def fn(idx):
         i = norm_index(ind.at(unflatten(idx[-1], ind.shape)), x.shape[-1])
-        return x.at((idx[:-1] if x.rank > 1 else []) + [i])
+        return noted(b, n, x.at((idx[:-1] if x.rank > 1 else []) + [i]))
     return [b.map(x.dtype, lead + (count,), fn, x.names[:-1] + ("feature",))]
 
 
@@ -190,6 +206,7 @@ def scatter_elements(b, n):
         at = list(v)
         at[axis] = norm_index(ind.at(v), data.shape[axis])
         index = {d: i for (d, _), i in zip(dims, at)}
+        _note_index(b, n, name, index)
         old = ex.read(name, index, data.dtype)
         return [Store(name, index, _combine(n, reduction, old, ex.cast(upd.at(v), data.dtype)))]
     body = copy_into(name, dims, data) + loops(list(ind.shape), "u", update)
@@ -212,6 +229,7 @@ def scatter_nd(b, n):
         pre, rest = v[:len(outer)], v[len(outer):]
         at = [norm_index(ind.at(pre + [ex.const(j)]), data.shape[j]) for j in range(k)] + rest
         index = {d: i for (d, _), i in zip(dims, at)}
+        _note_index(b, n, name, index)
         old = ex.read(name, index, data.dtype)
         return [Store(name, index, _combine(n, reduction, old, ex.cast(upd.at(v), data.dtype)))]
     body = copy_into(name, dims, data) + loops(outer + list(data.shape[k:]), "u", update)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ... import debug
 from ....spec.ir.graph import Graph
-from . import contraction, layout, narrowconv, winograd
+from . import checks, contraction, layout, narrowconv, winograd
 from .concat import split_concats
 from .kernels import build_kernels, reject_procedures
 from .link import link_shared
@@ -63,6 +63,7 @@ def compile_cpu(graph: Graph, target: str, use_winograd: bool = True) -> CpuArti
     weights = narrowconv.pack_weights(weights, bufs)
     tm = target_machine(t)
     text = build_module(kernels, bufs, plan["symbols"], t, tm)
+    checks.add_to_plan(plan, kernels, graph.origins)   # (known once the kernels are lowered)
     debug.log(f"cpu {target}: LLVM IR before optimization:\n{text}", 3)
     times["lower"] = time.perf_counter() - t0
     t1 = time.perf_counter()

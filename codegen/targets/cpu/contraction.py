@@ -60,6 +60,7 @@ from .kernels import (
     _is_one,
     schedule,
 )
+from ...errors import UnsupportedTargetError
 from .lower import delinearize
 from .plan import exact_bytes
 from .target import CpuTarget
@@ -398,7 +399,9 @@ def pack_b(data: np.ndarray, layout, rb: Expr, aff_b: dict, dims: list[str],
         for v, c in coeffs.items():
             if v in grids:   # (a dim of size 1 is at 0)
                 ix = ix + c * grids[v]
-        ix = np.clip(ix, 0, data.shape[axis] - 1)   # as the scalar code clamps
+        if ix.size and (ix.min() < 0 or ix.max() >= data.shape[axis]):   # (affine: never data)
+            raise UnsupportedTargetError(f"cpu: packing B: dim {d} read at {int(ix.min())}.."
+                                         f"{int(ix.max())}, outside its size {data.shape[axis]}")
         flat = flat + ix * int(strides[axis])
     return _blocked(data.reshape(-1)[flat].astype(np.float32), dims, extents, n_dims, k_dims)
 

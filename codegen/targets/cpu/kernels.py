@@ -70,6 +70,7 @@ class Kernel:
     fused: list[str] = field(default_factory=list)   # IR ops it computes, for messages
     gemm: object = None            # contraction.Contraction when strategy == "gemm"
     window: int = 1                # terms per element of an unrolled window (unroll_window)
+    checks: list = field(default_factory=list)   # (tensor, dim) per index check, once lowered
 
 
 # ---------------------------------------------------------------- helpers

@@ -12,7 +12,8 @@ each into the outer dims' indices and runs the kernel's strategy (see kernels.py
 Scalar expressions are emitted by ``_Expr``: index math is i64 (``nsw`` where it only
 involves loop variables, symbols and constants), floor division and modulo follow Python,
 guarded reads branch around the load (LLVM if-converts them into masked loads), and
-data-dependent indices of unguarded reads are clamped so a bad index cannot leave the buffer.
+data-dependent indices of unguarded reads are checked (checks.py): a bad index fails the run
+with an error naming the ONNX node, as ONNX Runtime's does, and never leaves the buffer.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from dataclasses import replace
 from llvmlite import ir
 
 from ....spec.ir import dtypes as dt
-from ....spec.ir.expr import Expr
+from ....spec.ir.expr import Expr, walk
 from ...errors import UnsupportedTargetError
+from . import checks as chk
 from . import halfconv, hoist, mathlib, narrowconv
 from .kernels import ACC, Buffer, Kernel, row_dim
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
-DISPATCH = ir.LiteralStructType([PTR, PTR, I32, I32])
+DISPATCH = ir.LiteralStructType([PTR, PTR, I32, I32, PTR])   # mlpack_dispatch (ABI 1.2)
 KERNEL_FN = ir.FunctionType(I32, [PTR, I32])
 F32, F16 = ir.FloatType(), ir.HalfType()
 # f16 and bf16 live in f32 registers: loads widen, stores (and casts to them) round to nearest
@@ -162,6 +164,7 @@ class _Expr:
         self.strides: dict[str, list] = {}
         self.sizes: dict[str, dict] = {}
         self.pure: dict[int, bool] = {}
+        self.checks = chk.IndexChecks(b.function)
 
     # -- scopes
 
@@ -249,8 +252,10 @@ class _Expr:
             if pad is not None:
                 inb = b.icmp_unsigned("<", v, n)
                 ok = inb if ok is None else b.and_(ok, inb)
-            elif not self._is_pure_index(e_ix):
-                v = self._clamp(v, n)
+            elif self._is_data_index(e_ix):
+                v = self.checks.note(b, name, d, v, n)
+            elif not self._is_pure_index(e_ix):   # a procedure's loop counter: in range by
+                v = self._clamp(v, n)               # construction, clamped only for safety
             idx.append(v)
         flat = self._flat(name, idx)
         ety = storage_type(buf.dtype)
@@ -277,6 +282,10 @@ class _Expr:
         v = b.select(b.icmp_signed("<", v, zero), zero, v)
         last = b.sub(n, ir.Constant(I64, 1))
         return b.select(b.icmp_signed(">", v, last), last, v)
+
+    def _is_data_index(self, e: Expr) -> bool:
+        """An index that reads a tensor: data, checked (checks.py)."""
+        return any(n.op == "read" for n in walk(e))
 
     def _flat(self, name: str, idx: list):
         b = self.b
@@ -676,7 +685,9 @@ class KernelLowering:
 
     def _impl_signature(self) -> ir.Function:
         n = len(self.bound)
-        fnty = ir.FunctionType(ir.VoidType(), [PTR] * n + [I64] * len(self.symbols) + [I32, I32])
+        # ..., wg, count, the dispatch's error record and a status slot (checks.py)
+        fnty = ir.FunctionType(ir.VoidType(),
+                               [PTR] * n + [I64] * len(self.symbols) + [I32, I32, PTR, PTR])
         f = ir.Function(self.module, fnty, name=f"{self.k.name}.impl")
         f.linkage = "internal"
         f.attributes.add("alwaysinline")
@@ -701,8 +712,9 @@ class KernelLowering:
                 for j in range(len(self.bound))]
         args += [b.load(b.gep(push, [ir.Constant(I64, i)], source_etype=I64), typ=I64)
                  for i in range(len(self.symbols))]
-        b.call(impl, args + [wg, count])
-        b.ret(ir.Constant(I32, 0))
+        report = chk.wrapper_args(b, d, DISPATCH, self.E.checks)
+        b.call(impl, args + [wg, count] + report)
+        b.ret(chk.wrapper_status(b, report))
         return f
 
     # -- body
@@ -717,12 +729,13 @@ class KernelLowering:
         self.E = E
         for i, s in enumerate(self.symbols):
             E.bind("$" + s, f.args[n + i])
-        wg, count = f.args[n + len(self.symbols):]
+        wg, count, err, status = f.args[n + len(self.symbols):]
         self._sizes()
         self.allocas = self._allocas()
         if self.k.strategy == "gemm":   # packed, register-blocked tiles: contraction.py
             from .contraction import emit_gemm
             emit_gemm(self, wg, count)
+            self._finish_checks(err, status)
             return
         outer, row = row_dim(self.out)
         chunks = ir.Constant(I64, self.k.row_chunks)
@@ -752,6 +765,11 @@ class KernelLowering:
                 self._row(row)
         b.ret_void()
         self.loops_md(self.loops.latches)
+        self._finish_checks(err, status)
+
+    def _finish_checks(self, err, status) -> None:
+        self.E.checks.finish(err, status)
+        self.k.checks = list(self.E.checks.keys)   # the plan lists them (checks.add_to_plan)
 
     def _sizes(self) -> None:
         """Every bound buffer's dim sizes and strides (i64 values) and the rdims' extents."""

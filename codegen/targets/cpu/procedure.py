@@ -7,7 +7,9 @@ A ``Procedure`` op becomes a ``ProcedureKernel`` that binds its results and scra
 ``If`` become branches, ``Store`` writes a buffer element. Scalar expressions, loads and stores
 go through lower.py's ``_Expr``; a subclass makes it safe for sequential code (values are
 memoized within one statement only, a local is re-read at every use, and every data-dependent
-index is clamped on a read and range-checked on a store, so a bad index cannot leave a buffer).
+index is checked on a read and on a store (checks.py): a bad one, a scatter's index past the
+data, fails the run naming the ONNX node; a loop counter is clamped on a read and a store
+outside the buffer stores nothing, so no index leaves a buffer).
 
 Data-dependent sizes (spec/SPEC.md section 7, "computed symbols"): a ``SetSize`` writes the
 symbol's value into its push-constant slot, which later dispatches read as any other symbol.
@@ -31,6 +33,7 @@ from ....spec.ir.graph import For, Graph, If, Let, Procedure, SetSize, Store, Wh
 from ....spec.ir.graph import tensors_read as op_reads
 from ....spec.ir.program import encode_expr
 from ...errors import UnsupportedTargetError
+from . import checks as chk
 from .kernels import Buffer, Kernel
 from .lower import DISPATCH, I32, I64, KERNEL_FN, PTR, Loops, _const, _Expr, llvm_type
 
@@ -224,17 +227,19 @@ class ProcedureLowering:
                 for j in range(len(self.bound))]
         run = b.append_basic_block("run")
         done = b.append_basic_block("done")
+        report = chk.wrapper_args(b, d, DISPATCH, self.E.checks)
         b.cbranch(b.icmp_unsigned("==", wg, ir.Constant(I32, 0)), run, done)
         b.position_at_end(run)
-        b.call(impl, args + [push])
+        b.call(impl, args + [push] + report)
         b.branch(done)
         b.position_at_end(done)
-        b.ret(ir.Constant(I32, 0))
+        b.ret(chk.wrapper_status(b, report))
         return f
 
     def _impl(self) -> ir.Function:
         n = len(self.bound)
-        f = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * (n + 1)),
+        # bindings, push constants, the dispatch's error record and a status slot (checks.py)
+        f = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR] * (n + 3)),
                         name=f"{self.k.name}.impl")
         f.linkage = "internal"
         f.attributes.add("alwaysinline")
@@ -264,6 +269,8 @@ class ProcedureLowering:
             self._zero(t)
         self._block(op.body)
         b.ret_void()
+        E.checks.finish(f.args[n + 1], f.args[n + 2])
+        self.k.checks = list(E.checks.keys)
         return f
 
     def _sizes(self) -> None:
@@ -316,12 +323,13 @@ class ProcedureLowering:
             v = E._cast(E(s.index[d]), s.index[d].dtype, "i64")
             inb = b.icmp_unsigned("<", v, E.sizes[s.tensor][d])
             ok = inb if ok is None else b.and_(ok, inb)
+            if E._is_data_index(s.index[d]):   # a scatter's index: a bad one fails the run
+                E.checks.note(b, s.tensor, d, v, E.sizes[s.tensor][d])   # (checks.py)
             idx.append(v)
         value = E._cast(E(s.value), s.value.dtype, buf.dtype)
         fn = b.block.function
         then = fn.append_basic_block(f"st.{s.tensor[:20]}")
         merge = fn.append_basic_block("st.done")
-        # an index outside the buffer (a bad scatter index) stores nothing
         b.cbranch(ok if ok is not None else ir.Constant(ir.IntType(1), 1), then, merge)
         b.position_at_end(then)
         E.store(value, buf.dtype, E.address(s.tensor, idx))

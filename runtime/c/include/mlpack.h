@@ -42,6 +42,8 @@ typedef enum mlpack_status {
   MLPACK_ERR_LOAD = 8,         /* a kernel library cannot be loaded */
   MLPACK_ERR_RUNTIME = 9,      /* a kernel or the interpreter failed while running */
   MLPACK_ERR_NOMEM = 10,
+  MLPACK_ERR_INDEX = 11,       /* an index taken from data (Gather, GatherND, ScatterND...) is out
+                                  of range: the message names the ONNX node and the index */
 } mlpack_status;
 
 typedef enum mlpack_dtype {
@@ -71,7 +73,9 @@ typedef struct mlpack_tensor_info {
   size_t rank;
   const char *const *dim_names;  /* rank entries */
   const int64_t *dims;           /* rank entries; -1 for a symbolic size */
-  const char *const *dim_syms;   /* rank entries; the symbol's name, or NULL for a fixed size */
+  const char *const *dim_syms;   /* rank entries; the symbol's name ("batch"), for an output dim
+                                    that is an expression of symbols its text ("2 * $batch",
+                                    which has a '$'), or NULL for a fixed size */
 } mlpack_tensor_info;
 
 typedef struct mlpack_tensor {

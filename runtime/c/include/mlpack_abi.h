@@ -19,6 +19,12 @@
  *   1.1  computed symbols: a plan symbol may be computed by one dispatch (one workgroup), whose
  *        kernel writes the symbol's value into its push slot; later dispatches read it. Outputs
  *        whose shape needs such a symbol carry a "shape" and are allocated at run time.
+ *   1.2  index checks: mlpack_dispatch ends with `error`, the dispatch's mlpack_kernel_error. A
+ *        kernel that meets an index taken from data outside the dim it indexes (a Gather's token
+ *        id past the table) claims the record, fills it in and returns MLPACK_KERNEL_INDEX_ERROR;
+ *        the dispatch's "checks" list (plan) says what each check number indexes, so the engine
+ *        names the ONNX node and the index (MLPACK_ERR_INDEX). Kernels of older plans never read
+ *        `error`, so an engine that knows 1.2 runs them unchanged.
  */
 #ifndef MLPACK_ABI_H
 #define MLPACK_ABI_H
@@ -26,8 +32,21 @@
 #include <stdint.h>
 
 #define MLPACK_ABI_VERSION 1u
-#define MLPACK_ABI_MINOR 1u
+#define MLPACK_ABI_MINOR 2u
 #define MLPACK_KERNEL_TABLE_SYMBOL "mlpack_kernel_table_v1"
+
+/* Where a kernel reports an index out of range (ABI 1.2). The engine zeroes it before the
+ * dispatch; workgroups run concurrently, so a kernel claims it with an atomic compare-exchange of
+ * `claimed` from 0 to 1 and writes the other fields only when that succeeds: the first report
+ * wins. The engine reads it after the dispatch's last workgroup. */
+typedef struct mlpack_kernel_error {
+  int32_t claimed;
+  uint32_t check;             /* which of the dispatch's plan "checks" failed */
+  int64_t index;              /* the index, as the kernel computed it (wrapped: see spec/SPEC.md) */
+  int64_t size;               /* the size of the dim it indexes */
+} mlpack_kernel_error;
+
+#define MLPACK_KERNEL_INDEX_ERROR 1   /* a kernel's return value: it filled in d->error */
 
 /* What one dispatch hands its kernel. */
 typedef struct mlpack_dispatch {
@@ -37,9 +56,11 @@ typedef struct mlpack_dispatch {
                                * (ABI 1.1) and reads every other one */
   uint32_t workgroup_count;   /* the dispatch's workgroup count (evaluated from the plan) */
   uint32_t reserved;
+  mlpack_kernel_error *error; /* ABI 1.2: where an index out of range is reported */
 } mlpack_dispatch;
 
-/* Run workgroup `workgroup` of dispatch `d`. Returns 0; non-zero means a bug in the artifact. */
+/* Run workgroup `workgroup` of dispatch `d`. Returns 0; MLPACK_KERNEL_INDEX_ERROR when an index
+ * was out of range (d->error says which; ABI 1.2); any other non-zero means a bug in the artifact. */
 typedef int32_t (*mlpack_kernel_fn)(const mlpack_dispatch *d, uint32_t workgroup);
 
 typedef struct mlpack_kernel_table {

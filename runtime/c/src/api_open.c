@@ -37,14 +37,20 @@ static mlpack_status mp_sig_dim(const mp_json *d, const char *what, size_t k, mp
   const mp_json *size = mp_json_get(d, "size");
   s->dim_names[k] = mp_json_get_string(d, "name");
   s->dim_syms[k] = NULL;
-  if (size && size->kind == MP_JSON_STRING && size->string[0] == '$' && size->string[1]) {
+  s->dim_is_expr[k] = 0;
+  int is_expr = 0;
+  const char *why;
+  if (size && size->kind == MP_JSON_STRING && mp_size_check(size->string, &is_expr, &why) == MP_SIZE_OK &&
+      (!is_expr || !strcmp(what, "output"))) {
+    /* a symbol by its name; an expression (outputs only) by its text, evaluated per run */
     s->dims[k] = -1;
-    s->dim_syms[k] = size->string + 1;
+    s->dim_syms[k] = is_expr ? size->string : size->string + 1;
+    s->dim_is_expr[k] = (unsigned char)is_expr;
   } else if (size && size->kind == MP_JSON_NUMBER && size->is_int && size->integer >= 0) {
     s->dims[k] = size->integer;
   } else {
-    return mp_fail(err, MLPACK_ERR_FORMAT, "%s '%s': dim %zu size is neither a count nor a '$symbol'", what,
-                   s->name, k);
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s '%s': dim %zu size is neither a count, a '$symbol' nor (an output's) "
+                   "a size expression", what, s->name, k);
   }
   if (!s->dim_names[k]) return mp_fail(err, MLPACK_ERR_FORMAT, "%s '%s': dim %zu has no name", what, s->name, k);
   return MLPACK_OK;

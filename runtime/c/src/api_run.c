@@ -41,7 +41,7 @@ static mlpack_status mp_sym_collect(const mp_sig *sigs, size_t n, mp_binding *b,
   for (size_t i = 0; i < n; i++)
     for (size_t d = 0; d < sigs[i].rank; d++) {
       const char *s = sigs[i].dim_syms[d];
-      if (!s || mp_sym_find(b, s) >= 0) continue;
+      if (!s || sigs[i].dim_is_expr[d] || mp_sym_find(b, s) >= 0) continue;  /* (expressions: below) */
       if (b->count == MP_MAX_SYMS)
         return mp_fail(err, MLPACK_ERR_FORMAT, "the signature has more than %d size symbols", MP_MAX_SYMS);
       b->names[b->count++] = s;
@@ -201,15 +201,30 @@ static void *mp_output_memory(mlpack_model *m, size_t i, size_t need) {
   return p;
 }
 
-/* Shapes of the outputs from the bound symbols; -1 where data decides. */
-static void mp_output_shapes(const mlpack_model *m, const mp_binding *b, int64_t *shapes, int *known) {
+/* Shapes of the outputs from the bound symbols; -1 where data decides. A size expression
+ * (format 1.1) is evaluated with the bound symbols; one that is negative or overflows is an
+ * input error (the inputs' sizes make it so). */
+static mlpack_status mp_output_shapes(const mlpack_model *m, const mp_binding *b, int64_t *shapes, int *known,
+                                      mlpack_error **err) {
+  const char *names[MP_MAX_SYMS];
+  int64_t values[MP_MAX_SYMS];
+  size_t count = 0;
+  for (size_t k = 0; k < b->count; k++)
+    if (b->bound_by[k]) names[count] = b->names[k], values[count++] = b->values[k];
   for (size_t i = 0; i < m->output_count; i++) {
     const mp_sig *s = &m->outputs[i];
     known[i] = 1;
     for (size_t d = 0; d < 8; d++) shapes[i * 8 + d] = 0;
     for (size_t d = 0; d < s->rank; d++) {
       int64_t v = s->dims[d];
-      if (s->dim_syms[d]) {
+      if (s->dim_is_expr[d]) {
+        const char *why;
+        int st = mp_size_eval(s->dim_syms[d], names, values, count, &v, &why);
+        if (st == MP_SIZE_BAD_VALUE)
+          return mp_fail(err, MLPACK_ERR_INPUT, "output '%s' dim '%s' = %s: %s for these inputs", s->name,
+                         s->dim_names[d], s->dim_syms[d], why);
+        if (st != MP_SIZE_OK) v = -1;   /* names a symbol only the run computes */
+      } else if (s->dim_syms[d]) {
         long k = mp_sym_find(b, s->dim_syms[d]);
         v = (k >= 0 && b->bound_by[k]) ? b->values[k] : -1;
       }
@@ -217,6 +232,7 @@ static void mp_output_shapes(const mlpack_model *m, const mp_binding *b, int64_t
       shapes[i * 8 + d] = v;
     }
   }
+  return MLPACK_OK;
 }
 
 /* Output i's bytes at the shape mp_output_shapes found for it. */
@@ -376,11 +392,10 @@ static mlpack_status mp_run_model(mlpack_model *model, const mlpack_tensor *inpu
   if (st == MLPACK_OK) st = mp_sym_collect(model->inputs, ni, b, err);
   if (st == MLPACK_OK) st = mp_sym_collect(model->outputs, no, b, err);
   if (st == MLPACK_OK) st = mp_bind_inputs(model, inputs, n_inputs, b, in_data, in_shapes, err);
-  if (st == MLPACK_OK) {
-    mp_output_shapes(model, b, model->out_shapes, known);
+  if (st == MLPACK_OK) st = mp_output_shapes(model, b, model->out_shapes, known, err);
+  if (st == MLPACK_OK)
     st = into ? mp_use_caller_outputs(model, given, known, in_data, in_shapes, err)
               : mp_alloc_outputs(model, known, err);
-  }
   if (st == MLPACK_OK) {
     for (size_t i = 0; i < no; i++) out_data[i] = model->out_data[i];
     /* unbound symbols (data-dependent) are not passed: only what the inputs determine */

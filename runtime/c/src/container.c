@@ -8,6 +8,9 @@
  * Two sources share one parser: a file (headers and documents read with pread, digests checked
  * with read() so that mapped weight pages are never touched; blobs then point into an mmap) and
  * bytes in memory (the fuzzer). Every tar field and every JSON access is bounds-checked.
+ *
+ * It reads format 1.x, every minor: 1.1 (the format spec/media.py writes) added output dim
+ * sizes that are expressions of symbols, whose grammar size.c checks here and evaluates per run.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -735,12 +738,12 @@ static mp_blob mp_blob_of(mp_reader *r, const char *digest) {
 
 /* ================================================================ configs */
 
-static mlpack_status mp_check_sig(mp_reader *r, const mp_json *sig, const char *where) {
-  const mp_json *v, *dims;
+static mlpack_status mp_check_sig(mp_reader *r, const mp_json *sig, const char *where, int output) {
+  const mp_json *v, *dims, *name;
   char pbuf[160];
   if (sig->kind != MP_JSON_OBJECT)
     return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: a signature entry must be an object", where);
-  if (mp_field(r, sig, "name", MP_T_STR, where, 1, &v)) return MLPACK_ERR_FORMAT;
+  if (mp_field(r, sig, "name", MP_T_STR, where, 1, &name)) return MLPACK_ERR_FORMAT;
   if (mp_field(r, sig, "dtype", MP_T_STR, where, 1, &v)) return MLPACK_ERR_FORMAT;
   if (mp_field(r, sig, "dims", MP_T_LIST, where, 1, &dims)) return MLPACK_ERR_FORMAT;
   for (size_t i = 0; i < dims->length; i++) {
@@ -749,13 +752,21 @@ static mlpack_status mp_check_sig(mp_reader *r, const mp_json *sig, const char *
       return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: a dim must be an object", where);
     if (mp_field(r, d, "name", MP_T_STR, where, 1, &v)) return MLPACK_ERR_FORMAT;
     const mp_json *size = mp_json_get(d, "size");
+    int is_expr = 0;
+    const char *why = "a size is an integer or a string";
     int ok = size && ((size->kind == MP_JSON_NUMBER && size->is_integral && size->number >= 0) ||
-                      (size->kind == MP_JSON_STRING && size->string[0] == '$'));
+                      (size->kind == MP_JSON_STRING && mp_size_check(size->string, &is_expr, &why) == MP_SIZE_OK));
+    if (size && size->kind == MP_JSON_NUMBER && !ok) why = "a count must be >= 0";
     if (!ok) {
       const char *shown = !size ? "None" : size->kind == MP_JSON_STRING ? mp_printable(size->string, pbuf, sizeof pbuf)
                                                                         : mp_type_name(size);
-      return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: dim size %s is neither a count nor a '$symbol'", where, shown);
+      return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s '%.80s' dim '%.80s': size %s is neither a count, a '$symbol' nor a "
+                     "size expression (%s)", where, name->string, v->string, shown, why);
     }
+    if (is_expr && !output)
+      return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s '%.80s' dim '%.80s': size %s is an expression; an input dim is a "
+                     "count or a '$symbol'", where, name->string, v->string,
+                     mp_printable(size->string, pbuf, sizeof pbuf));
   }
   return MLPACK_OK;
 }
@@ -776,7 +787,7 @@ static mlpack_status mp_check_config(mp_reader *r, const mp_json *cfg, const cha
     if (mp_field(r, model, keys[k], MP_T_LIST, w, 1, &list)) return MLPACK_ERR_FORMAT;
     mp_snprintf(vw, sizeof vw, "%s model.%s", where, keys[k]);
     for (size_t i = 0; i < list->length; i++)
-      if (mp_check_sig(r, list->items[i], vw)) return MLPACK_ERR_FORMAT;
+      if (mp_check_sig(r, list->items[i], vw, k == 1)) return MLPACK_ERR_FORMAT;
   }
   if (mp_field(r, cfg, "artifact", MP_T_OBJ, where, 1, &art)) return MLPACK_ERR_FORMAT;
   mp_snprintf(w, sizeof w, "%s artifact", where);
@@ -789,9 +800,13 @@ static mlpack_status mp_check_config(mp_reader *r, const mp_json *cfg, const cha
       return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: cpu_features must be strings", w);
   if (mp_field(r, cfg, "accuracy", MP_T_OBJ, where, 1, &acc)) return MLPACK_ERR_FORMAT;
   mp_snprintf(w, sizeof w, "%s accuracy", where);
-  static const char *const acc_keys[4] = {"max_abs_error", "max_rel_error", "rtol", "atol"};
-  for (int k = 0; k < 4; k++)
+  /* 1.0's rtol/atol and max_rel_error; 1.1's errors against the float64 reference */
+  static const char *const acc_keys[] = {"max_abs_error", "max_rel_error", "rtol", "atol",
+                                         "max_error", "rel_l2", "baseline_max_error", "top1"};
+  for (size_t k = 0; k < sizeof acc_keys / sizeof *acc_keys; k++)
     if (mp_field(r, acc, acc_keys[k], MP_T_NUM, w, 0, &v)) return MLPACK_ERR_FORMAT;
+  if (mp_field(r, acc, "tolerance", MP_T_OBJ, w, 0, &v)) return MLPACK_ERR_FORMAT;
+  if (mp_field(r, acc, "outputs", MP_T_OBJ, w, 0, &v)) return MLPACK_ERR_FORMAT;
   if (mp_field(r, cfg, "min_runtime", MP_T_STR, where, 1, &v)) return MLPACK_ERR_FORMAT;
   if (mp_field(r, cfg, "plan", MP_T_OBJ, where, 0, &v)) return MLPACK_ERR_FORMAT;
   return MLPACK_OK;

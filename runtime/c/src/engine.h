@@ -31,6 +31,12 @@
 /* Fill *err (if err != NULL) with a new error; returns code. printf-style message. */
 mlpack_status mp_fail(mlpack_error **err, mlpack_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The message of an index out of range (spec/ir/origins.py `message` says the same) into buf:
+ * `node` is the ONNX node that indexes the dim ("Gather node 'emb'") or NULL (then `what`
+ * "read of"/"store to", tensor and dim are named); with `wraps` the index v is ONNX's wrapped
+ * one, and v < 0 stands for the caller's v - n. */
+void mp_index_message(char *buf, size_t cap, const char *node, int wraps, const char *what,
+                      const char *tensor, const char *dim, int64_t v, int64_t n);
 
 /* ---------------------------------------------------------------- json.c */
 typedef enum { MP_JSON_NULL, MP_JSON_BOOL, MP_JSON_NUMBER, MP_JSON_STRING, MP_JSON_ARRAY, MP_JSON_OBJECT } mp_json_kind;
@@ -172,6 +178,17 @@ mlpack_status mp_select(const mp_container *c, const mp_host *h, const mlpack_op
 mlpack_status mp_expr_eval(const mp_json *e, const char *const *sym_names, const int64_t *sym_values,
                            size_t sym_count, int64_t *out, mlpack_error **err);
 
+/* ---------------------------------------------------------------- size.c */
+/* A signature dim size given as a string (spec/sizes.py): "$symbol" or a size expression.
+ * mp_size_check: MP_SIZE_OK when `text` is one, *is_expr saying which; else MP_SIZE_SYNTAX
+ * and *why. mp_size_eval: its value with the symbols given (names without '$');
+ * MP_SIZE_UNBOUND when it names another, MP_SIZE_BAD_VALUE on overflow, division by zero or a
+ * negative value, each with *why. */
+enum { MP_SIZE_OK, MP_SIZE_UNBOUND, MP_SIZE_BAD_VALUE, MP_SIZE_SYNTAX };
+int mp_size_check(const char *text, int *is_expr, const char **why);
+int mp_size_eval(const char *text, const char *const *names, const int64_t *values, size_t count,
+                 int64_t *out, const char **why);
+
 /* ---------------------------------------------------------------- the model (api_open.c) */
 typedef struct mp_sig {          /* one input or output of the signature (config "model") */
   const char *name;
@@ -179,7 +196,8 @@ typedef struct mp_sig {          /* one input or output of the signature (config
   size_t rank;
   const char *dim_names[8];
   int64_t dims[8];               /* -1 when symbolic */
-  const char *dim_syms[8];       /* symbol name or NULL */
+  const char *dim_syms[8];       /* symbol name, the text of a size expression, or NULL */
+  unsigned char dim_is_expr[8];  /* dim_syms[d] is a size expression (outputs only, format 1.1) */
 } mp_sig;
 
 typedef struct mp_executor mp_executor;

@@ -61,3 +61,16 @@ void mlpack_error_free(mlpack_error *err) {
   free(err->message);
   free(err);
 }
+
+void mp_index_message(char *buf, size_t cap, const char *node, int wraps, const char *what,
+                      const char *tensor, const char *dim, int64_t v, int64_t n) {
+  if (!node)
+    snprintf(buf, cap, "%s %%%s dim %s: index %lld out of range for dim of size %lld (valid 0..%lld)",
+             what, tensor, dim, (long long)v, (long long)n, (long long)(n - 1));
+  else if (!wraps)
+    snprintf(buf, cap, "%s: index %lld out of range for dim of size %lld (valid 0..%lld)", node,
+             (long long)v, (long long)n, (long long)(n - 1));
+  else
+    snprintf(buf, cap, "%s: index %lld out of range for dim of size %lld (valid %lld..%lld)", node,
+             (long long)(v < 0 ? v - n : v), (long long)n, (long long)-n, (long long)(n - 1));
+}

@@ -15,6 +15,11 @@
  * and later dispatches see it. An output with a "shape" whose size only the run decides is
  * allocated (mp_run_output) when the first dispatch binds it, with the shape evaluated then.
  *
+ * Index checks (plan ABI 1.2): a kernel that meets an index taken from data outside its dim (a
+ * token id past an embedding table) reports it in the dispatch's mlpack_kernel_error; the
+ * dispatch's "checks" entry {"tensor", "dim", "node", "wraps"} names what that check indexes, so
+ * the run fails with MLPACK_ERR_INDEX naming the ONNX node and the index, as ONNX Runtime does.
+ *
  * MLPACK_PROFILE=1 in the environment times every dispatch (wall clock around the pool run) and
  * prints, when the model is closed, one line per dispatch sorted by total time: where a model's
  * time goes, kernel by kernel.
@@ -43,6 +48,7 @@ typedef struct mp_dispatch_plan {
   const mp_json *workgroups;
   size_t *bindings;
   size_t binding_count;
+  const mp_json *checks;           /* ABI 1.2: what each index check of the kernel indexes, or NULL */
 } mp_dispatch_plan;
 
 typedef struct mp_native {
@@ -83,6 +89,7 @@ typedef struct mp_native {
 typedef struct mp_job {
   mlpack_kernel_fn fn;
   mlpack_dispatch d;
+  mlpack_kernel_error error;
   atomic_int failed;
 } mp_job;
 
@@ -224,6 +231,9 @@ static mlpack_status mp_parse_dispatch(mp_native *n, const mp_json *j, size_t i,
   if (!d->workgroups || !binds || binds->kind != MP_JSON_ARRAY)
     return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu needs workgroups and bindings", n->what, i);
   d->kernel = (uint32_t)kernel;
+  d->checks = mp_json_get(j, "checks");
+  if (d->checks && d->checks->kind != MP_JSON_ARRAY)
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu has checks that are not a list", n->what, i);
   d->binding_count = binds->length;
   d->bindings = calloc(binds->length + 1, sizeof *d->bindings);
   if (!d->bindings) return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", n->what);
@@ -384,6 +394,22 @@ static mlpack_status mp_publish_symbols(mp_native *n, size_t i, mlpack_error **e
   return MLPACK_OK;
 }
 
+/* A kernel's report of an index out of range, as the message the interpreters give. */
+static mlpack_status mp_index_fail(const mp_native *n, const mp_dispatch_plan *p, size_t i,
+                                   const mlpack_kernel_error *e, mlpack_error **err) {
+  const mp_json *c = p->checks && e->check < p->checks->length ? p->checks->items[e->check] : NULL;
+  if (!c || c->kind != MP_JSON_OBJECT)
+    return mp_fail(err, MLPACK_ERR_INDEX, "%s: dispatch %zu: index %lld out of range for a dim of size %lld "
+                   "(check %u)", n->what, i, (long long)e->index, (long long)e->size, e->check);
+  const mp_json *wraps = mp_json_get(c, "wraps");
+  const char *tensor = mp_json_get_string(c, "tensor"), *dim = mp_json_get_string(c, "dim");
+  char msg[512];
+  mp_index_message(msg, sizeof msg, mp_json_get_string(c, "node"),
+                   wraps && wraps->kind == MP_JSON_BOOL && wraps->boolean, "read of",
+                   tensor ? tensor : "?", dim ? dim : "?", e->index, e->size);
+  return mp_fail(err, MLPACK_ERR_INDEX, "%s: %s", n->what, msg);
+}
+
 static mlpack_status mp_dispatch(mp_native *n, const mp_run *run, size_t i, mlpack_error **err) {
   const mp_dispatch_plan *p = &n->dispatches[i];
   int64_t groups;
@@ -406,6 +432,7 @@ static mlpack_status mp_dispatch(mp_native *n, const mp_run *run, size_t i, mlpa
   }
   mp_job job = {.fn = n->table->kernels[p->kernel],
                 .d = {.bindings = n->bind, .push = n->push, .workgroup_count = (uint32_t)groups}};
+  job.d.error = &job.error;   /* (zeroed with job) */
   atomic_init(&job.failed, 0);
   struct timespec t0, t1;
   if (n->prof_seconds) clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -415,6 +442,7 @@ static mlpack_status mp_dispatch(mp_native *n, const mp_run *run, size_t i, mlpa
     n->prof_seconds[i] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     n->prof_groups[i] = groups;
   }
+  if (job.error.claimed) return mp_index_fail(n, p, i, &job.error, err);
   if (atomic_load(&job.failed)) {
     const char *name = n->table->names && n->table->names[p->kernel] ? n->table->names[p->kernel] : "?";
     return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: kernel %u (%s) of dispatch %zu failed", n->what,

@@ -17,6 +17,10 @@
  * Tensors keep their own storage order: inputs are read in the caller's (signature) order,
  * results in their declaration order; every read maps its named dims to storage axes at compile
  * time, so no transposition ever happens except the final copy into the caller's outputs.
+ *
+ * An unguarded read or a store out of range fails the run; when the program's "origins" name the
+ * ONNX node that indexes that dim, the message names it and the caller's index
+ * (MLPACK_ERR_INDEX, as the NumPy interpreter and native kernels say it: spec/ir/origins.py).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -141,8 +145,10 @@ typedef struct mp_portable {
   mp_port *inputs, *outputs;        /* per signature input / output */
   mp_val *vars;
   size_t nvars;
+  const mp_json *origins;           /* the program's "origins" list, or NULL */
   /* run state */
   int failed;
+  mlpack_status code;               /* of the failure: MLPACK_ERR_RUNTIME or MLPACK_ERR_INDEX */
   char msg[256];
 } mp_portable;
 
@@ -326,6 +332,27 @@ static void mp_runtime_error(mp_portable *p, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(p->msg, sizeof p->msg, fmt, ap);
   va_end(ap);
+}
+
+/* Index i out of range for axis `axis` of tensor t: the message names the ONNX node indexing it
+ * when the program's origins know one. */
+static void mp_index_error(mp_portable *p, const mp_ptensor *t, int axis, int64_t i, const char *what) {
+  if (p->failed) return;
+  const char *node = NULL;
+  int wraps = 0;
+  for (size_t k = 0; p->origins && k < p->origins->length; k++) {
+    const mp_json *o = p->origins->items[k];
+    if (o->kind != MP_JSON_ARRAY || o->length != 4 || o->items[0]->kind != MP_JSON_STRING ||
+        o->items[1]->kind != MP_JSON_STRING || o->items[2]->kind != MP_JSON_STRING ||
+        strcmp(o->items[0]->string, t->name) != 0 || strcmp(o->items[1]->string, t->dims[axis]) != 0)
+      continue;
+    node = o->items[2]->string;
+    wraps = o->items[3]->kind == MP_JSON_BOOL && o->items[3]->boolean;
+    break;
+  }
+  p->failed = 1;
+  p->code = MLPACK_ERR_INDEX;
+  mp_index_message(p->msg, sizeof p->msg, node, wraps, what, t->name, t->dims[axis], i, t->shape[axis]);
 }
 
 static double mp_sigmoid(double x) {
@@ -520,8 +547,7 @@ static mp_val mp_read(mp_portable *p, const mp_node *n) {
     int64_t i = mp_to_index(mp_eval(p, ix), p->nodes[ix].dtype);
     if (i < 0 || i >= t->shape[axis]) {
       if (n->has_pad) return n->k;
-      mp_runtime_error(p, "read of %%%s out of range (index %lld, size %lld)", t->name, (long long)i,
-                       (long long)t->shape[axis]);
+      mp_index_error(p, t, axis, i, "read of");
       return (mp_val){.i = 0};
     }
     off += i * t->stride[axis];
@@ -1107,6 +1133,8 @@ static mlpack_status mp_compile_program(mp_portable *p, const mp_json *root, mlp
     if (p->inputs[i].tensor < 0)
       c.st = mp_fail(err, MLPACK_ERR_FORMAT, "%s: signature input '%s' is not a program input", p->what, p->model->inputs[i].name);
   for (size_t i = 0; c.st == MLPACK_OK && i < consts->length; i++) c.st = mp_compile_constant(&c, consts->items[i]);
+  const mp_json *origins = c.st == MLPACK_OK ? mp_json_get(root, "origins") : NULL;
+  p->origins = origins && origins->kind == MP_JSON_ARRAY ? origins : NULL;
   if (c.st == MLPACK_OK) mp_compile_ops(&c, ops);
   if (c.st == MLPACK_OK) c.st = mp_compile_outputs(&c, outs);
   free(scope);
@@ -1116,7 +1144,7 @@ static mlpack_status mp_compile_program(mp_portable *p, const mp_json *root, mlp
 /* ---------------------------------------------------------------- running */
 
 static mlpack_status mp_rt_fail(mp_portable *p, mlpack_error **err) {
-  return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: %s", p->what, p->msg);
+  return mp_fail(err, p->code ? p->code : MLPACK_ERR_RUNTIME, "%s: %s", p->what, p->msg);
 }
 
 static int64_t mp_eval_size(mp_portable *p, int32_t node) {
@@ -1292,7 +1320,7 @@ static void mp_exec_store(mp_portable *p, const mp_stmt *s) {
   for (size_t a = 0; a < t->rank; a++) {
     int64_t i = mp_to_index(mp_eval(p, s->idx[a]), p->nodes[s->idx[a]].dtype);
     if (i < 0 || i >= t->shape[a]) {
-      mp_runtime_error(p, "store to %%%s out of range (index %lld, size %lld)", t->name, (long long)i, (long long)t->shape[a]);
+      mp_index_error(p, t, (int)a, i, "store to");
       return;
     }
     off += i * t->stride[a];
@@ -1406,6 +1434,7 @@ static void mp_release_tensors(mp_portable *p) {
 static mlpack_status mp_portable_run(mp_executor *self, const mp_run *run, mlpack_error **err) {
   mp_portable *p = (mp_portable *)self;
   p->failed = 0;
+  p->code = MLPACK_OK;
   p->msg[0] = 0;
   mlpack_status st = mp_bind_inputs(p, run, err);
   for (size_t i = 0; st == MLPACK_OK && i < p->nops; i++) {

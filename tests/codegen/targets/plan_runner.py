@@ -30,9 +30,19 @@ def rand(*shape, seed=0, scale=1.0):
     return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
 
 
+class KernelError(ctypes.Structure):
+    _fields_ = [("claimed", ctypes.c_int32), ("check", ctypes.c_uint32), ("index", ctypes.c_int64),
+                ("size", ctypes.c_int64)]
+
+
 class Dispatch(ctypes.Structure):
     _fields_ = [("bindings", ctypes.POINTER(ctypes.c_void_p)), ("push", ctypes.POINTER(ctypes.c_int64)),
-                ("workgroup_count", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+                ("workgroup_count", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("error", ctypes.POINTER(KernelError))]
+
+
+class IndexCheckError(RuntimeError):
+    """A kernel reported an index out of range (ABI 1.2): the message is the engine's."""
 
 
 KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(Dispatch), ctypes.c_uint32)
@@ -112,10 +122,16 @@ def run_plan(artifact, graph: Graph, inputs: dict[str, np.ndarray], lib: Library
     for disp in plan["dispatches"]:
         count = eval_expr(disp["workgroups"], syms)
         binds = (ctypes.c_void_p * max(1, len(disp["bindings"])))(*[ptrs[j] for j in disp["bindings"]])
-        d = Dispatch(binds, push, count, 0)
+        kerr = KernelError()
+        d = Dispatch(binds, push, count, 0, ctypes.pointer(kerr))
         fn = lib.kernels[disp["kernel"]]
         for w in range(count):
             rc = fn(ctypes.byref(d), w)
+            if rc == 1 and kerr.claimed:
+                from mlpack.spec.ir.origins import Origin, message
+                c = disp["checks"][kerr.check]
+                o = Origin(c["node"], c["wraps"]) if "node" in c else None
+                raise IndexCheckError(message(c["tensor"], c["dim"], kerr.index, kerr.size, o))
             if rc != 0:
                 raise RuntimeError(f"kernel {lib.names[disp['kernel']]} returned {rc}")
     return {p.name: o for p, o in zip(graph.outputs, outs)}
