@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 from mlpack.codegen.targets.cpu import amx as tiles
-from mlpack.packager.build import ATOL, RTOL
+from mlpack.spec import accuracy
 from mlpack.runtime.host import request_amx
 
 from .models import tests_module
@@ -214,7 +214,8 @@ SPLITS = {"bf16x3": ((0, 0), (0, 1), (1, 0)),
 
 def capsule_errors(batch: int = 8, size: int = 16, caps: int = 32) -> dict[str, tuple[float, bool]]:
     """Max abs error of the capsule computed with each split against float64, and whether it
-    is within the fp32 tolerance; plus the fp32 direct sum's, for scale."""
+    passes the fp32 rule (spec/accuracy.py) with the fp32 direct sum as the baseline; plus the
+    direct sum's own, for scale."""
     capsule = tests_module("capsule")
     p, w = capsule.poses(batch, size, caps), capsule.weights(caps)
     exact = capsule.reference(p.astype(np.float64), w.astype(np.float64))
@@ -222,8 +223,10 @@ def capsule_errors(batch: int = 8, size: int = 16, caps: int = 32) -> dict[str, 
     out = {"fp32 direct": capsule.reference(p, w)}
     for name, terms in SPLITS.items():
         out[name] = sum(capsule.reference(ps[i], ws[j]) for i, j in terms)
+    tol, base = accuracy.TOLERANCES["fp32"], accuracy.measure(out["fp32 direct"], exact)
     return {name: (float(np.abs(v - exact).max()),
-                   bool(np.allclose(v, exact, rtol=RTOL, atol=ATOL))) for name, v in out.items()}
+                   accuracy.judge(name, accuracy.measure(v, exact), base, tol).ok)
+            for name, v in out.items()}
 
 
 def main(argv=None) -> None:
@@ -239,7 +242,9 @@ def main(argv=None) -> None:
                     help="rounds of (fp32 peak, AMX rates); the best of each is reported")
     a = ap.parse_args(argv)
     errors = capsule_errors()
-    print(f"capsule against float64 (fp32 tolerance rtol {RTOL:g}, atol {ATOL:g}):")
+    tol = accuracy.TOLERANCES["fp32"]
+    print(f"capsule against float64 (fp32 rule: within {tol.multiple:g}x the direct sum's "
+          f"error, or {tol.floor:.2g}):")
     for name, (err, ok) in errors.items():
         print(f"  {name:12s} max abs error {err:.2e}  {'within' if ok else 'outside'}")
     why = amx_usable()

@@ -31,6 +31,7 @@ _LAZY = {
     "build": ("mlpack.packager.build", "build"),
     "NoRunnableArtifactError": ("mlpack.spec.errors", "NoRunnableArtifactError"),
     "PortableFallbackWarning": ("mlpack.spec.errors", "PortableFallbackWarning"),
+    "IndexRangeError": ("mlpack.spec.errors", "IndexRangeError"),
 }
 
 __all__ = ["Error", "FormatError", "InputError", "__version__", *_LAZY]

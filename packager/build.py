@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..spec import accuracy, media
-from ..spec.container import ArtifactSpec, Layer, make_config, signature, write_container
+from ..spec.container import ArtifactSpec, Layer, make_config, write_container
 from ..spec.errors import Error
 from . import testvectors as tv
 

@@ -457,10 +457,8 @@ def _inspect_lines(doc: dict) -> list[str]:
     lines += [f"output:     {_sig_text(s)}" for s in doc["outputs"]]
     lines.append(f"artifacts:  {len(doc['artifacts'])}")
     for a in doc["artifacts"]:
-        acc = a["accuracy"]
         lines.append(f"  [{a['index']}] {a['device']:<8} {a['target']:<10} {a['precision']:<5} "
-                     f"platform {_platform_doc(a['platform'])}, max abs err "
-                     f"{_err(acc.get('max_abs_error'))} vs {acc.get('reference', '?')}, "
+                     f"platform {_platform_doc(a['platform'])}, {_accuracy_text(a['accuracy'])}, "
                      f"min runtime {a['min_runtime']}")
     if "host" in doc:
         lines.append(f"host:       {doc['host']} (selection by {doc['engine']})")
@@ -554,6 +552,15 @@ def _blind_spots(path: str) -> list[str]:
         warnings.simplefilter("ignore", PortableFallbackWarning)
         with load(path) as model:
             return model.blind_spots()
+
+
+def _accuracy_text(acc: dict) -> str:
+    """A config's recorded accuracy in a few words: against float64 (format 1.1) or, in a 1.0
+    container, the max abs error against what its vectors were computed by."""
+    if "max_error" in acc or "baseline" in acc:
+        return (f"max err {_err(acc.get('max_error'))} vs float64 (ONNX Runtime "
+                f"{_err(acc.get('baseline_max_error'))})")
+    return f"max abs err {_err(acc.get('max_abs_error'))} vs {acc.get('reference', '?')}"
 
 
 def _table(rows: list[dict]) -> list[str]:

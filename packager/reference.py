@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from ..spec.errors import InputError
-from ..spec.ir import dtypes as dt
 from ..spec.ir.expr import Expr
 from ..spec.ir.graph import (Comprehension, Constant, For, Graph, If, Let, Procedure, SetSize,
                              Store, TensorType, While)

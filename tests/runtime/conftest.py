@@ -1,6 +1,10 @@
-"""Fixtures of the runtime tests: the IR graphs of runtime_helpers.py, parsed."""
+"""Fixtures of the runtime tests: the IR graphs of runtime_helpers.py, parsed, and libmlpack."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from runtime_helpers import TINY, TWO
@@ -16,3 +20,15 @@ def tiny():
 @pytest.fixture
 def two():
     return parse_graph(TWO)
+
+
+@pytest.fixture(scope="module")
+def native_lib():
+    """libmlpack, built with make when the checkout has none; skips the module without it."""
+    from mlpack.runtime import native
+
+    cdir = Path(__file__).resolve().parents[2] / "runtime" / "c"
+    if not native.available() and shutil.which("make") and shutil.which("cc"):
+        subprocess.run(["make", "-C", str(cdir)], check=False, capture_output=True)
+    if not native.available():
+        pytest.skip("libmlpack is not built (pip install -e . or make -C runtime/c)")

@@ -5,8 +5,6 @@ which size texts are in the grammar; the Python runtime shows them as written.""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +20,9 @@ from mlpack.spec.conformance import generate as corpus
 from mlpack.spec.container import open_container
 
 MODELS = load_models_module("size_expressions")
-CDIR = Path(__file__).resolve().parents[2] / "runtime" / "c"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def lib():
-    if not native.available() and shutil.which("make") and shutil.which("cc"):
-        subprocess.run(["make", "-C", str(CDIR)], check=False, capture_output=True)
-    if not native.available():
-        pytest.skip("libmlpack is not built (pip install -e . or make -C runtime/c)")
+pytestmark = pytest.mark.usefixtures("native_lib")
 
 
 @pytest.fixture(scope="module")

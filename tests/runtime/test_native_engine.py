@@ -25,12 +25,7 @@ CDIR = ROOT / "runtime" / "c"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def lib():
-    if not native.available() and shutil.which("make") and shutil.which("cc"):
-        subprocess.run(["make", "-C", str(CDIR)], check=False, capture_output=True)
-    if not native.available():
-        pytest.skip("libmlpack is not built (pip install -e . or make -C runtime/c)")
+pytestmark = pytest.mark.usefixtures("native_lib")
 
 
 def _engine_class(py_exc: Exception) -> type:
