@@ -191,6 +191,23 @@ def recipe(name: str, seed: int = SEED) -> str:
     return h.hexdigest()
 
 
+def cached(folder: Path, name: str, want: str, write) -> Path:
+    """``folder/NAME.onnx``, made by ``write(temporary path)`` unless the ``NAME.onnx.recipe``
+    beside it already says ``want``; the file only ever appears whole."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path, stamp = folder / f"{name}.onnx", folder / f"{name}.onnx.recipe"
+    if path.exists() and stamp.exists() and stamp.read_text().strip() == want:
+        return path
+    tmp = folder / f"{name}.onnx.tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    stamp.write_text(want + "\n")
+    return path
+
+
 def materialize(name: str, folder=None, seed: int = SEED) -> Path:
     """The ONNX file of model ``name`` in ``folder`` (default benchmarks/.models/), written if it
     is missing or its recipe changed."""
@@ -199,17 +216,8 @@ def materialize(name: str, folder=None, seed: int = SEED) -> Path:
     if name not in BUILDERS:
         raise KeyError(f"unknown benchmark model {name!r}; the models are: {', '.join(NAMES)}")
     folder = Path(folder) if folder is not None else DEFAULT_FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
-    path, stamp = folder / f"{name}.onnx", folder / f"{name}.onnx.recipe"
-    want = recipe(name, seed)
-    if path.exists() and stamp.exists() and stamp.read_text().strip() == want:
-        return path
-    model = BUILDERS[name](seed)
-    tmp = path.with_suffix(".onnx.tmp")
-    onnx.save(model, os.fspath(tmp))
-    os.replace(tmp, path)
-    stamp.write_text(want + "\n")
-    return path
+    return cached(folder, name, recipe(name, seed),
+                  lambda tmp: onnx.save(BUILDERS[name](seed), os.fspath(tmp)))
 
 
 if __name__ == "__main__":  # python -m benchmarks.models [NAME...]: write them, print the paths

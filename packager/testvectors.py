@@ -18,6 +18,7 @@ shape. Symbols the user bound stay fixed: a model may only work at that size.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -99,8 +100,24 @@ def random_cases(graph, *, dims: dict[str, int] | None, cases: int, seed: int) -
         raise InputError(f"--cases {cases}: at least one test case is needed")
     specs = input_specs(graph)
     sizes = case_sizes(input_symbols(specs), dict(dims or {}), cases)
+    for s in sizes:
+        _check_size(specs, s, dims or {})
     rng = np.random.default_rng(seed)
     return [random_case(specs, s, rng) for s in sizes]
+
+
+def _check_size(specs: list[InputSpec], sizes: dict[str, int], bound: dict[str, int]) -> None:
+    """Refuse inputs too large to draw (the importer's per-tensor limit), before drawing."""
+    from ..codegen.onnx.checks import MAX_TENSOR_BYTES, size_text
+
+    for spec in specs:
+        shape = [index_value(size, sizes) for _, size in spec.dims]
+        nbytes = math.prod(shape) * np.dtype(dt.to_numpy(spec.dtype)).itemsize
+        if nbytes > MAX_TENSOR_BYTES:
+            dims = " ".join(f"--dim {k}={v}" for k, v in bound.items()) or "its sizes"
+            raise InputError(f"{dims}: input {spec.name!r} would have shape {shape} "
+                             f"({size_text(nbytes)}), over the {size_text(MAX_TENSOR_BYTES)} "
+                             "mlpack allows for one tensor")
 
 
 def load_npz(path, graph) -> list[dict]:

@@ -24,6 +24,7 @@ from ...spec.ir.graph import Graph, Port, TensorType
 from ..passes.rename import rename_in_graph
 from . import ops as _ops  # noqa: F401  (registers the importers)
 from .builder import Builder, NeedsValue, Node, _ident
+from .checks import check_model
 from .registry import lookup
 from .values import Value, tensor_value
 
@@ -60,8 +61,10 @@ def onnx_dtype(elem_type: int, where: str, node=None) -> str:
 
 
 def load_model(model: Any) -> onnx.ModelProto:
-    """A ModelProto from a path, bytes or a ModelProto; a clear ModelError if it is malformed."""
+    """A ModelProto from a path, bytes or a ModelProto; a clear ModelError if it is malformed
+    or declares a bad dim or a name twice (checks.py), before anything is allocated for it."""
     if isinstance(model, onnx.ModelProto):
+        check_model(model, "the model")
         return model
     where = "the model bytes"
     try:
@@ -81,6 +84,7 @@ def load_model(model: Any) -> onnx.ModelProto:
     if m.graph.node and not m.opset_import and m.ir_version >= 3:
         # opset_import is serialized after the graph: a file cut just there parses without it
         raise ModelError(f"{where}: the model imports no opset (is the file truncated?)")
+    check_model(m, where)
     return m
 
 
