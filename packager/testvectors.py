@@ -10,7 +10,9 @@ because it is what users compare against; the packager is the only part of mlpac
 it.
 
 Inputs are drawn so that every model runs on them: floats N(0, 1), integers in [0, 10) (token ids
-and indices must stay inside an embedding table; 10 is below any vocabulary), booleans fair coins.
+and indices must stay inside an embedding table; 10 is below most vocabularies), and below the
+size of every dim an integer input indexes when that is smaller (``index_limits``: a Gather from
+a table of 5 rows draws ids in [0, 5)), booleans fair coins.
 Case 0 binds every size symbol to its default (1, or ``--dim NAME=SIZE``); later cases move the
 symbols the user did not bind to other sizes, so a container proves it runs at more than one
 shape. Symbols the user bound stay fixed: a model may only work at that size.
@@ -74,22 +76,61 @@ def case_sizes(symbols: list[str], bound: dict[str, int], cases: int) -> list[di
     return out
 
 
-def _random_array(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+def _random_array(rng: np.random.Generator, dtype: str, shape: tuple[int, ...],
+                  high: int = INT_HIGH) -> np.ndarray:
     np_dtype = dt.to_numpy(dtype)
     if dt.is_float(dtype):
         return rng.standard_normal(shape).astype(np_dtype)
     if dtype == "bool":
         return rng.random(shape) < 0.5
-    return rng.integers(0, INT_HIGH, size=shape).astype(np_dtype)
+    return rng.integers(0, high, size=shape).astype(np_dtype)
+
+
+def _stmt_exprs(stmts):
+    for s in stmts:
+        for name in ("value", "cond", "extent"):
+            if getattr(s, name, None) is not None:
+                yield getattr(s, name)
+        yield from getattr(s, "index", {}).values()
+        for name in ("body", "then", "orelse"):
+            yield from _stmt_exprs(getattr(s, name, ()))
+
+
+def index_limits(graph) -> dict[str, int]:
+    """{integer input: the smallest constant size of a dim it indexes}, for the inputs that
+    index something (token ids, Gather and Scatter indices): ids drawn below it are valid."""
+    from ..spec.ir.expr import walk
+    from ..spec.ir.graph import Comprehension
+
+    inputs = {p.name for p in graph.inputs if dt.is_int(graph.types[p.name].dtype)}
+    limits: dict[str, int] = {}
+    for op in graph.ops:
+        exprs = [op.body] if isinstance(op, Comprehension) else list(_stmt_exprs(op.body))
+        for e in exprs:
+            for node in walk(e):
+                if node.op != "read" or node.arg[0] not in graph.types:
+                    continue
+                ty = graph.types[node.arg[0]]
+                for dim, index in zip(node.arg[1], node.args):
+                    size = ty.dims.get(dim)
+                    if size is None or not size.is_const or size.value < 1:
+                        continue
+                    for x in walk(index):
+                        if x.op == "read" and x.arg[0] in inputs:
+                            limits[x.arg[0]] = min(limits.get(x.arg[0], size.value), size.value)
+    return limits
 
 
 def random_case(specs: list[InputSpec], sizes: dict[str, int],
-                rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Seeded inputs for one case, with the size symbols bound to ``sizes``."""
+                rng: np.random.Generator, limits: dict[str, int] | None = None
+                ) -> dict[str, np.ndarray]:
+    """Seeded inputs for one case, with the size symbols bound to ``sizes``; integer inputs
+    below ``limits`` where it names them (``index_limits``)."""
     feeds = {}
     for spec in specs:
         shape = tuple(index_value(size, sizes) for _, size in spec.dims)
-        feeds[spec.name] = _random_array(rng, spec.dtype, shape)
+        high = min(INT_HIGH, (limits or {}).get(spec.name, INT_HIGH))
+        feeds[spec.name] = _random_array(rng, spec.dtype, shape, high)
     return feeds
 
 
@@ -103,7 +144,8 @@ def random_cases(graph, *, dims: dict[str, int] | None, cases: int, seed: int) -
     for s in sizes:
         _check_size(specs, s, dims or {})
     rng = np.random.default_rng(seed)
-    return [random_case(specs, s, rng) for s in sizes]
+    limits = index_limits(graph)
+    return [random_case(specs, s, rng, limits) for s in sizes]
 
 
 def _check_size(specs: list[InputSpec], sizes: dict[str, int], bound: dict[str, int]) -> None:
@@ -195,7 +237,9 @@ def reference_outputs(model, cases: list[dict], output_names: list[str]) -> list
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3  # its warnings about unused initializers are not the user's problem
+    # its warnings about unused initializers are not the user's problem, and its errors come
+    # back as the exception below: printed as well, they would make the CLI's error two lines
+    opts.log_severity_level = 4
     try:
         session = ort.InferenceSession(model.SerializeToString(), opts,
                                        providers=["CPUExecutionProvider"])
