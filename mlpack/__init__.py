@@ -1,19 +1,25 @@
-"""mlpack: one model, one file, every kind of hardware.
+"""mlpack: compile one ONNX model into one file that runs on every kind of hardware.
 
-The facade. ``mlpack.Error`` and its subclasses are the failures mlpack reports to a user;
-``mlpack.import_onnx`` turns an ONNX model into an IR graph, ``mlpack.compile_onnx`` also runs
-the pass pipeline, and ``mlpack.run_reference`` evaluates a model on the NumPy reference
-interpreter; ``mlpack.load`` opens a container and runs it (mlpack.runtime). The subpackages
-live in the top-level folders spec/, codegen/, packager/ and runtime/ (mapped in pyproject.toml).
+A ``.mlpack`` container holds precompiled code for several targets (x86-64 levels, aarch64,
+CUDA) plus a portable fallback and test vectors; ``load`` picks the best artifact this machine
+runs, and says why::
 
-Only the error base classes are imported eagerly: everything from the compiler loads on first
-use (PEP 562), so ``import mlpack`` stays light and a deployment host that has the runtime alone
-never imports the compiler.
+    import mlpack
+    mlpack.build("model.onnx", "model.mlpack")      # or: mlpack build model.onnx -o model.mlpack
+    m = mlpack.load("model.mlpack")                 # m.artifact, m.verdicts: what runs and why
+    y = m(x=x)["y"]                                 # or m.run({"x": x}), or m.run(None, {"x": x})
+    m.validate().ok                                 # the bundled test vectors, on this artifact
+
+``m.get_inputs()``, ``m.get_outputs()`` and ``m.run(output_names, feeds)`` work as in ONNX
+Runtime's ``InferenceSession``. Failures are ``mlpack.Error`` subclasses (``FormatError``,
+``InputError``, ...). Also: ``import_onnx``/``compile_onnx`` (the compiler's IR) and
+``run_reference`` (the NumPy reference interpreter). The README covers the commands, the Python
+and C APIs and the container format (spec/SPEC.md).
 """
 
-from __future__ import annotations
-
-import importlib
+# For developers: only the error base classes load eagerly; the rest is imported on first use
+# (PEP 562), so ``import mlpack`` stays light and a host with the runtime alone never imports the
+# compiler. The subpackages live in spec/, codegen/, packager/ and runtime/ (see pyproject.toml).
 
 from .spec.errors import Error, FormatError, InputError
 
@@ -38,6 +44,8 @@ __all__ = ["Error", "FormatError", "InputError", "__version__", *_LAZY]
 
 
 def __getattr__(name: str):
+    import importlib  # here, not at the top: a module global would show in dir(mlpack)
+
     try:
         module, attr = _LAZY[name]
     except KeyError:
@@ -48,4 +56,5 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    # the public names only: not the subpackages an import binds (spec) or this module's helpers
+    return sorted(__all__)

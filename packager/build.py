@@ -269,12 +269,42 @@ def _compile_all(graph, targets: list[str]) -> dict:
     if workers < 2 or len(graph.ops) < PARALLEL_MIN_OPS:
         return {t: _compile_one(graph, t) for t in targets}
     import multiprocessing
+    import signal
+    import threading
     from concurrent.futures import ProcessPoolExecutor
 
     # spawn, not fork: the build process has ONNX Runtime's threads running by now
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {t: pool.submit(_compile_one, graph, t) for t in targets}
-        return {t: f.result() for t, f in futures.items()}
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    processes = pool._processes  # private, but the only handle on the workers
+    futures, failed = {}, []
+
+    def start() -> None:
+        # The workers start (on submit) in a thread of their own, so a Ctrl-C, raised in the
+        # main thread, cannot cut one's start in half (it would die with a traceback), and with
+        # SIGINT blocked, a mask they inherit through exec: a terminal sends them Ctrl-C too,
+        # and this process answers it, not they.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            futures.update((t, pool.submit(_compile_one, graph, t)) for t in targets)
+        except BaseException as e:  # after the shutdown below, too: it starts no more workers
+            failed.append(e)
+
+    try:
+        starter = threading.Thread(target=start, name="mlpack-compile-start")
+        starter.start()
+        starter.join()
+        if failed:
+            raise failed[0]
+        results = {t: f.result() for t, f in futures.items()}
+    except BaseException:
+        # Ctrl-C (or a failed compile): stop now, not after the other targets' LLVM runs. The
+        # shutdown waits out a submit under way, so ``processes`` is complete after it.
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in list(processes.values()):
+            process.terminate()
+        raise
+    pool.shutdown()
+    return results
 
 
 def compile_targets(pairs, graph, explicit, step, progress, weights: bytes) -> tuple[dict, list]:

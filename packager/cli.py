@@ -9,13 +9,17 @@
     mlpack run-reference MODEL.onnx --input NAME=FILE.npy ... --output DIR
     mlpack conformance [--filter REGEX] [--jobs N] [-v]
     mlpack bench FILE.mlpack [--compare MODEL.onnx] [--threads 1,2] [--repeat N] [--json]
+    mlpack --version
 
 Every command body runs under ``_errors``: an ``mlpack.Error`` (a user's mistake or an
 unsupported model) prints as one paragraph ``error: ...`` on stderr and exits 2, never with a
 traceback; anything else is an mlpack bug and prints ``internal error: ...`` with a hint to
-rerun with ``MLPACK_DEBUG=1`` (which shows the traceback), exit 1. The compiler is imported
-inside the commands, so ``mlpack --help`` stays quick. The container commands (build, inspect,
-validate, run) are at the end; each is one ``@command`` function.
+rerun with ``MLPACK_DEBUG=1`` (which shows the traceback), exit 1; Ctrl-C prints one line,
+``interrupted`` (and what it left: ``nothing written to OUT``), and exits 130. The compiler is
+imported inside the commands, so ``mlpack --help`` stays quick. Help is click's plain text
+(``-h`` or ``--help``); ``mlpack --help`` lists the commands in the order above, whatever the
+order of their functions here. The container commands (build, inspect, validate, run) are at
+the end; each is one ``@command`` function.
 """
 
 from __future__ import annotations
@@ -31,16 +35,35 @@ import typer
 
 from ..spec.errors import Error, InputError
 
+
+class _Commands(typer.core.TyperGroup):
+    """Lists the commands in the order a user needs them: make a container, look into it, check
+    it, run it; then the tools that work on the ONNX model itself."""
+
+    ORDER = ("build", "inspect", "validate", "run", "import", "run-reference", "conformance",
+             "bench")
+
+    def list_commands(self, ctx) -> list[str]:
+        rank = {name: i for i, name in enumerate(self.ORDER)}
+        return sorted(self.commands, key=lambda name: rank.get(name, len(rank)))
+
+
 app = typer.Typer(
     name="mlpack",
+    cls=_Commands,
     help="Compile one ONNX model into one file that runs on every kind of hardware.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help, as other tools print it: rich's would show `--quiet <bool>` and read
+    # `[...]` in help text as markup, dropping it
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 EXIT_USER = 2
 EXIT_INTERNAL = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 
 # ---------------------------------------------------------------- error reporting
@@ -86,8 +109,11 @@ def _errors(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort, SystemExit, KeyboardInterrupt):
+        except (typer.Exit, typer.Abort, SystemExit):
             raise
+        except KeyboardInterrupt as e:  # Ctrl-C: one line, no traceback, no "Aborted!"
+            typer.echo(f"interrupted{'; ' + str(e) if str(e) else ''}", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         except BrokenPipeError:
             # `mlpack import ... | head`: the reader left early; nothing is wrong
             sys.stdout = open(os.devnull, "w")
@@ -98,6 +124,10 @@ def _errors(fn: Callable) -> Callable:
             raise typer.Exit(report_error(e)) from None
 
     return wrapper
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what it left behind (``nothing written to OUT``) for the one-line message."""
 
 
 def command(name: str | None = None, **kwargs) -> Callable:
@@ -162,8 +192,9 @@ def summary(model, graph, path: str = "") -> list[str]:
 
 @command("import")
 def import_(
-    model: Path = typer.Argument(..., help="the ONNX model file"),
-    ir: Optional[Path] = typer.Option(None, "--ir", help="write the IR text form to this file"),
+    model: Path = typer.Argument(..., metavar="MODEL.onnx", help="the ONNX model file"),
+    ir: Optional[Path] = typer.Option(None, "--ir", metavar="FILE",
+                                      help="write the IR text form to this file"),
     print_ir: bool = typer.Option(False, "--print-ir", help="print the IR text form"),
 ) -> None:
     """Import and compile an ONNX model; print a summary of its IR."""
@@ -193,6 +224,8 @@ def parse_inputs(items: list[str]) -> dict:
         name, sep, file = item.partition("=")
         if not sep or not name or not file:
             raise InputError(f"--input {item!r}: expected NAME=FILE.npy")
+        if name in feeds:  # keeping either one would be a guess
+            raise InputError(f"--input {name!r} is given twice; give each input once")
         path = _existing(Path(file), f"input {name!r}")
         try:
             feeds[name] = np.load(path, allow_pickle=False)
@@ -203,9 +236,11 @@ def parse_inputs(items: list[str]) -> dict:
 
 @command("run-reference")
 def run_reference_cmd(
-    model: Path = typer.Argument(..., help="the ONNX model file"),
-    inputs: list[str] = typer.Option([], "--input", "-i", help="NAME=FILE.npy, once per input"),
-    output: Path = typer.Option(..., "--output", "-o", help="folder to write NAME.npy per output"),
+    model: Path = typer.Argument(..., metavar="MODEL.onnx", help="the ONNX model file"),
+    inputs: list[str] = typer.Option([], "--input", "-i", metavar="NAME=FILE.npy",
+                                     help="an input's array, once per input"),
+    output: Path = typer.Option(..., "--output", "-o", metavar="DIR",
+                                help="folder to write NAME.npy per output"),
 ) -> None:
     """Run a model on the NumPy reference interpreter; write each output as NAME.npy."""
     import numpy as np
@@ -224,12 +259,15 @@ def run_reference_cmd(
 
 @command("conformance")
 def conformance_cmd(
-    filter: Optional[str] = typer.Option(None, "--filter", help="regular expression on case names"),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="worker processes"),
+    filter: Optional[str] = typer.Option(None, "--filter", metavar="REGEX",
+                                         help="regular expression on case names"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", metavar="N", help="worker processes"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="print each failure"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write {case: [op, verdict, detail]}"),
+    json_out: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
+                                            help="write {case: [op, verdict, detail]}"),
     update_floor: Optional[Path] = typer.Option(
-        None, "--update-floor", help="add the cases that now pass to this floor file (it only rises)"),
+        None, "--update-floor", metavar="FILE",
+        help="add the cases that now pass to this floor file (it only rises)"),
 ) -> None:
     """Run ONNX's backend node suite through mlpack: pass/fail per operator and in total."""
     import json
@@ -277,6 +315,8 @@ def _key_int(items: list[str], flag: str) -> dict[str, int]:
         name, sep, value = item.partition("=")
         if not sep or not name or not value.strip().isdigit() or int(value) < 1:
             raise InputError(f"{flag} {item!r}: expected NAME=SIZE with a positive integer size")
+        if name in out:
+            raise InputError(f"{flag} {name!r} is given twice; give each size once")
         out[name] = int(value)
     return out
 
@@ -294,20 +334,24 @@ def _err(value) -> str:
 
 @command("build")
 def build_cmd(
-    model: Path = typer.Argument(..., help="the ONNX model file"),
-    output: Path = typer.Option(..., "--output", "-o", help="the container to write (.mlpack)"),
-    target: list[str] = typer.Option([], "--target", "-t",
-                                     help="target to build, repeatable (default: all implemented but "
-                                          "x86_64-v4-amx)"),
+    model: Path = typer.Argument(..., metavar="MODEL.onnx", help="the ONNX model file"),
+    output: Path = typer.Option(..., "--output", "-o", metavar="OUT.mlpack",
+                                help="the container to write"),
+    target: list[str] = typer.Option([], "--target", "-t", metavar="TARGET",
+                                     help="target to build, repeatable (default: all implemented "
+                                          "but x86_64-v4-amx)"),
     precision: list[str] = typer.Option(
-        [], "--precision", "-p", help="precision to build, repeatable (default: all implemented)"),
+        [], "--precision", "-p", metavar="PRECISION",
+        help="precision to build, repeatable (default: all implemented)"),
     inputs: list[Path] = typer.Option(
-        [], "--inputs", help="test inputs: FILE.npz, an array per input; repeat for more cases"),
+        [], "--inputs", metavar="FILE.npz",
+        help="test inputs, an array per input; repeat for more cases"),
     dim: list[str] = typer.Option(
-        [], "--dim", help="NAME=SIZE: a size symbol in the test inputs (default 1)"),
-    seed: int = typer.Option(0, "--seed", help="seed of the random test inputs"),
-    cases: int = typer.Option(2, "--cases", help="how many random test cases"),
-    name: Optional[str] = typer.Option(None, "--name", help="model name (default: the file's stem)"),
+        [], "--dim", metavar="NAME=SIZE", help="a size symbol in the test inputs (default 1)"),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="seed of the random test inputs"),
+    cases: int = typer.Option(2, "--cases", metavar="N", help="how many random test cases"),
+    name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
+                                       help="model name (default: the file's stem)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing but errors"),
 ) -> None:
     """Compile a model into one container, with reference test vectors, validated before writing.
@@ -323,10 +367,13 @@ def build_cmd(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SkippedTargetWarning)  # said once, as a line, below
         warnings.simplefilter("ignore", BlindVectorsWarning)
-        report = build(_existing(model), output, targets=target, precisions=precision,
-                       inputs=[_existing(p, "test inputs") for p in inputs] or None,
-                       dims=_key_int(dim, "--dim"), seed=seed, cases=cases, name=name,
-                       progress=progress)
+        try:
+            report = build(_existing(model), output, targets=target, precisions=precision,
+                           inputs=[_existing(p, "test inputs") for p in inputs] or None,
+                           dims=_key_int(dim, "--dim"), seed=seed, cases=cases, name=name,
+                           progress=progress)
+        except KeyboardInterrupt:  # build() removes its scratch file and writes OUT last
+            raise Interrupted(f"nothing written to {output}") from None
     if quiet:
         return
     if progress is None:  # the progress lines (a terminal) already said it
@@ -478,7 +525,7 @@ def _open(path: Path):
 
 @command("inspect")
 def inspect_cmd(
-    file: Path = typer.Argument(..., help="the container (.mlpack)"),
+    file: Path = typer.Argument(..., metavar="FILE.mlpack", help="the container (.mlpack)"),
     host: bool = typer.Option(False, "--host", help="say which artifact this host would run, and why"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
@@ -574,7 +621,8 @@ def _table(rows: list[dict]) -> list[str]:
 
 
 @command("validate")
-def validate_cmd(file: Path = typer.Argument(..., help="the container (.mlpack)")) -> None:
+def validate_cmd(file: Path = typer.Argument(..., metavar="FILE.mlpack",
+                                             help="the container (.mlpack)")) -> None:
     """Check structure and every digest, then run the bundled test vectors on every artifact this
     host can run; exit 2 on any failure (usable as a CI step)."""
     with _open(file):  # structure and every blob's digest, before running anything
@@ -599,11 +647,15 @@ def validate_cmd(file: Path = typer.Argument(..., help="the container (.mlpack)"
 
 @command("run")
 def run_cmd(
-    file: Path = typer.Argument(..., help="the container (.mlpack)"),
-    inputs: list[str] = typer.Option([], "--input", "-i", help="NAME=FILE.npy, once per input"),
-    output: Path = typer.Option(..., "--output", "-o", help="folder to write NAME.npy per output"),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or portable"),
-    precision: Optional[str] = typer.Option(None, "--precision", help="fp32, fp16, bf16 or int8"),
+    file: Path = typer.Argument(..., metavar="FILE.mlpack", help="the container (.mlpack)"),
+    inputs: list[str] = typer.Option([], "--input", "-i", metavar="NAME=FILE.npy",
+                                     help="an input's array, once per input"),
+    output: Path = typer.Option(..., "--output", "-o", metavar="DIR",
+                                help="folder to write NAME.npy per output"),
+    device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE",
+                                         help="cpu, cuda or portable"),
+    precision: Optional[str] = typer.Option(None, "--precision", metavar="PRECISION",
+                                            help="fp32, fp16, bf16 or int8"),
 ) -> None:
     """Run a container on this host; write each output as NAME.npy."""
     import warnings
@@ -667,17 +719,23 @@ def _bench_build_seconds(onnx_path: Path, progress) -> float:
 
 @command("bench")
 def bench_cmd(
-    file: Path = typer.Argument(..., help="the container (.mlpack)"),
+    file: Path = typer.Argument(..., metavar="FILE.mlpack", help="the container (.mlpack)"),
     compare: Optional[Path] = typer.Option(
-        None, "--compare", help="the ONNX model: time ONNX Runtime on it too, count FLOPs, time a build"),
-    threads: str = typer.Option("1,2", "--threads", help="thread counts, comma-separated"),
-    repeat: int = typer.Option(20, "--repeat", help="timed runs per runtime and thread count"),
-    min_seconds: float = typer.Option(2.0, "--min-seconds", help="time at least this long per thread count"),
-    max_seconds: float = typer.Option(30.0, "--max-seconds",
+        None, "--compare", metavar="MODEL.onnx",
+        help="time ONNX Runtime on this model too, count FLOPs, time a build"),
+    threads: str = typer.Option("1,2", "--threads", metavar="N,N",
+                                help="thread counts, comma-separated"),
+    repeat: int = typer.Option(20, "--repeat", metavar="N",
+                               help="timed runs per runtime and thread count"),
+    min_seconds: float = typer.Option(2.0, "--min-seconds", metavar="S",
+                                      help="time at least this long per thread count"),
+    max_seconds: float = typer.Option(30.0, "--max-seconds", metavar="S",
                                       help="time budget per thread count (at least 3 runs each)"),
     dim: list[str] = typer.Option(
-        [], "--dim", help="NAME=SIZE: seeded random inputs of this size instead of the test vectors"),
-    seed: int = typer.Option(0, "--seed", help="seed of the random inputs (with --dim)"),
+        [], "--dim", metavar="NAME=SIZE",
+        help="seeded random inputs of this size instead of the test vectors"),
+    seed: int = typer.Option(0, "--seed", metavar="N",
+                             help="seed of the random inputs (with --dim)"),
     no_rss: bool = typer.Option(False, "--no-rss", help="skip measuring peak memory"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
@@ -728,8 +786,17 @@ def bench_cmd(
                               f"atol {bench.ATOL:g}: {bad[0]}")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"mlpack {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Show the version and exit.")) -> None:
     """mlpack: one ONNX model in, one container out, runnable on every kind of hardware."""
 
 

@@ -2,7 +2,12 @@
 
     m = mlpack.load("model.mlpack")          # verifies, selects, decodes; weights stay on disk
     y = m(x=x)["y"]                          # or m.run({"x": x})
+    [y] = m.run(None, {"x": x})              # ONNX Runtime's shape: a list, in output order
     m.validate().ok                          # the bundled test vectors, on this artifact
+
+``get_inputs()``/``get_outputs()`` and ``run(output_names, feeds)`` have ONNX Runtime's
+``InferenceSession`` shape, so code written for ORT runs unchanged. Every record a user may
+print has a one-line repr.
 
 Selection is the C engine's (engine.py): the container is opened by the Python reader (exact
 format errors), then by libmlpack, whose verdicts become ``Model.verdicts``. A native artifact runs
@@ -53,6 +58,22 @@ EXECUTORS = {media.PROGRAM_PORTABLE: PortableExecutor}
 
 # ---------------------------------------------------------------- public records
 
+# IR dtype -> the ONNX element type name ONNX Runtime prints inside "tensor(...)"
+_ORT_TYPES = {
+    "f32": "float", "f64": "double", "f16": "float16", "bf16": "bfloat16", "bool": "bool",
+    "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "i4": "int4", "i2": "int2",
+    "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64", "u4": "uint4", "u2": "uint2",
+    "f8e4m3fn": "float8e4m3fn", "f8e4m3fnuz": "float8e4m3fnuz", "f8e5m2": "float8e5m2",
+    "f8e5m2fnuz": "float8e5m2fnuz", "f8e8m0": "float8e8m0", "f4e2m1": "float4e2m1",
+}
+
+
+def _few(items, n: int = 4) -> str:
+    """``items`` joined by commas, the first ``n`` of them: a repr stays one short line."""
+    items = [str(i) for i in items]
+    more = f", ... (+{len(items) - n} more)" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -65,10 +86,18 @@ class TensorInfo:
     # "2 * $batch" (spec/sizes.py), told apart from a name by its "$"
     shape: tuple[int | str, ...]
 
+    @property
+    def type(self) -> str:
+        """ONNX Runtime's name for the type: ``tensor(float)``, ``tensor(int64)``, ..."""
+        return f"tensor({_ORT_TYPES.get(self.dtype, self.dtype)})"
+
     def __str__(self) -> str:
         dims = [f"{d}={s}" if isinstance(s, int) or "$" in s else d if s == d else f"{d}=${s}"
                 for d, s in zip(self.dims, self.shape)]
         return f"{self.name}: {self.dtype}[{', '.join(dims)}]"
+
+    def __repr__(self) -> str:
+        return f"<TensorInfo {self}>"
 
 
 @dataclass(frozen=True)
@@ -81,6 +110,10 @@ class ArtifactInfo:
     platform: str | None  # "linux/amd64/v3"; None for portable
     target: str
     reason: str
+
+    def __repr__(self) -> str:
+        where = f"{self.device} {self.precision}" + (f" {self.platform}" if self.platform else "")
+        return f"<ArtifactInfo {self.index}: {where}, target {self.target}: {self.reason}>"
 
 
 @dataclass(frozen=True)
@@ -110,6 +143,12 @@ class OutputCheck:
     def max_rel_error(self) -> float:  # the name the format's 1.0 configs used
         return self.max_error
 
+    def __repr__(self) -> str:
+        if self.note or not self.ok:
+            return f"<OutputCheck {'ok' if self.ok else 'FAILED'}: {self.detail()}>"
+        return (f"<OutputCheck ok: output {self.name!r}: max error {self.max_error:.3g}, "
+                f"rel L2 {self.rel_l2:.3g}>")
+
     def detail(self) -> str:
         """Why it failed, in one clause."""
         if self.note:
@@ -134,6 +173,14 @@ class ValidationResult:
     @property
     def ok(self) -> bool:
         return self.cases > 0 and all(o.ok for o in self.outputs)
+
+    def __repr__(self) -> str:
+        failed = [o for o in self.outputs if not o.ok]   # the first one, and how many more
+        why = f": {failed[0].detail()}" if failed else "" if self.cases else ": no test vectors"
+        why += f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
+        return (f"<ValidationResult {'ok' if self.ok else 'FAILED'}: {self.cases} case(s), "
+                f"{len(self.outputs)} output(s), artifact {self.artifact.index} "
+                f"({self.artifact.device} {self.artifact.precision}){why}>")
 
 
 def _tensor_infos(sigs: list[dict]) -> list[TensorInfo]:
@@ -223,6 +270,13 @@ def check_feeds(inputs: list[TensorInfo], feeds, path: str = "") -> dict[str, np
 # ---------------------------------------------------------------- the model
 
 
+class Verdicts(list):
+    """``Model.verdicts``: a list of ``Verdict``, printed one artifact per line."""
+
+    def __repr__(self) -> str:
+        return "[" + ",\n ".join(map(repr, self)) + "]"
+
+
 def _fallback_reason(verdicts: list[Verdict]) -> str:
     native = [v for v in verdicts if v.artifact.device != "portable"]
     if not native:
@@ -270,7 +324,7 @@ class Model:
         """The engine selects (and, for a native artifact, stays open to run it)."""
         handle, load_error = engine.open_engine(self.path, threads=self.threads, **policy)
         self.engine = engine.describe_engine()
-        self.verdicts = engine.verdicts(handle, self._container, load_error)
+        self.verdicts = Verdicts(engine.verdicts(handle, self._container, load_error))
         art = next(v.artifact for v in self.verdicts if v.chosen)
         if art.device == "portable":
             handle.close()  # the NumPy interpreter runs portable programs faster than the engine's
@@ -284,8 +338,9 @@ class Model:
         """No engine (or an explicit ``host``, which the engine cannot take): Python selects among
         the artifacts Python runs, the portable ones."""
         self.engine = "python" if explicit_host else engine.describe_engine()
-        art, self.verdicts = select_artifact(self._container, self.host, code_types=set(EXECUTORS),
-                                             **policy)
+        art, verdicts = select_artifact(self._container, self.host, code_types=set(EXECUTORS),
+                                        **policy)
+        self.verdicts = Verdicts(verdicts)
         native = any(v.artifact.device != "portable" for v in self.verdicts)
         why = None
         if not explicit_host and native:
@@ -312,8 +367,28 @@ class Model:
 
     # ---- running
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Outputs by name (in signature order), each in ONNX axis order."""
+    def run(self, output_names, input_feed=None) -> dict[str, np.ndarray] | list[np.ndarray]:
+        """Run the model; outputs in ONNX axis order.
+
+        ``run(feeds)``: every output, by name (a dict in signature order).
+        ``run(output_names, feeds)``: as ONNX Runtime's ``InferenceSession.run``, a list of the
+        outputs named (None: all of them), in that order."""
+        if input_feed is None:  # run(feeds)
+            return self._run(output_names)
+        if output_names is None:
+            return list(self._run(input_feed).values())
+        if isinstance(output_names, str) or not all(isinstance(n, str) for n in output_names):
+            raise InputError(f"output_names must be a list of output names or None, got "
+                             f"{output_names!r}")
+        known = [o.name for o in self.outputs]
+        for name in output_names:
+            if name not in known:
+                raise InputError(f"unknown output {name!r}; the model's outputs are "
+                                 f"{', '.join(known)}")
+        got = self._run(input_feed)
+        return [got[name] for name in output_names]
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._executor is None:
             raise Error(f"{self.path}: the model is closed")
         # a signature (names, dtypes, shapes) that passed once passes again: the checks look
@@ -329,7 +404,16 @@ class Model:
         return {o.name: got[o.name] for o in self.outputs}
 
     def __call__(self, **arrays) -> dict[str, np.ndarray]:
-        return self.run(arrays)
+        return self._run(arrays)
+
+    def get_inputs(self) -> list[TensorInfo]:
+        """The inputs, as ONNX Runtime's ``get_inputs``: each has ``.name``, ``.shape`` (counts,
+        or symbol names such as ``'batch'``) and ``.type`` (``'tensor(float)'``)."""
+        return list(self.inputs)
+
+    def get_outputs(self) -> list[TensorInfo]:
+        """The outputs, as ONNX Runtime's ``get_outputs`` (see ``get_inputs``)."""
+        return list(self.outputs)
 
     # ---- test vectors and validation
 
@@ -401,7 +485,7 @@ class Model:
 
     def __repr__(self) -> str:
         return (f"<mlpack.Model {self.path!r} on {describe(self._art)}: "
-                f"{', '.join(map(str, self.inputs))} -> {', '.join(map(str, self.outputs))}>")
+                f"{_few(self.inputs)} -> {_few(self.outputs)}>")
 
 
 def _judged(names, got: list, baseline: list, refs: list, tol) -> tuple[OutputCheck, ...]:

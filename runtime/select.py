@@ -45,6 +45,9 @@ class Verdict:
     chosen: bool
     reason: str
 
+    def __repr__(self) -> str:  # not the dataclass's: that prints the artifact's whole config
+        return f"<Verdict {describe(self.artifact)}: {self.reason}>"
+
 
 # ---------------------------------------------------------------- reading an artifact
 

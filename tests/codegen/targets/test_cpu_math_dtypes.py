@@ -135,7 +135,9 @@ def test_pow_accuracy_and_rules():
 def test_f64_exp_and_log_compute_in_f64():
     x = np.concatenate([np.linspace(-745, 709, 100001), [-np.inf, np.inf, np.nan, 710.0]])
     got = run_op("exp", x, dtype="f64")[0]
-    np.testing.assert_allclose(got, np.exp(x), rtol=5e-16, atol=1e-320, equal_nan=True)
+    with np.errstate(over="ignore"):  # exp(710) overflows to inf on purpose
+        ref = np.exp(x)
+    np.testing.assert_allclose(got, ref, rtol=5e-16, atol=1e-320, equal_nan=True)
     y = np.concatenate([np.geomspace(5e-324, 1.7e308, 100001), [0.0, -1.0, np.inf, np.nan]])
     with np.errstate(all="ignore"):
         ref = np.log(y)
@@ -186,7 +188,9 @@ def test_round_sign_floor_ceil_recip_and_predicates():
     for op, fn in (("round", np.round), ("sign", np.sign), ("floor", np.floor), ("ceil", np.ceil),
                    ("recip", np.reciprocal), ("isnan", np.isnan), ("isinf", np.isinf)):
         got = run_op(op, x, target="x86_64-v2")[0]
-        np.testing.assert_array_equal(got, fn(x), err_msg=op)
+        with np.errstate(divide="ignore"):  # recip(0) is inf on purpose
+            ref = fn(x)
+        np.testing.assert_array_equal(got, ref, err_msg=op)
 
 
 @pytest.mark.parametrize("dtype", ["i8", "u8", "i32", "u32", "i64", "u64"])
@@ -223,9 +227,11 @@ def test_half_conversions_are_exact(dtype, target):
     g = op_graph("abs", dtype, h.size)            # load, |x|, store
     got = run_plan(compile_cpu(g, target), g, {"a": h})["y"]
     ref = np.abs(h)
-    np.testing.assert_array_equal(got.view(np.uint16)[~np.isnan(ref)],
-                                  ref.view(np.uint16)[~np.isnan(ref)])
-    assert np.isnan(got[np.isnan(ref)].astype(np.float32)).all()
+    # every bit pattern includes signaling NaNs: ml_dtypes' bf16 isnan raises FE_INVALID on them
+    with np.errstate(invalid="ignore"):
+        nan = np.isnan(ref)
+        assert np.isnan(got[nan].astype(np.float32)).all()
+    np.testing.assert_array_equal(got.view(np.uint16)[~nan], ref.view(np.uint16)[~nan])
     # f32 -> f16/bf16 through a cast (rounds to nearest even; midpoints included)
     rng = np.random.default_rng(4)
     bits = np.concatenate([rng.integers(0, 1 << 32, 200000, dtype=np.uint64).astype(np.uint32),
@@ -234,8 +240,9 @@ def test_half_conversions_are_exact(dtype, target):
     x = bits.view(np.float32)
     g = op_graph("neg", "f32", x.size, out_dtype=dtype)
     got = run_plan(compile_cpu(g, target), g, {"a": x})["y"]
-    ref = (-x).astype(got.dtype)
-    keep = ~np.isnan(ref)
+    with np.errstate(over="ignore", invalid="ignore"):  # large f32 -> inf, NaNs stay NaN
+        ref = (-x).astype(got.dtype)
+        keep = ~np.isnan(ref)
     np.testing.assert_array_equal(got.view(np.uint16)[keep], ref.view(np.uint16)[keep])
     assert np.isnan(got[~keep].astype(np.float32)).all()
 
