@@ -127,12 +127,18 @@ def _set(doc, path: list, value):
     return doc
 
 
-def _newer_major(kind, doc, i):
-    if kind in ("index", "nested"):
-        doc["annotations"][m.ANN_FORMAT_VERSION] = "2.0"
-    if kind == "config":
-        doc["mlpack_format"] = "2.0"
-    return doc
+def _at_version(version: str):
+    """An edit that writes ``version`` wherever a document states the format version."""
+    def edit(kind, doc, i):
+        if kind in ("index", "nested"):
+            doc["annotations"][m.ANN_FORMAT_VERSION] = version
+        if kind == "config":
+            doc["mlpack_format"] = version
+        return doc
+    return edit
+
+
+_newer_major = _at_version("2.0")
 
 
 def _unknown_fields(kind, doc, i):
@@ -151,13 +157,8 @@ def _unknown_fields(kind, doc, i):
     return doc
 
 
-def _older_minor(kind, doc, i):
-    """Format 1.0, as the first writers wrote it (every field it has, 1.0 has)."""
-    if kind in ("index", "nested"):
-        doc["annotations"][m.ANN_FORMAT_VERSION] = "1.0"
-    if kind == "config":
-        doc["mlpack_format"] = "1.0"
-    return doc
+# format 1.0, as the first writers wrote it (every field it has, 1.0 has)
+_older_minor = _at_version("1.0")
 
 
 def _output_size(size):
