@@ -81,10 +81,11 @@ def measure_model(path: str, folder: str) -> list[dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PortableFallbackWarning)
         with load(out) as model:
-            from mlpack.runtime.model import _references64
+            from mlpack.runtime.model import _cases
 
-            cases = model.test_vectors()
-            refs = _references64(model._container, model._art, len(cases))
+            triples = _cases(model._container, model._art)
+            cases = [(ins, outs) for ins, outs, _ in triples]
+            refs = [ref for _, _, ref in triples]
             names = [o.name for o in model.outputs]
             noopt = _ort_noopt(path, [c[0] for c in cases], names)
             results = {v.artifact.config["artifact"]["target"]: model.validate(v.artifact.index)

@@ -48,6 +48,8 @@ from ..spec import accuracy, media
 from ..spec.container import ArtifactSpec, Layer, make_config, write_container
 from ..spec.errors import Error
 from . import testvectors as tv
+# config inputs and outputs; a SignatureError for a size the container cannot state
+from .signature import model_signature
 
 # every target name mlpack knows, in the order `inspect` lists them; IMPLEMENTED can build today
 TARGETS = ("portable", "x86_64-v2", "x86_64-v3", "x86_64-v4", "x86_64-v4-amx", "aarch64", "cuda")
@@ -59,7 +61,6 @@ OPT_IN_TARGETS = ("x86_64-v4-amx",)
 DEFAULT_TARGETS = tuple(t for t in IMPLEMENTED_TARGETS if t not in OPT_IN_TARGETS)
 PRECISIONS = media.PRECISIONS
 IMPLEMENTED_PRECISIONS = ("fp32",)
-
 
 
 class BuildError(Error):
@@ -174,14 +175,6 @@ def _compile(proto):
                          "input shapes only (this one needs an input's value at compile time)") from None
 
 
-def model_signature(graph) -> tuple[list[dict], list[dict]]:
-    """Config inputs and outputs (packager/signature.py); a ``SignatureError`` for a size the
-    container cannot state."""
-    from .signature import model_signature as signature_of
-
-    return signature_of(graph)
-
-
 def _weights(graph) -> bytes:
     from ..spec.tensorfile import write_tensors
 
@@ -204,7 +197,8 @@ def _accuracy(baseline: str, precision: str, check=None) -> dict:
         entry = {"max_error": o.max_error, "rel_l2": o.rel_l2, "max_abs_error": o.max_abs_error,
                  "baseline_max_error": o.baseline_max_error, "baseline_rel_l2": o.baseline_rel_l2,
                  "top1": o.top1}
-        outputs[o.name] = {k: _number(v) for k, v in entry.items() if _number(v) is not None}
+        numbers = {k: _number(v) for k, v in entry.items()}
+        outputs[o.name] = {k: v for k, v in numbers.items() if v is not None}
     for key in ("max_error", "rel_l2", "max_abs_error", "baseline_max_error", "top1"):
         values = [e[key] for e in outputs.values() if key in e]
         if values:
@@ -637,6 +631,6 @@ def _remove(path: str) -> None:
 
 
 __all__ = ["build", "BuildReport", "ArtifactReport", "BuildError", "DeadOnArrivalError",
-           "SkippedTargetWarning", "BlindVectorsWarning", "ReferenceMismatchError", "check_output_path", "cpu_artifact_spec", "model_signature", "TARGETS",
-           "CPU_TARGETS", "PRECISIONS", "IMPLEMENTED_TARGETS", "DEFAULT_TARGETS",
+           "SkippedTargetWarning", "BlindVectorsWarning", "ReferenceMismatchError",
+           "check_output_path", "cpu_artifact_spec", "model_signature", "TARGETS", "CPU_TARGETS", "PRECISIONS", "IMPLEMENTED_TARGETS", "DEFAULT_TARGETS",
            "IMPLEMENTED_PRECISIONS"]

@@ -156,10 +156,9 @@ class OutputCheck:
         if self.allowed_max_error is None:
             return (f"output {self.name!r}: max abs error {self.max_abs_error:.3g} (allowed "
                     f"atol {self.atol:g}, rtol {self.rtol:g})")
-        return (f"output {self.name!r}: max error {self.max_error:.3g} (allowed "
-                f"{self.allowed_max_error:.3g}), rel L2 {self.rel_l2:.3g} (allowed "
-                f"{self.allowed_rel_l2:.3g}); ONNX Runtime's own: "
-                f"{self.baseline_max_error:.3g}, {self.baseline_rel_l2:.3g}")
+        return accuracy.bound_text(self.name, self.max_error, self.allowed_max_error,
+                                   self.rel_l2, self.allowed_rel_l2, self.baseline_max_error,
+                                   self.baseline_rel_l2)
 
 
 @dataclass(frozen=True)
@@ -419,7 +418,7 @@ class Model:
 
     def test_vectors(self) -> list[tuple[dict, dict]]:
         """The bundled (inputs, expected outputs) cases of the chosen artifact; [] if none."""
-        return _test_vectors(self._container, self._art)
+        return [(ins, outs) for ins, outs, _ in _cases(self._container, self._art)]
 
     def validate(self, artifact=None) -> ValidationResult:
         """Run the bundled test vectors on ``artifact`` (an index or an Artifact;
@@ -440,25 +439,23 @@ class Model:
 
     def _validate(self, art: Artifact, executor) -> ValidationResult:
         acc = art.config.get("accuracy") or {}
-        cases = _test_vectors(self._container, art)
-        refs = _references64(self._container, art, len(cases))
-        got = [executor.run(check_feeds(self.inputs, feeds, self.path)) for feeds, _ in cases]
+        cases = _cases(self._container, art)
+        got = [executor.run(check_feeds(self.inputs, feeds, self.path)) for feeds, _, _ in cases]
         names = [o.name for o in self.outputs]
-        if cases and all(refs):
-            checks = _judged(names, got, [want for _, want in cases], refs,
+        wants = [want for _, want, _ in cases]
+        if cases and all(ref for _, _, ref in cases):
+            checks = _judged(names, got, wants, [ref for _, _, ref in cases],
                              accuracy.tolerance_for(art.precision, acc.get("tolerance")))
         else:  # written before the float64 reference: its own rtol/atol against its outputs
-            checks = _legacy_checks(names, got, [want for _, want in cases],
-                                    float(acc.get("rtol", 1e-5)), float(acc.get("atol", 1e-6)))
+            checks = _legacy_checks(names, got, wants, float(acc.get("rtol", 1e-5)),
+                                    float(acc.get("atol", 1e-6)))
         reason = next(v.reason for v in self.verdicts if v.artifact is art)
         return ValidationResult(_artifact_info(art, reason), len(cases), checks)
 
     def blind_spots(self) -> list[str]:
         """Outputs the bundled test vectors cannot judge (``spec.accuracy.blind_spots``)."""
-        cases = _test_vectors(self._container, self._art)
-        refs = [r or want for r, (_, want) in
-                zip(_references64(self._container, self._art, len(cases)), cases)]
-        return accuracy.blind_spots(refs)
+        return accuracy.blind_spots([ref or want for _, want, ref in
+                                     _cases(self._container, self._art)])
 
     def _runnable(self, index) -> Artifact:
         verdict = next((v for v in self.verdicts if v.artifact.index == index), None)
@@ -501,9 +498,7 @@ def _judged(names, got: list, baseline: list, refs: list, tol) -> tuple[OutputCh
         v = accuracy.judge(name, mine, base, tol)
         out.append(OutputCheck(name, mine.max_error, mine.rel_l2, mine.max_abs_error, v.ok,
                                v.allowed_max_error, v.allowed_rel_l2, base.max_error,
-                               base.rel_l2, mine.top1,
-                               mine.note or (f"{mine.mismatches} exact element(s) match neither "
-                                             "reference" if mine.mismatches else "")))
+                               base.rel_l2, mine.top1, mine.problem()))
     return tuple(out)
 
 
@@ -546,32 +541,20 @@ def _is_float(dt: np.dtype) -> bool:
         return False
 
 
-def _vector_tensors(container, art: Artifact) -> tuple[dict, dict]:
-    """(metadata, tensors) of the artifact's test-vector layer; ({}, {}) if it has none."""
+def _cases(container, art: Artifact) -> list[tuple[dict, dict, dict]]:
+    """The artifact's test cases as (inputs, baseline outputs, float64 reference outputs), the
+    archive read once; [] without a vector layer, and {} references in a 1.0 container."""
     layer = art.layer(media.TESTVECTORS)
     if layer is None:
-        return {}, {}
+        return []
     blob = container.blob(layer.digest)
-    return read_header(blob).get("metadata") or {}, read_tensors(blob)
-
-
-def _test_vectors(container, art: Artifact) -> list[tuple[dict, dict]]:
-    meta, tensors = _vector_tensors(container, art)
+    meta = read_header(blob).get("metadata") or {}
+    tensors = read_tensors(blob)
     n = meta.get("cases")
     if not isinstance(n, int):  # no count recorded: as many as the names say
         n = len({k.split("/", 1)[0] for k in tensors if k.startswith("case")})
-    cases = []
-    for i in range(n):
-        ins = _case_part(tensors, f"case{i}/input/")
-        outs = _case_part(tensors, f"case{i}/output/")
-        cases.append((ins, outs))
-    return cases
-
-
-def _references64(container, art: Artifact, cases: int) -> list[dict]:
-    """Each case's float64 reference outputs; {} each in a container written before them."""
-    tensors = _vector_tensors(container, art)[1]
-    return [_case_part(tensors, f"case{i}/reference64/") for i in range(cases)]
+    return [tuple(_case_part(tensors, f"case{i}/{part}/")
+                  for part in ("input", "output", "reference64")) for i in range(n)]
 
 
 def _case_part(tensors: dict, prefix: str) -> dict:

@@ -108,6 +108,14 @@ class Errors:
     top1: float | None = None   # share of rows whose argmax agrees (class-score outputs)
     note: str = ""              # why it cannot be compared (shape), if so
 
+    def problem(self) -> str:
+        """What makes these errors fail whatever the bound ("" if nothing does)."""
+        if self.note:
+            return self.note
+        if self.mismatches:
+            return f"{self.mismatches} exact element(s) match neither reference"
+        return ""
+
     def worst(self, other: "Errors") -> "Errors":
         top1 = [t for t in (self.top1, other.top1) if t is not None]
         return Errors(max(self.max_error, other.max_error), max(self.rel_l2, other.rel_l2),
@@ -191,21 +199,24 @@ class OutputVerdict:
     @property
     def ok(self) -> bool:
         e = self.errors
-        return (not e.note and e.mismatches == 0 and e.max_error <= self.allowed_max_error
+        return (not e.problem() and e.max_error <= self.allowed_max_error
                 and e.rel_l2 <= self.allowed_rel_l2)
 
     def detail(self) -> str:
         """Why it failed, in one clause."""
         e = self.errors
-        if e.note:
-            return f"output {self.name!r}: {e.note}"
-        if e.mismatches:
-            return (f"output {self.name!r}: {e.mismatches} exact element(s) match neither "
-                    f"reference")
-        return (f"output {self.name!r}: max error {e.max_error:.3g} (allowed "
-                f"{self.allowed_max_error:.3g}), rel L2 {e.rel_l2:.3g} (allowed "
-                f"{self.allowed_rel_l2:.3g}); ONNX Runtime's own: {self.baseline.max_error:.3g}, "
-                f"{self.baseline.rel_l2:.3g}")
+        if e.problem():
+            return f"output {self.name!r}: {e.problem()}"
+        return bound_text(self.name, e.max_error, self.allowed_max_error, e.rel_l2,
+                          self.allowed_rel_l2, self.baseline.max_error, self.baseline.rel_l2)
+
+
+def bound_text(name: str, max_error: float, allowed_max_error: float, rel_l2: float,
+               allowed_rel_l2: float, baseline_max_error: float, baseline_rel_l2: float) -> str:
+    """An output's errors beside their bounds and ONNX Runtime's own, in one clause."""
+    return (f"output {name!r}: max error {max_error:.3g} (allowed {allowed_max_error:.3g}), "
+            f"rel L2 {rel_l2:.3g} (allowed {allowed_rel_l2:.3g}); ONNX Runtime's own: "
+            f"{baseline_max_error:.3g}, {baseline_rel_l2:.3g}")
 
 
 def judge(name: str, errors: Errors, baseline: Errors, tol: Tolerance) -> OutputVerdict:
@@ -253,4 +264,4 @@ def blind_spots(references: list[dict]) -> list[str]:
 
 __all__ = ["REFERENCE", "REFERENCES_AGREE", "disagreement", "Tolerance", "TOLERANCES",
            "tolerance_for", "Errors", "measure",
-           "OutputVerdict", "judge", "blind_spots", "is_float"]
+           "OutputVerdict", "judge", "bound_text", "blind_spots", "is_float"]
