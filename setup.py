@@ -1,19 +1,26 @@
-"""Build integration for libmlpack, the C engine (runtime/c): `pip install -e .` (or a wheel build)
-compiles runtime/c/src/*.c into mlpack/runtime/_libmlpack*.so, a plain shared library that
-runtime/native.py loads with ctypes by path. It has no PyInit and is never imported. Everything
-else about the package is in pyproject.toml."""
+"""Build script of the `mlpack` distribution, the compiler (pyproject.toml has the metadata).
 
-from glob import glob
+mlpack/__init__.py, mlpack.spec and mlpack.runtime with libmlpack are the `mlpack-runtime`
+distribution's (runtime/pyproject.toml), which this one depends on, so a host that only runs
+containers installs that alone. The two share the `mlpack` folder: this one ships its
+backend.py and conformance.py, never its __init__.py or py.typed, so neither overwrites the
+other's files.
+"""
 
-from setuptools import Extension, setup
+import os
 
-libmlpack = Extension(
-    "mlpack.runtime._libmlpack",
-    sources=sorted(glob("runtime/c/src/*.c")),
-    include_dirs=["runtime/c/include"],
-    depends=sorted(glob("runtime/c/src/*.h") + glob("runtime/c/include/*.h")),
-    libraries=["dl", "pthread", "m"],
-    extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden"],
-)
+from setuptools import setup
+from setuptools.command.build_py import build_py
 
-setup(ext_modules=[libmlpack])
+
+class build_compiler_py(build_py):
+    def find_package_modules(self, package, package_dir):
+        modules = super().find_package_modules(package, package_dir)
+        return [m for m in modules if not (package == "mlpack" and m[1] == "__init__")]
+
+    def find_data_files(self, package, src_dir):
+        files = super().find_data_files(package, src_dir)
+        return [f for f in files if not (package == "mlpack" and os.path.basename(f) == "py.typed")]
+
+
+setup(cmdclass={"build_py": build_compiler_py})

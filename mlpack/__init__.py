@@ -13,13 +13,15 @@ runs, and says why::
 ``m.get_inputs()``, ``m.get_outputs()`` and ``m.run(output_names, feeds)`` work as in ONNX
 Runtime's ``InferenceSession``. Failures are ``mlpack.Error`` subclasses (``FormatError``,
 ``InputError``, ...). Also: ``import_onnx``/``compile_onnx`` (the compiler's IR) and
-``run_reference`` (the NumPy reference interpreter). The README covers the commands, the Python
-and C APIs and the container format (spec/SPEC.md).
+``run_reference`` (the NumPy reference interpreter). ``load`` and the model need only the
+mlpack-runtime distribution; ``build`` and the rest are the compiler, ``mlpack``. The README is
+the guide; docs/ has the commands, the Python and C APIs and the container format.
 """
 
 # For developers: only the error base classes load eagerly; the rest is imported on first use
 # (PEP 562), so ``import mlpack`` stays light and a host with the runtime alone never imports the
-# compiler. The subpackages live in spec/, codegen/, packager/ and runtime/ (see pyproject.toml).
+# compiler. This file, spec/ and runtime/ are the mlpack-runtime distribution (runtime/setup.py);
+# codegen/, packager/ and the rest of this folder are the compiler's, `mlpack` (pyproject.toml).
 
 from .spec.errors import Error, FormatError, InputError
 
@@ -50,7 +52,14 @@ def __getattr__(name: str):
         module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'mlpack' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
+    try:
+        value = getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith(("mlpack.codegen", "mlpack.packager")):
+            raise
+        raise ModuleNotFoundError(
+            f"mlpack.{name} is part of the compiler, which is not installed here (this host has "
+            f"mlpack-runtime, which loads and runs containers): pip install mlpack", name=e.name) from None
     globals()[name] = value
     return value
 

@@ -5,9 +5,11 @@
         y = m.run({"x": x})["y"]          # outputs copied into NumPy arrays
         [a.reason for a in m.artifacts]   # the engine's selection verdicts
 
-The library is found next to this file (``_libmlpack*.so``, built by ``pip install -e .`` from
-runtime/c/src through setup.py) or, in a checkout, at ``runtime/c/build/libmlpack.so`` (``make
--C runtime/c``), the newer of the two when both exist; ``MLPACK_LIBRARY`` names another. Errors become the exceptions of
+The library is found next to this file (``libmlpack.so``, built from runtime/c/src by
+runtime/setup.py: the mlpack-runtime wheel, or ``pip install -e ./runtime`` in a checkout) or, in a
+checkout, at ``runtime/c/build/libmlpack.so`` (``make -C runtime/c``), the newer of the two when
+both exist; ``MLPACK_LIBRARY`` names another. ``include_dir()`` is where ``mlpack.h`` is, for C
+programs (``python -m mlpack.runtime --cflags --libs``). Errors become the exceptions of
 ``mlpack.spec.errors`` with the engine's message: FORMAT and IO -> FormatError, DIGEST ->
 DigestError, VERSION -> VersionError, INPUT -> InputError, NO_ARTIFACT -> NoRunnableArtifactError
 (PortableFallbackError when ``strict`` refused the portable fallback), INDEX -> IndexRangeError
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import glob
 import os
 from dataclasses import dataclass
 
@@ -71,11 +72,18 @@ def library_path() -> str | None:
     env = os.environ.get("MLPACK_LIBRARY")
     if env:
         return env
-    found = glob.glob(os.path.join(_HERE, "_libmlpack*.so"))
-    built = os.path.join(_HERE, "c", "build", "libmlpack.so")
-    found += [built] if os.path.exists(built) else []
+    found = [p for p in (os.path.join(_HERE, "libmlpack.so"), os.path.join(_HERE, "c", "build", "libmlpack.so"))
+             if os.path.exists(p)]
     # in a checkout both may exist: the newer one is the one the developer just built
     return max(found, key=os.path.getmtime) if found else None
+
+
+def include_dir() -> str:
+    """The folder of mlpack.h: the wheel's copy beside the library, or the checkout's."""
+    for d in (os.path.join(_HERE, "include"), os.path.join(_HERE, "c", "include")):
+        if os.path.exists(os.path.join(d, "mlpack.h")):
+            return d
+    raise errors.Error("mlpack.h is not here: install mlpack-runtime (pip install ./runtime in a checkout)")
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -380,4 +388,4 @@ def open_model(path, **kw) -> NativeModel:
 
 
 __all__ = ["NativeModel", "TensorInfo", "ArtifactVerdict", "open_model", "library", "library_path",
-           "available", "version", "DTYPES"]
+           "include_dir", "available", "version", "DTYPES"]
