@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from . import debug
-from ..spec.ir.graph import Graph
-from .onnx.importer import import_model
-from .passes.pipeline import run_pipeline
+from mlpack.codegen import debug
+from mlpack.spec.ir.graph import Graph
+from mlpack.codegen.onnx.importer import import_model
+from mlpack.codegen.passes.pipeline import run_pipeline
 
 
 def compile_onnx(model: Any, specialize: dict[str, np.ndarray] | None = None) -> Graph:

@@ -1,6 +1,7 @@
 """Errors raised by the compiler: bad models, unsupported ops, malformed IR."""
 
-from ..spec.errors import Error, InterpError, IRParseError, VerifyError  # noqa: F401 (raised by the IR)
+from mlpack.spec.errors import (Error, InterpError, IRParseError,  # noqa: F401 (raised by the IR)
+                                VerifyError)
 
 
 class ModelError(Error):

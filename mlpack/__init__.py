@@ -23,7 +23,7 @@ the guide; docs/ has the commands, the Python and C APIs and the container forma
 # compiler. This file, spec/ and runtime/ are the mlpack-runtime distribution (runtime/setup.py);
 # codegen/, packager/ and the rest of this folder are the compiler's, `mlpack` (pyproject.toml).
 
-from .spec.errors import Error, FormatError, InputError
+from mlpack.spec.errors import Error, FormatError, InputError
 
 __version__ = "0.1.0"
 

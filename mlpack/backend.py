@@ -28,12 +28,12 @@ import onnx
 from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
-from .codegen.compile import compile_onnx
-from .codegen.errors import UnsupportedTargetError
-from .spec.errors import Error
-from .spec.ir.interp import run_graph
-from .codegen.onnx.builder import NeedsValue
-from .codegen.onnx.importer import load_model
+from mlpack.codegen.compile import compile_onnx
+from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.spec.errors import Error
+from mlpack.spec.ir.interp import run_graph
+from mlpack.codegen.onnx.builder import NeedsValue
+from mlpack.codegen.onnx.importer import load_model
 
 MODES = ("interp", "native")
 ENV_MODE = "MLPACK_BACKEND"
@@ -50,7 +50,7 @@ def backend_mode(mode: str | None = None) -> str:
 
 def host_target() -> str:
     """The cpu target this host runs best: x86_64-v4/v3/v2 by its x86-64 level, or aarch64."""
-    from .runtime.host import detect_host
+    from mlpack.runtime.host import detect_host
 
     host = detect_host()
     if host.arch == "amd64" and (host.x86_level or 0) >= 2:
@@ -78,12 +78,12 @@ class _Native:
     """A compiled graph lowered by the cpu target and loaded once into the C engine."""
 
     def __init__(self, graph, name: str, threads: int | None = None):
-        from .codegen.targets.cpu import narrowconv
-        from .codegen.targets.cpu.compile import compile_cpu
-        from .packager.build import cpu_artifact_spec, model_signature
-        from .runtime import native
-        from .spec.container import write_container
-        from .spec.tensorfile import write_tensors
+        from mlpack.codegen.targets.cpu import narrowconv
+        from mlpack.codegen.targets.cpu.compile import compile_cpu
+        from mlpack.packager.build import cpu_artifact_spec, model_signature
+        from mlpack.runtime import native
+        from mlpack.spec.container import write_container
+        from mlpack.spec.tensorfile import write_tensors
 
         self.inputs = {p.name for p in graph.inputs}  # specialized inputs are no longer ports
         self.target = host_target()

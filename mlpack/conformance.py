@@ -76,8 +76,8 @@ def run_case(case, mode: str = "interp") -> tuple[str, str]:
     from onnx import numpy_helper
     from onnx.backend.test.runner import Runner
 
-    from . import backend
-    from .spec.errors import Error
+    from mlpack import backend
+    from mlpack.spec.errors import Error
 
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(CASE_SECONDS)
@@ -228,8 +228,8 @@ def main(argv=None) -> int:
 def _describe_mode(mode: str) -> str:
     if mode == "interp":
         return "interp (the NumPy reference interpreter)"
-    from .backend import host_target
-    from .runtime.engine import describe_engine
+    from mlpack.backend import host_target
+    from mlpack.runtime.engine import describe_engine
 
     return f"native ({host_target()} code in {describe_engine()})"
 

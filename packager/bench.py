@@ -47,7 +47,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..spec.errors import Error, InputError
+from mlpack.spec.errors import Error, InputError
 
 RTOL, ATOL = 1e-3, 1e-4  # fp32 agreement between the runtimes: summation orders differ
 MIN_RUNS = 3  # timed runs each runtime gets even when the time budget is spent
@@ -159,8 +159,8 @@ def ort_session(model, threads: int):
 def load_mlpack(path, threads: int):
     """``mlpack.load(path, threads=threads)``, the portable-fallback warning silenced (the
     result says which artifact ran)."""
-    from ..runtime import load
-    from ..spec.errors import PortableFallbackWarning
+    from mlpack.runtime import load
+    from mlpack.spec.errors import PortableFallbackWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PortableFallbackWarning)
@@ -169,7 +169,7 @@ def load_mlpack(path, threads: int):
 
 def _ort_feeds(model_proto, feeds: dict) -> dict:
     """``feeds`` plus zeros for the graph inputs mlpack's signature dropped (unused ones)."""
-    from .testvectors import _ort_feeds as fill
+    from mlpack.packager.testvectors import _ort_feeds as fill
 
     return fill(model_proto, feeds)
 
@@ -213,7 +213,7 @@ def model_inputs(model, dims: dict | None = None, seed: int = 0) -> tuple[dict, 
     The first test-vector case when the container has one and no ``dims`` are given; otherwise
     seeded random arrays (floats N(0, 1), integers in [0, 10), booleans fair coins) with every
     size symbol bound to ``dims`` (default 1)."""
-    from .testvectors import _random_array
+    from mlpack.packager.testvectors import _random_array
 
     if not dims:
         cases = model.test_vectors()
@@ -373,7 +373,7 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
     container = os.fspath(container)
     proto = None
     if onnx_path is not None:
-        from ..codegen.onnx.importer import load_model
+        from mlpack.codegen.onnx.importer import load_model
 
         proto = load_model(onnx_path)
     threads = list(threads)
@@ -383,7 +383,7 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
         out_names = [o.name for o in first.outputs]
     flops = None
     if proto is not None:
-        from .flops import count_flops
+        from mlpack.packager.flops import count_flops
 
         flops = count_flops(proto, {k: v.shape for k, v in feeds.items()}).total or None
     full_feeds = _ort_feeds(proto, feeds) if proto is not None else feeds
@@ -447,7 +447,7 @@ def machine() -> dict:
         pass
     versions = {"python": platform.python_version(), "numpy": np.__version__}
     try:
-        from .. import __version__
+        from mlpack import __version__
 
         versions["mlpack"] = __version__
     except ImportError:  # pragma: no cover

@@ -44,12 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..spec import accuracy, media
-from ..spec.container import ArtifactSpec, Layer, make_config, write_container
-from ..spec.errors import Error
-from . import testvectors as tv
+from mlpack.spec import accuracy, media
+from mlpack.spec.container import ArtifactSpec, Layer, make_config, write_container
+from mlpack.spec.errors import Error
+from mlpack.packager import testvectors as tv
 # config inputs and outputs; a SignatureError for a size the container cannot state
-from .signature import model_signature
+from mlpack.packager.signature import model_signature
 
 # every target name mlpack knows, in the order `inspect` lists them; IMPLEMENTED can build today
 TARGETS = ("portable", "x86_64-v2", "x86_64-v3", "x86_64-v4", "x86_64-v4-amx", "aarch64", "cuda")
@@ -165,8 +165,8 @@ class _Steps:
 
 
 def _compile(proto):
-    from ..codegen.compile import compile_onnx
-    from ..codegen.onnx.builder import NeedsValue
+    from mlpack.codegen.compile import compile_onnx
+    from mlpack.codegen.onnx.builder import NeedsValue
 
     try:
         return compile_onnx(proto)
@@ -176,7 +176,7 @@ def _compile(proto):
 
 
 def _weights(graph) -> bytes:
-    from ..spec.tensorfile import write_tensors
+    from mlpack.spec.tensorfile import write_tensors
 
     return write_tensors({c.name: c.data for c in graph.constants.values()})
 
@@ -209,7 +209,7 @@ def _accuracy(baseline: str, precision: str, check=None) -> dict:
 
 def _portable_artifact(name: str, graph, sig, weights: bytes, vectors: bytes, reference: str,
                        check=None) -> ArtifactSpec:
-    from ..spec.ir.program import dumps_program
+    from mlpack.spec.ir.program import dumps_program
 
     config = make_config(name, *sig, device="portable", precision="fp32", target="portable",
                          accuracy=_accuracy(reference, "fp32", check),
@@ -239,8 +239,8 @@ def _skip_reason(error: Exception) -> str:
 
 def _compile_one(graph, target: str, use_winograd: bool = True):
     """compile_cpu in a worker process: (CpuArtifact, seconds), or the UnsupportedTargetError."""
-    from ..codegen.errors import UnsupportedTargetError
-    from ..codegen.targets.cpu.compile import compile_cpu
+    from mlpack.codegen.errors import UnsupportedTargetError
+    from mlpack.codegen.targets.cpu.compile import compile_cpu
 
     t0 = time.perf_counter()
     try:
@@ -306,8 +306,8 @@ def compile_targets(pairs, graph, explicit, step, progress, weights: bytes) -> t
 
     A target that cannot lower the model is skipped, or a BuildError if it is in ``explicit``.
     ``weights`` is the portable artifact's archive, which a cpu target's may equal."""
-    from ..codegen.errors import UnsupportedTargetError
-    from ..spec.tensorfile import write_tensors
+    from mlpack.codegen.errors import UnsupportedTargetError
+    from mlpack.spec.tensorfile import write_tensors
 
     targets = list(dict.fromkeys(t for t, _ in pairs if t in CPU_TARGETS))
     compiled, skipped, shared = {}, [], {weights: weights}
@@ -424,8 +424,8 @@ def validate_container(path: str, pairs, output: str, progress=None) -> tuple[di
 
     Returns ({artifact index: ValidationResult}, {index: why not run}); raises
     DeadOnArrivalError for the first artifact that fails."""
-    from ..runtime import load
-    from ..spec.errors import PortableFallbackWarning
+    from mlpack.runtime import load
+    from mlpack.spec.errors import PortableFallbackWarning
 
     checks, passed_over = {}, {}
     with warnings.catch_warnings():
@@ -455,7 +455,7 @@ def _model_name(proto, model, name: str | None) -> str:
 
 def _vectors(proto, graph, inputs, dims, seed: int, cases: int):
     """(inputs, ONNX Runtime's outputs, float64 reference outputs), one dict per case."""
-    from .reference import float64_outputs
+    from mlpack.packager.reference import float64_outputs
 
     if inputs is None:
         feeds = tv.random_cases(graph, dims=dims, cases=cases, seed=seed)
@@ -531,7 +531,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     ``name``: the model name (default: the file's stem); ``progress``: called with a line as each
     step starts. Raises an ``mlpack.Error`` and writes nothing if any step fails.
     """
-    from ..codegen.onnx.importer import load_model
+    from mlpack.codegen.onnx.importer import load_model
 
     output = os.fspath(output)
     pairs = plan_artifacts(targets, precisions)  # refuse bad names before any slow work
@@ -587,7 +587,7 @@ def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progr
         return False
     if progress:
         progress(f"  {target}: Winograd convolutions miss the fp32 tolerance; compiling direct")
-    from ..spec.tensorfile import write_tensors
+    from mlpack.spec.tensorfile import write_tensors
 
     code, seconds = _compile_one(graph, target, use_winograd=False)
     compiled[target] = _Native(code, write_tensors(code.weights), native.seconds + seconds)

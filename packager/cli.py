@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 import typer
 
-from ..spec.errors import Error, InputError
+from mlpack.spec.errors import Error, InputError
 
 
 class _Commands(typer.core.TyperGroup):
@@ -70,7 +70,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopp
 
 
 def _debug_level() -> int:
-    from ..codegen import debug  # the one registry of flags; imports nothing heavy
+    from mlpack.codegen import debug  # the one registry of flags; imports nothing heavy
 
     return debug.level()
 
@@ -82,7 +82,7 @@ def one_paragraph(text: str) -> str:
 
 def report_error(exc: BaseException) -> int:
     """Print ``exc`` for a person and give the exit code."""
-    from ..codegen.onnx.builder import NeedsValue
+    from mlpack.codegen.onnx.builder import NeedsValue
 
     if isinstance(exc, NeedsValue):
         msg = (f"{exc}; mlpack compiles such a model for given values of its integer inputs "
@@ -153,7 +153,7 @@ def _existing(path: Path, what: str = "model") -> Path:
 
 def format_port(graph, port) -> str:
     """``x: f32[batch=$batch, d1=784]``: a graph input/output with its dims in layout order."""
-    from ..spec.ir.printer import format_expr
+    from mlpack.spec.ir.printer import format_expr
 
     ty = graph.types[port.name]
     dims = ", ".join(f"{d}={format_expr(ty.dims[d])}" for d in port.layout)
@@ -170,7 +170,7 @@ def _bytes(n: int) -> str:
 
 def summary(model, graph, path: str = "") -> list[str]:
     """The lines ``mlpack import`` prints about a compiled model."""
-    from ..spec.ir.graph import Comprehension, Procedure
+    from mlpack.spec.ir.graph import Comprehension, Procedure
 
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
     comps = sum(isinstance(op, Comprehension) for op in graph.ops)
@@ -198,9 +198,9 @@ def import_(
     print_ir: bool = typer.Option(False, "--print-ir", help="print the IR text form"),
 ) -> None:
     """Import and compile an ONNX model; print a summary of its IR."""
-    from ..codegen.compile import compile_onnx
-    from ..spec.ir.printer import format_graph
-    from ..codegen.onnx.importer import load_model
+    from mlpack.codegen.compile import compile_onnx
+    from mlpack.spec.ir.printer import format_graph
+    from mlpack.codegen.onnx.importer import load_model
 
     proto = load_model(_existing(model))
     graph = compile_onnx(proto)
@@ -245,7 +245,7 @@ def run_reference_cmd(
     """Run a model on the NumPy reference interpreter; write each output as NAME.npy."""
     import numpy as np
 
-    from .reference import run_reference
+    from mlpack.packager.reference import run_reference
 
     feeds = parse_inputs(inputs)
     results = run_reference(_existing(model), feeds)
@@ -274,7 +274,7 @@ def conformance_cmd(
     import re
     import time
 
-    from .. import conformance
+    from mlpack import conformance
 
     if filter is not None:
         try:
@@ -361,7 +361,7 @@ def build_cmd(
     with a warning, unless named with --target."""
     import warnings
 
-    from .build import BlindVectorsWarning, SkippedTargetWarning, build, skip_lines
+    from mlpack.packager.build import BlindVectorsWarning, SkippedTargetWarning, build, skip_lines
 
     progress = _progress(quiet)
     with warnings.catch_warnings():
@@ -401,7 +401,7 @@ def _artifact_state(a) -> str:
 
 def _layer_sizes(container) -> dict[str, int]:
     """Bytes of code, weights and test vectors, each distinct blob counted once."""
-    from ..spec import media
+    from mlpack.spec import media
 
     kinds = {media.WEIGHTS: "weights", media.TESTVECTORS: "vectors"}
     kinds.update({m: "code" for m in media.CODE_MEDIA_TYPES})
@@ -432,8 +432,8 @@ def _artifact_doc(art) -> dict:
 
 def _engine_rows(path: str) -> list[dict] | None:
     """The C engine's selection on this host (what ``mlpack.load`` runs); None without it."""
-    from ..runtime import engine
-    from ..spec.errors import Error, NoRunnableArtifactError
+    from mlpack.runtime import engine
+    from mlpack.spec.errors import Error, NoRunnableArtifactError
 
     if not engine.available():
         return None
@@ -450,7 +450,7 @@ def _engine_rows(path: str) -> list[dict] | None:
 
 
 def open_reader(path: str):
-    from ..spec.container import open_container
+    from mlpack.spec.container import open_container
 
     return open_container(path, verify=False)  # already verified by the caller's open
 
@@ -458,10 +458,10 @@ def open_reader(path: str):
 def _host_doc(container) -> dict:
     """This host and, per artifact, whether ``mlpack.load`` would pick it and why: the C
     engine's verdicts when libmlpack is built (selection is implemented there), else Python's."""
-    from ..runtime import detect_host, engine
-    from ..runtime.model import EXECUTORS
-    from ..runtime.select import host_fault, select_artifact
-    from ..spec.errors import NoRunnableArtifactError
+    from mlpack.runtime import detect_host, engine
+    from mlpack.runtime.model import EXECUTORS
+    from mlpack.runtime.select import host_fault, select_artifact
+    from mlpack.spec.errors import NoRunnableArtifactError
 
     host = detect_host()
     rows = _engine_rows(container.path)
@@ -518,7 +518,7 @@ def _platform_doc(p) -> str:
 
 
 def _open(path: Path):
-    from ..spec.container import open_container
+    from mlpack.spec.container import open_container
 
     return open_container(_existing(path, "container"))
 
@@ -552,8 +552,8 @@ def _validate_rows(path: str) -> list[dict]:
     """One row per artifact: the vectors run where this host can, the reason where not."""
     import warnings
 
-    from ..runtime import load
-    from ..spec.errors import PortableFallbackWarning
+    from mlpack.runtime import load
+    from mlpack.spec.errors import PortableFallbackWarning
 
     rows = []
     with warnings.catch_warnings():
@@ -592,8 +592,8 @@ def _validate_one(model, index: int) -> dict:
 def _blind_spots(path: str) -> list[str]:
     import warnings
 
-    from ..runtime import load
-    from ..spec.errors import PortableFallbackWarning
+    from mlpack.runtime import load
+    from mlpack.spec.errors import PortableFallbackWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PortableFallbackWarning)
@@ -662,8 +662,8 @@ def run_cmd(
 
     import numpy as np
 
-    from ..runtime import load
-    from ..spec.errors import PortableFallbackWarning
+    from mlpack.runtime import load
+    from mlpack.spec.errors import PortableFallbackWarning
 
     feeds = parse_inputs(inputs)
     with warnings.catch_warnings(record=True) as caught:
@@ -705,7 +705,7 @@ def _bench_build_seconds(onnx_path: Path, progress) -> float:
     import time
     import warnings
 
-    from .build import SkippedTargetWarning, build
+    from mlpack.packager.build import SkippedTargetWarning, build
 
     if progress:
         progress(f"building {onnx_path.name} (timed)")
@@ -744,7 +744,7 @@ def bench_cmd(
     measured matmul peak, outputs checked) and with the model's build time."""
     import json
 
-    from . import bench
+    from mlpack.packager import bench
 
     counts = _thread_counts(threads)
     if repeat < 1:
@@ -755,7 +755,7 @@ def bench_cmd(
     progress = _progress(json_out)
     build_seconds = None
     if compare is not None:
-        from ..codegen.onnx.importer import load_model
+        from mlpack.codegen.onnx.importer import load_model
 
         load_model(_existing(compare, "ONNX model"))  # a clear error for a file that is not ONNX
         build_seconds = _bench_build_seconds(compare, progress)
@@ -788,7 +788,7 @@ def bench_cmd(
 
 def _print_version(value: bool) -> None:
     if value:
-        from .. import __version__
+        from mlpack import __version__
 
         typer.echo(f"mlpack {__version__}")
         raise typer.Exit(0)

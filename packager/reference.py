@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..spec.errors import InputError
-from ..spec.ir.expr import Expr
-from ..spec.ir.graph import (Comprehension, Constant, For, Graph, If, Let, Procedure, SetSize,
+from mlpack.spec.errors import InputError
+from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.graph import (Comprehension, Constant, For, Graph, If, Let, Procedure, SetSize,
                              Store, TensorType, While)
 
 WIDENED = frozenset({"f16", "bf16", "f32"})  # computed in float64 by the oracle
@@ -28,7 +28,7 @@ WIDENED = frozenset({"f16", "bf16", "f32"})  # computed in float64 by the oracle
 
 def _signature(model) -> dict[str, tuple[str, int]]:
     """{graph input name: (IR dtype, rank)} for the inputs that are not initializers."""
-    from ..codegen.onnx.importer import ONNX_DTYPES
+    from mlpack.codegen.onnx.importer import ONNX_DTYPES
 
     inits = {t.name for t in model.graph.initializer}
     out = {}
@@ -42,7 +42,7 @@ def _signature(model) -> dict[str, tuple[str, int]]:
 
 def check_inputs(model, feeds: dict[str, np.ndarray]) -> None:
     """Raise InputError unless ``feeds`` gives each graph input once, with its dtype and rank."""
-    from ..spec.ir import dtypes as dt
+    from mlpack.spec.ir import dtypes as dt
 
     sig = _signature(model)
     unknown = sorted(set(feeds) - set(sig))
@@ -66,8 +66,8 @@ def check_inputs(model, feeds: dict[str, np.ndarray]) -> None:
 
 def run_reference(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The outputs of ``model`` (path, bytes or ModelProto) on ``feeds``, by output name."""
-    from ..backend import MlpackRep
-    from ..codegen.onnx.importer import load_model
+    from mlpack.backend import MlpackRep
+    from mlpack.codegen.onnx.importer import load_model
 
     proto = load_model(model)
     check_inputs(proto, feeds)
@@ -148,7 +148,7 @@ def widen(graph: Graph) -> Graph:
 def float64_outputs(graph: Graph, cases: list[dict]) -> list[dict]:
     """The float64 reference outputs of ``graph`` for each case, by output name. Outputs of a
     widened dtype come back as float64; integer and bool outputs in their own dtype."""
-    from ..spec.ir.interp import run_graph
+    from mlpack.spec.ir.interp import run_graph
 
     wide = widen(graph)
     outs = []

@@ -9,9 +9,9 @@ or output and the dim.
 
 from __future__ import annotations
 
-from ..spec import sizes
-from ..spec.container import signature
-from ..spec.errors import Error
+from mlpack.spec import sizes
+from mlpack.spec.container import signature
+from mlpack.spec.errors import Error
 
 
 class SignatureError(Error):

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..spec.errors import Error, InputError
-from ..spec.ir import dtypes as dt
-from ..spec.ir.expr import free_syms, index_value
-from ..spec.tensorfile import write_tensors
+from mlpack.spec.errors import Error, InputError
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir.expr import free_syms, index_value
+from mlpack.spec.tensorfile import write_tensors
 
 INT_HIGH = 10  # integer inputs are drawn from [0, INT_HIGH)
 DEFAULT_SIZE = 1  # a size symbol's default in case 0
@@ -99,8 +99,8 @@ def _stmt_exprs(stmts):
 def index_limits(graph) -> dict[str, int]:
     """{integer input: the smallest constant size of a dim it indexes}, for the inputs that
     index something (token ids, Gather and Scatter indices): ids drawn below it are valid."""
-    from ..spec.ir.expr import walk
-    from ..spec.ir.graph import Comprehension
+    from mlpack.spec.ir.expr import walk
+    from mlpack.spec.ir.graph import Comprehension
 
     inputs = {p.name for p in graph.inputs if dt.is_int(graph.types[p.name].dtype)}
     limits: dict[str, int] = {}
@@ -150,7 +150,7 @@ def random_cases(graph, *, dims: dict[str, int] | None, cases: int, seed: int) -
 
 def _check_size(specs: list[InputSpec], sizes: dict[str, int], bound: dict[str, int]) -> None:
     """Refuse inputs too large to draw (the importer's per-tensor limit), before drawing."""
-    from ..codegen.onnx.checks import MAX_TENSOR_BYTES, size_text
+    from mlpack.codegen.onnx.checks import MAX_TENSOR_BYTES, size_text
 
     for spec in specs:
         shape = [index_value(size, sizes) for _, size in spec.dims]
@@ -257,7 +257,7 @@ def pack(inputs: list[dict], outputs: list[dict], baseline: str,
          references: list[dict] | None = None) -> bytes:
     """The test-vector tensor archive (deterministic for the same arrays): the inputs, the
     baseline's ``outputs`` and, when given, the float64 ``references``."""
-    from ..spec.accuracy import REFERENCE
+    from mlpack.spec.accuracy import REFERENCE
 
     tensors = {}
     for i, (feeds, outs) in enumerate(zip(inputs, outputs)):

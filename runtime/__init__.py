@@ -17,10 +17,11 @@ program itself, and selects on its own only where libmlpack is not built.
 from mlpack.spec.errors import (NoRunnableArtifactError, PortableFallbackError,
                                 PortableFallbackWarning)
 
-from .host import Host, detect_host
-from .model import ArtifactInfo, Model, OutputCheck, TensorInfo, ValidationResult, load
-from .portable import PortableExecutor
-from .select import Verdict, describe, explain, select_artifact
+from mlpack.runtime.host import Host, detect_host
+from mlpack.runtime.model import (ArtifactInfo, Model, OutputCheck, TensorInfo, ValidationResult,
+                                  load)
+from mlpack.runtime.portable import PortableExecutor
+from mlpack.runtime.select import Verdict, describe, explain, select_artifact
 
 __all__ = ["load", "Model", "TensorInfo", "ArtifactInfo", "ValidationResult", "OutputCheck",
            "Host", "detect_host", "Verdict", "select_artifact", "describe", "explain",

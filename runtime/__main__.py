@@ -12,7 +12,7 @@ import sys
 
 from mlpack.spec.errors import Error
 
-from . import native
+from mlpack.runtime import native
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,8 +22,8 @@ from __future__ import annotations
 from mlpack.spec.container import Artifact, Container
 from mlpack.spec.errors import Error, FormatError, InputError, NoRunnableArtifactError
 
-from . import native
-from .select import Verdict, describe
+from mlpack.runtime import native
+from mlpack.runtime.select import Verdict, describe
 
 # errors that say the container or the request is wrong: retrying on the portable artifact
 # would not help, so they propagate as they are

@@ -23,7 +23,7 @@ import functools
 import platform
 from dataclasses import dataclass
 
-from ..spec.media import CPU_FEATURE_SPELLINGS
+from mlpack.spec.media import CPU_FEATURE_SPELLINGS
 
 # psABI x86-64 levels, as /proc/cpuinfo spells the flags (pni = SSE3, abm = LZCNT)
 X86_LEVELS = (

@@ -47,10 +47,10 @@ from mlpack.spec.errors import (Error, FormatError, InputError, PortableFallback
 from mlpack.spec.ir import dtypes
 from mlpack.spec.tensorfile import read_header, read_tensors
 
-from .host import Host, detect_host
-from . import engine
-from .portable import PortableExecutor
-from .select import Verdict, check_policy, describe, select_artifact
+from mlpack.runtime.host import Host, detect_host
+from mlpack.runtime import engine
+from mlpack.runtime.portable import PortableExecutor
+from mlpack.runtime.select import Verdict, check_policy, describe, select_artifact
 
 # the code this Python runtime executes itself; native code runs in the C engine (engine.py)
 EXECUTORS = {media.PROGRAM_PORTABLE: PortableExecutor}

@@ -26,7 +26,7 @@ from mlpack.spec import media
 from mlpack.spec.container import Artifact
 from mlpack.spec.errors import Error, NoRunnableArtifactError
 
-from .host import Host
+from mlpack.runtime.host import Host
 
 # default precision preference: the reference first, then the closest to it
 PRECISION_PREFERENCE = ("fp32", "bf16", "fp16", "int8")

@@ -3,6 +3,6 @@
 It depends on nothing but the standard library and NumPy, so the runtime can import it alone.
 """
 
-from .errors import Error, FormatError, InputError
+from mlpack.spec.errors import Error, FormatError, InputError
 
 __all__ = ["Error", "FormatError", "InputError"]

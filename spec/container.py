@@ -42,9 +42,10 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import media, sizes
-from .errors import (DigestError, FormatError, ManifestError, MediaTypeError, MissingBlobError,
-                     NotAContainerError, TarError, TruncatedError, VersionError)
+from mlpack.spec import media, sizes
+from mlpack.spec.errors import (DigestError, FormatError, ManifestError, MediaTypeError,
+                                MissingBlobError, NotAContainerError, TarError, TruncatedError,
+                                VersionError)
 
 BLOCK = 512
 MAX_JSON = 64 << 20  # a JSON document larger than this is refused rather than read into memory

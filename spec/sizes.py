@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from .ir import expr as ex
+from mlpack.spec.ir import expr as ex
 
 OPS = {"+": "add", "-": "sub", "*": "mul", "//": "floordiv", "%": "mod"}
 FUNCS = ("max", "min")

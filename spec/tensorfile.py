@@ -20,7 +20,7 @@ import struct
 
 import numpy as np
 
-from .errors import FormatError
+from mlpack.spec.errors import FormatError
 
 MAGIC = b"MLPKTNS1"
 ALIGN = 64

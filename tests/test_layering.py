@@ -109,3 +109,17 @@ def test_distribution_declares_what_its_code_imports(project):
             if not names & declared:
                 missing.setdefault(module, []).append(str(f.relative_to(ROOT)))
     assert not missing, f"{project} does not declare what its code imports: {missing}"
+
+
+@pytest.mark.parametrize("folder", ["mlpack", "spec", "codegen", "packager", "runtime"])
+def test_imports_are_absolute(folder):
+    """``from mlpack.spec.ir import dtypes``, never ``from ...spec.ir import dtypes``: a reader
+    (and grep) sees where a name comes from without counting dots."""
+    relative = []
+    for path in (ROOT / folder).rglob("*.py"):
+        if "build" in path.relative_to(ROOT).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                relative.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not relative, f"relative imports: {relative}"

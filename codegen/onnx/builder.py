@@ -19,12 +19,12 @@ from typing import Callable, Sequence
 import numpy as np
 import onnx
 
-from ..errors import ModelError, ShapeError, UnsupportedOpError
-from ...spec.ir import dtypes as dt
-from ...spec.ir import expr as ex
-from ...spec.ir.expr import Expr
-from ...spec.ir.graph import Comprehension, Constant, Graph, Port, Procedure, TensorType
-from .values import Value, tensor_value
+from mlpack.codegen.errors import ModelError, ShapeError, UnsupportedOpError
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.graph import Comprehension, Constant, Graph, Port, Procedure, TensorType
+from mlpack.codegen.onnx.values import Value, tensor_value
 
 KNOWN_LIMIT = 64          # fold integer tensors up to this many elements into known values
 FOLD_LIMIT = 1 << 16      # evaluate all-constant results up to this many elements at import
@@ -237,7 +237,7 @@ class Builder:
         for n in ex.walk(op.body):
             if n.op == "sym" or (n.op == "read" and n.arg[0] not in self.graph.constants):
                 return v
-        from ...spec.ir.interp import run_graph
+        from mlpack.spec.ir.interp import run_graph
         g = Graph("fold", constants={k: c for k, c in self.graph.constants.items()
                                      if any(r.op == "read" and r.arg[0] == k for r in ex.walk(op.body))},
                   ops=[op], types=dict(self.graph.types))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import onnx
 
-from ..errors import ModelError
+from mlpack.codegen.errors import ModelError
 
 # The largest tensor mlpack accepts, in bytes, with size symbols at 1 (the size test vectors
 # draw first). Anything bigger is a wrong dim rather than a model: drawing one test input of

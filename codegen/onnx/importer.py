@@ -16,17 +16,17 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ...spec.errors import Error
-from ..errors import ModelError, UnsupportedOpError
-from ...spec.ir import dtypes as dt
-from ...spec.ir import expr as ex
-from ...spec.ir.graph import Graph, Port, TensorType
-from ..passes.rename import rename_in_graph
-from . import ops as _ops  # noqa: F401  (registers the importers)
-from .builder import Builder, NeedsValue, Node, _ident
-from .checks import check_model
-from .registry import lookup
-from .values import Value, tensor_value
+from mlpack.spec.errors import Error
+from mlpack.codegen.errors import ModelError, UnsupportedOpError
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.graph import Graph, Port, TensorType
+from mlpack.codegen.passes.rename import rename_in_graph
+from mlpack.codegen.onnx import ops as _ops  # noqa: F401  (registers the importers)
+from mlpack.codegen.onnx.builder import Builder, NeedsValue, Node, _ident
+from mlpack.codegen.onnx.checks import check_model
+from mlpack.codegen.onnx.registry import lookup
+from mlpack.codegen.onnx.values import Value, tensor_value
 
 MIN_OPSET = 1
 MAX_OPSET = onnx.defs.onnx_opset_version()

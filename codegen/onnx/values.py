@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from ...spec.ir import expr as ex
-from ...spec.ir.expr import Expr
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
 
 
 @dataclass

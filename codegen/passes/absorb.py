@@ -13,9 +13,9 @@ as many elements as the reduction, so no reduction is computed more often than b
 
 from __future__ import annotations
 
-from ...spec.ir import expr as ex
-from ...spec.ir.graph import Comprehension, Graph
-from .sums import merge, read_counts
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.graph import Comprehension, Graph
+from mlpack.codegen.passes.sums import merge, read_counts
 
 
 def _elements(dims) -> int | None:

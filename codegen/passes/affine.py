@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from math import gcd
 
-from ...spec.ir import dtypes as dt
-from ...spec.ir import expr as ex
-from ...spec.ir.expr import Expr
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
 
 Linear = dict  # atom Expr (a var, or any non-affine subexpression) -> coefficient; None -> constant
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...spec.ir import dtypes as dt
-from ...spec.ir import expr as ex
-from ...spec.ir.expr import Expr
-from ...spec.ir.graph import Comprehension, Constant, Graph
-from .affine import from_linear, linear, tidy
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.graph import Comprehension, Constant, Graph
+from mlpack.codegen.passes.affine import from_linear, linear, tidy
 
 _CMP = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
         "eq": np.equal, "ne": np.not_equal}

@@ -6,8 +6,8 @@ earlier duplicates have been merged, so chains of duplicates collapse in one swe
 
 from __future__ import annotations
 
-from ...spec.ir.expr import rename_tensors
-from ...spec.ir.graph import Comprehension, Graph, Port
+from mlpack.spec.ir.expr import rename_tensors
+from mlpack.spec.ir.graph import Comprehension, Graph, Port
 
 
 def _key(op: Comprehension):
@@ -33,7 +33,7 @@ def eliminate_common_subexpressions(g: Graph) -> Graph:
                 continue
             seen.setdefault(key, op.out)
         elif renames:
-            from .rename import rename_in_procedure
+            from mlpack.codegen.passes.rename import rename_in_procedure
             rename_in_procedure(op, renames)
         kept.append(op)
     g.ops = kept

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...spec.ir.graph import Graph, Procedure, tensors_read
+from mlpack.spec.ir.graph import Graph, Procedure, tensors_read
 
 
 def eliminate_dead_code(g: Graph) -> Graph:

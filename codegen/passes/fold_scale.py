@@ -18,11 +18,11 @@ they mean exactly what the expressions they replace meant (rounded once, in floa
 
 from __future__ import annotations
 
-from ...spec.ir import dtypes as dt
-from ...spec.ir import expr as ex
-from ...spec.ir.expr import Expr, substitute, walk
-from ...spec.ir.graph import Comprehension, Constant, Graph, TensorType
-from .sums import fresh, read_counts
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr, substitute, walk
+from mlpack.spec.ir.graph import Comprehension, Constant, Graph, TensorType
+from mlpack.codegen.passes.sums import fresh, read_counts
 
 _ZERO = None  # marks "no term" in an (a, b) pair
 
@@ -79,14 +79,14 @@ def _evaluate(g: Graph, name: str, dims: dict, layout, body: Expr):
     """A new constant ``name[dims] = body`` (body over dims, reading g's constants)."""
     import numpy as np
 
-    from ...spec.ir.interp import run_graph
+    from mlpack.spec.ir.interp import run_graph
     dtype = body.dtype
     used = {n.arg[0] for n in walk(body) if n.op == "read"}
     tmp = Graph("fold", constants={n: g.constants[n] for n in used},
                 types={n: g.constants[n].type for n in used})
     op = Comprehension(name, TensorType(dtype, dims), body)
     tmp.add_op(op)
-    from ...spec.ir.graph import Port
+    from mlpack.spec.ir.graph import Port
     tmp.outputs = [Port(name, tuple(layout))]
     data = np.ascontiguousarray(run_graph(tmp, {})[name])
     return Constant(name, TensorType(dtype, dict(dims)), tuple(layout), data)

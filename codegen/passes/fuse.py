@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ...spec.ir import expr as ex
-from ...spec.ir.expr import Expr, rebuild, substitute, walk
-from ...spec.ir.graph import Comprehension, Graph, Procedure, tensors_read
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr, rebuild, substitute, walk
+from mlpack.spec.ir.graph import Comprehension, Graph, Procedure, tensors_read
 
 
 def _read_counts(g: Graph) -> tuple[Counter, set[str], set[str], set[str]]:

@@ -10,18 +10,18 @@ from __future__ import annotations
 import os
 import time
 
-from .. import debug
-from ...spec.ir.graph import Graph
-from ...spec.ir.printer import format_graph
-from ...spec.ir.verify import verify
-from .cse import eliminate_common_subexpressions
-from .dce import eliminate_dead_code
-from .fuse import fuse_elementwise
-from .absorb import absorb_reductions
-from .affine_gather import fold_affine_gathers
-from .fold_scale import fold_scales
-from .split_dims import split_dims
-from .sums import merge_sums
+from mlpack.codegen import debug
+from mlpack.spec.ir.graph import Graph
+from mlpack.spec.ir.printer import format_graph
+from mlpack.spec.ir.verify import verify
+from mlpack.codegen.passes.cse import eliminate_common_subexpressions
+from mlpack.codegen.passes.dce import eliminate_dead_code
+from mlpack.codegen.passes.fuse import fuse_elementwise
+from mlpack.codegen.passes.absorb import absorb_reductions
+from mlpack.codegen.passes.affine_gather import fold_affine_gathers
+from mlpack.codegen.passes.fold_scale import fold_scales
+from mlpack.codegen.passes.split_dims import split_dims
+from mlpack.codegen.passes.sums import merge_sums
 
 PASSES = [
     ("dce", eliminate_dead_code),

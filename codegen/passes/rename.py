@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...spec.ir.expr import rename_tensors
-from ...spec.ir.graph import For, If, Let, Procedure, SetSize, Store, While
+from mlpack.spec.ir.expr import rename_tensors
+from mlpack.spec.ir.graph import For, If, Let, Procedure, SetSize, Store, While
 
 
 def _rename(e, renames):
@@ -35,7 +35,7 @@ def rename_in_procedure(op: Procedure, renames: dict[str, str]) -> None:
 
 def rename_in_graph(g, mapping: dict[str, str]) -> None:
     """Rename tensors everywhere in ``g``: definitions, reads, types, constants and ports."""
-    from ...spec.ir.graph import Comprehension, Port
+    from mlpack.spec.ir.graph import Comprehension, Port
     if not mapping:
         return
     for op in g.ops:

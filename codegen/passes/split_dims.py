@@ -12,10 +12,10 @@ which also cleans up the output side (``(49*n + 7*x + y) // 7 % 7 == x``).
 
 from __future__ import annotations
 
-from ...spec.ir import expr as ex
-from ...spec.ir.graph import Comprehension, Graph
-from .affine import const_ranges, count_divmod, radices, simplify_reads
-from .sums import fresh
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.graph import Comprehension, Graph
+from mlpack.codegen.passes.affine import const_ranges, count_divmod, radices, simplify_reads
+from mlpack.codegen.passes.sums import fresh
 
 
 def _split_one(op: Comprehension) -> bool:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ...spec.ir.expr import Expr, substitute, var, walk
-from ...spec.ir.graph import Comprehension, Graph, Procedure, tensors_read
+from mlpack.spec.ir.expr import Expr, substitute, var, walk
+from mlpack.spec.ir.graph import Comprehension, Graph, Procedure, tensors_read
 
 _MERGEABLE = ("sum", "prod", "max", "min")
 

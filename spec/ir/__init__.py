@@ -8,14 +8,14 @@ serializes it): the runtime, which may import only ``mlpack.spec``, must decode,
 interpret it, while the compiler (``mlpack.codegen``) builds and transforms it.
 """
 
-from . import dtypes
-from .expr import Expr, cast, const, read, select, sym, var
-from .graph import (Comprehension, Constant, For, Graph, If, Let, Port, Procedure, SetSize,
-                    Store, TensorType, While)
-from .interp import run_graph
-from .parser import parse_expr, parse_graph
-from .printer import format_expr, format_graph
-from .verify import verify
+from mlpack.spec.ir import dtypes
+from mlpack.spec.ir.expr import Expr, cast, const, read, select, sym, var
+from mlpack.spec.ir.graph import (Comprehension, Constant, For, Graph, If, Let, Port, Procedure,
+                                  SetSize, Store, TensorType, While)
+from mlpack.spec.ir.interp import run_graph
+from mlpack.spec.ir.parser import parse_expr, parse_graph
+from mlpack.spec.ir.printer import format_expr, format_graph
+from mlpack.spec.ir.verify import verify
 
 __all__ = [
     "Comprehension", "Constant", "Expr", "For", "Graph", "If", "Let", "Port", "Procedure",

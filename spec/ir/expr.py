@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from . import dtypes as dt
+from mlpack.spec.ir import dtypes as dt
 
 UNARY = frozenset({
     "neg", "abs", "exp", "log", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan",
@@ -77,7 +77,7 @@ class Expr:
         return self.arg
 
     def __repr__(self) -> str:  # the text form; see printer
-        from .printer import format_expr
+        from mlpack.spec.ir.printer import format_expr
         return format_expr(self)
 
 

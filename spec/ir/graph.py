@@ -21,9 +21,9 @@ from typing import Union
 
 import numpy as np
 
-from . import dtypes as dt
-from . import expr as ex
-from .expr import Expr, walk
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr, walk
 
 REDUCTIONS = ("sum", "prod", "max", "min", "argmax", "argmin", "argmax_last", "argmin_last")
 
@@ -227,7 +227,7 @@ class Graph:
                 and all(t == other.types[n] for n, t in self.types.items()))
 
     def __str__(self) -> str:
-        from .printer import format_graph
+        from mlpack.spec.ir.printer import format_graph
         return format_graph(self)
 
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dtypes as dt
-from .expr import Expr
-from .graph import (Comprehension, For, Graph, If, Let, Procedure, SetSize, Store, While, tensors_read)
-from .expr import index_value
-from ..errors import IndexRangeError, InterpError
-from .origins import message as index_message
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.graph import (Comprehension, For, Graph, If, Let, Procedure, SetSize, Store,
+                                  While, tensors_read)
+from mlpack.spec.ir.expr import index_value
+from mlpack.spec.errors import IndexRangeError, InterpError
+from mlpack.spec.ir.origins import message as index_message
 
 
 @dataclass
@@ -401,7 +402,7 @@ class _Procedure:
 
 def bind_symbols(g: Graph, inputs: dict[str, np.ndarray]) -> dict[str, int]:
     """Sizes of the symbols, read off the inputs' shapes (checked for consistency)."""
-    from .expr import free_syms
+    from mlpack.spec.ir.expr import free_syms
     syms: dict[str, int] = {}
     deferred = []
     for port in g.inputs:

@@ -12,11 +12,11 @@ import re
 
 import numpy as np
 
-from . import dtypes as dt
-from .expr import BINARY, UNARY, Expr, result_dtype
-from .graph import (REDUCTIONS, Comprehension, Constant, For, Graph, If, Let, Port, Procedure,
-                    SetSize, Store, TensorType, While)
-from ..errors import IRParseError
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir.expr import BINARY, UNARY, Expr, result_dtype
+from mlpack.spec.ir.graph import (REDUCTIONS, Comprehension, Constant, For, Graph, If, Let, Port,
+                                  Procedure, SetSize, Store, TensorType, While)
+from mlpack.spec.errors import IRParseError
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+|\#[^\n]*)
@@ -127,7 +127,7 @@ class _Parser:
         return value, dtype, default
 
     def const(self, forced: str | None = None) -> Expr:
-        from .expr import _normalize
+        from mlpack.spec.ir.expr import _normalize
         value, dtype, default = self.literal()
         dtype = dtype or forced or default
         return Expr("const", (), _normalize(value, dtype), dtype)

@@ -21,10 +21,10 @@ import re
 
 import numpy as np
 
-from . import dtypes as dt
-from .expr import INFIX, Expr
-from .graph import (Comprehension, Constant, For, Graph, If, Let, Procedure, SetSize, Store,
-                    TensorType, While)
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir.expr import INFIX, Expr
+from mlpack.spec.ir.graph import (Comprehension, Constant, For, Graph, If, Let, Procedure, SetSize,
+                                  Store, TensorType, While)
 
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.]+$")
 _PREC = {"add": 1, "sub": 1, "mul": 2, "floordiv": 2, "mod": 2}

@@ -32,12 +32,12 @@ from __future__ import annotations
 import json
 import math
 
-from ..errors import FormatError
-from . import dtypes as dt
-from . import origins as org
-from .expr import Expr, _normalize, result_dtype
-from .graph import (Comprehension, Constant, For, Graph, If, Let, Port, Procedure, SetSize, Store,
-                    TensorType, While)
+from mlpack.spec.errors import FormatError
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import origins as org
+from mlpack.spec.ir.expr import Expr, _normalize, result_dtype
+from mlpack.spec.ir.graph import (Comprehension, Constant, For, Graph, If, Let, Port, Procedure,
+                                  SetSize, Store, TensorType, While)
 
 FORMAT = "mlpack.portable"
 VERSION = (1, 0)

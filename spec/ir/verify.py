@@ -8,10 +8,11 @@ that dtypes agree, and that layouts are permutations of the dims. ``verify`` rai
 
 from __future__ import annotations
 
-from . import dtypes as dt
-from .expr import Expr, free_syms, walk
-from .graph import REDUCTIONS, Comprehension, For, Graph, If, Let, Procedure, SetSize, Store, While
-from ..errors import VerifyError
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir.expr import Expr, free_syms, walk
+from mlpack.spec.ir.graph import (REDUCTIONS, Comprehension, For, Graph, If, Let, Procedure,
+                                  SetSize, Store, While)
+from mlpack.spec.errors import VerifyError
 
 
 def _check_reads(where: str, e: Expr, types, scope_vars: set[str] | None) -> None:

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ..registry import op
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
 
 
 def _c(v, dtype):

@@ -26,11 +26,11 @@ import dataclasses
 import numpy as np
 import onnx
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ..builder import NeedsValue
-from ..registry import op
-from .shape import norm_axis, view
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.builder import NeedsValue
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.ops.shape import norm_axis, view
 
 MAX_UNROLL = 256   # at most this many unrolled iterations (Loop trip count, Scan length)
 
@@ -149,7 +149,7 @@ def _stack(b, n, steps: list, axis: int, what: str):
 
 def _empty_stack(b, n, vi: onnx.ValueInfoProto, what: str):
     """A scan output of zero iterations: its shape must be declared by the body."""
-    from ..importer import onnx_dtype
+    from mlpack.codegen.onnx.importer import onnx_dtype
     tt = vi.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
     if not vi.type.HasField("tensor_type") or not tt.HasField("shape") or None in dims:

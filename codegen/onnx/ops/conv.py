@@ -12,10 +12,10 @@ arithmetic (output sizes, auto_pad, ceil_mode) is shared with pooling (pool.py).
 
 from __future__ import annotations
 
-from ....spec.ir import expr as ex
-from ..registry import op
-from ..values import Value, view
-from .linalg import tmp_hint
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.values import Value, view
+from mlpack.codegen.onnx.ops.linalg import tmp_hint
 
 SPATIAL_NAMES = {1: ("x",), 2: ("h", "w"), 3: ("d", "h", "w")}
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 from onnx import numpy_helper
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ..registry import op
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
 
 _UNARY = {
     "Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Sin": "sin",
@@ -75,7 +75,7 @@ def cast_to(b, n, x, to: str):
 
 @op("Cast")
 def cast(b, n):
-    from ..importer import onnx_dtype
+    from mlpack.codegen.onnx.importer import onnx_dtype
     to = onnx_dtype(n.attr("to"), "attribute 'to'", n)
     return [cast_to(b, n, n.inputs[0], to)]
 

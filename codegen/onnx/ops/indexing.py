@@ -8,11 +8,11 @@ data-dependent output size, so it is a procedure that sets that size.
 
 from __future__ import annotations
 
-from ....spec.ir import expr as ex
-from ....spec.ir.graph import For, If, Let, SetSize, Store, TensorType
-from ....spec.ir.origins import Origin, is_wrapped
-from ..registry import op
-from ..values import tensor_value
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.graph import For, If, Let, SetSize, Store, TensorType
+from mlpack.spec.ir.origins import Origin, is_wrapped
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.values import tensor_value
 
 
 # ---------------------------------------------------------------- shared helpers

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 
-from ....spec.ir import expr as ex
-from ..registry import op
-from ..values import Value
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.values import Value
 
 
 def batch_broadcast(b, n, shapes, names_of):

@@ -17,13 +17,13 @@ import math
 
 import numpy as np
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ..registry import op
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
 
 
 def _out_dtype(n, attr: str = "output_datatype", default: str = "f32") -> str:
-    from ..importer import onnx_dtype
+    from mlpack.codegen.onnx.importer import onnx_dtype
     if not n.has(attr):
         return default
     return onnx_dtype(n.attr(attr), f"{n!r} attribute {attr!r}")
@@ -146,7 +146,7 @@ def stft(b, n):
     n_out = length // 2 + 1 if onesided else length
     table = _twiddle(length, comps.value, n_out, length, False, False)
     # frames as a view: framed[b, f, k, c] = x[b, f * step + k, c] (zero past the end)
-    from ..values import Value
+    from mlpack.codegen.onnx.values import Value
     xm = b.materialize(x)
 
     def framed_at(idx):
@@ -285,7 +285,7 @@ def random(b, n):
 
 @op("BitCast")
 def bitcast(b, n):
-    from ..importer import onnx_dtype
+    from mlpack.codegen.onnx.importer import onnx_dtype
     x = n.input(0)
     to = onnx_dtype(n.attr("to"), f"{n!r} attribute 'to'")
     if dt.bits(x.dtype) != dt.bits(to):

@@ -23,10 +23,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ..registry import op
-from .linalg import tmp_hint
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.ops.linalg import tmp_hint
 
 _ML = "ai.onnx.ml"
 

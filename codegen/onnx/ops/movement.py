@@ -7,9 +7,9 @@ several inputs and so becomes one comprehension. Sizes stay expressions (maybe s
 
 from __future__ import annotations
 
-from ....spec.ir import expr as ex
-from ..registry import op
-from .shape import clamp, cmp, guarded, norm_axis, view
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.ops.shape import clamp, cmp, guarded, norm_axis, view
 
 BIG = 1 << 31  # Slice bounds at or beyond this mean "to the end" (exporters use INT_MAX etc.)
 

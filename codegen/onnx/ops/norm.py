@@ -10,10 +10,11 @@ their accuracy.
 
 from __future__ import annotations
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ..registry import op
-from .reduce import bcast_reduced, count, norm_axis, reduce_indexed, reduce_over, tmp
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.ops.reduce import (bcast_reduced, count, norm_axis, reduce_indexed,
+                                            reduce_over, tmp)
 
 
 def _c(v, dtype):
@@ -22,7 +23,7 @@ def _c(v, dtype):
 
 def _stash(n, x) -> str:
     """The dtype statistics are computed in: the stash type, or x's type when wider."""
-    from ..importer import onnx_dtype
+    from mlpack.codegen.onnx.importer import onnx_dtype
     stash = onnx_dtype(n.attr("stash_type", 1), f"{n!r} attribute 'stash_type'")
     if not dt.is_float(x.dtype) or dt.bits(x.dtype) >= dt.bits(stash):
         return x.dtype

@@ -11,13 +11,13 @@ comprehension over the output's spatial dims only, so padding and ceil_mode need
 
 from __future__ import annotations
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ....spec.ir.graph import For, Store, TensorType
-from ..registry import op
-from ..values import Value, tensor_value
-from .conv import guarded, spatial_names, window
-from .linalg import tmp_hint
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.graph import For, Store, TensorType
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.values import Value, tensor_value
+from mlpack.codegen.onnx.ops.conv import guarded, spatial_names, window
+from mlpack.codegen.onnx.ops.linalg import tmp_hint
 
 
 class _Window:

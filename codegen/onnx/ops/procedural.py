@@ -8,11 +8,11 @@ or by counting ranks, never by calling a library sort.
 
 from __future__ import annotations
 
-from ....spec.ir import expr as ex
-from ....spec.ir.graph import For, If, Let, SetSize, Store, TensorType, While
-from ..registry import op
-from ..values import tensor_value
-from .indexing import fresh_sym, loops, norm_axis, result, unflatten
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.graph import For, If, Let, SetSize, Store, TensorType, While
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.values import tensor_value
+from mlpack.codegen.onnx.ops.indexing import fresh_sym, loops, norm_axis, result, unflatten
 
 TRUE, FALSE = ex.const(True), ex.const(False)
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ..registry import op
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
 
 _QUANT_OUT = ("u8", "i8", "u16", "i16", "i32", "u4", "i4", "u2", "i2", "f8e4m3fn", "f8e4m3fnuz",
               "f8e5m2", "f8e5m2fnuz", "f4e2m1")
@@ -58,7 +58,7 @@ def _saturate(q, zp, out: str, saturate: bool = True):
 
 
 def _out_type(b, n, zp) -> str:
-    from ..importer import onnx_dtype
+    from mlpack.codegen.onnx.importer import onnx_dtype
     if zp is not None:
         out = zp.dtype
     elif n.attr("output_dtype", 0):
@@ -77,7 +77,7 @@ def quantize_linear(b, n):
     axis, block = _axis(n, x.rank), n.attr("block_size", 0) or 0
     calc = x.dtype
     if n.attr("precision", 0):
-        from ..importer import onnx_dtype
+        from mlpack.codegen.onnx.importer import onnx_dtype
         calc = onnx_dtype(n.attr("precision"), f"{n!r} attribute 'precision'")
 
     def fn(idx):
@@ -91,7 +91,7 @@ def quantize_linear(b, n):
 
 @op("DequantizeLinear")
 def dequantize_linear(b, n):
-    from ..importer import onnx_dtype
+    from mlpack.codegen.onnx.importer import onnx_dtype
     x, scale, zp = n.input(0), n.input(1), n.input(2)
     if not (dt.is_int(x.dtype) or dt.is_float(x.dtype)):
         raise n.fail(f"dequantizing {x.dtype} is not supported")

@@ -19,8 +19,8 @@ own last element.
 
 from __future__ import annotations
 
-from ....spec.ir import expr as ex
-from ..registry import op
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
 
 # Activations taking alpha/beta, and their ONNX defaults.
 _PARAMS = {

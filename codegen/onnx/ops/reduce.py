@@ -9,9 +9,9 @@ too: out[i] = sum over r of (r <= i ? x[r] : 0), no sequential scan needed.
 
 from __future__ import annotations
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ..registry import op
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
 
 
 # ---------------------------------------------------------------- axes

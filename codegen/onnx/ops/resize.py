@@ -18,11 +18,11 @@ import math
 
 import numpy as np
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ..builder import NeedsValue
-from ..registry import op
-from .linalg import tmp_hint
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.builder import NeedsValue
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.ops.linalg import tmp_hint
 
 
 def _floats(b, n, v, what):

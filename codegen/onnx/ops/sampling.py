@@ -16,13 +16,13 @@ each ROI, so the sampling is a procedure whose loop extents read the ROI.
 
 from __future__ import annotations
 
-from ....spec.ir import expr as ex
-from ....spec.ir.graph import For, Let, Store
-from ..registry import op
-from ..values import tensor_value
-from .conv import guarded, spatial_names
-from .indexing import result
-from .linalg import tmp_hint
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.graph import For, Let, Store
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.values import tensor_value
+from mlpack.codegen.onnx.ops.conv import guarded, spatial_names
+from mlpack.codegen.onnx.ops.indexing import result
+from mlpack.codegen.onnx.ops.linalg import tmp_hint
 
 _CUBIC_A = -0.75  # Keys' cubic kernel, as ONNX (and PyTorch) use
 

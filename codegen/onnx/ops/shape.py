@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 from onnx import numpy_helper
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ..builder import FOLD_LIMIT, Builder
-from ..registry import op
-from ..values import Value, view as _plain_view
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.builder import FOLD_LIMIT, Builder
+from mlpack.codegen.onnx.registry import op
+from mlpack.codegen.onnx.values import Value, view as _plain_view
 
 # ---------------------------------------------------------------- shared helpers
 
@@ -237,7 +237,7 @@ def range_(b, n):
 
 @op("EyeLike")
 def eye_like(b, n):
-    from ..importer import onnx_dtype
+    from mlpack.codegen.onnx.importer import onnx_dtype
     x = n.inputs[0]
     dtype = onnx_dtype(n.attr("dtype"), f"{n!r} attribute 'dtype'") if n.has("dtype") else x.dtype
     if x.rank != 2:

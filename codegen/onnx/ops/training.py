@@ -9,8 +9,8 @@ are scalar expressions of R and T, folded into the body with a select on T > 0.
 
 from __future__ import annotations
 
-from ....spec.ir import expr as ex
-from ..registry import op
+from mlpack.spec.ir import expr as ex
+from mlpack.codegen.onnx.registry import op
 
 _DOMAIN = "ai.onnx.preview.training"
 

@@ -3,5 +3,5 @@
 ``compile_cpu(graph, target)`` is the entry point; ``TARGETS`` lists the target names.
 """
 
-from .compile import CpuArtifact, compile_cpu  # noqa: F401
-from .target import TARGETS, CpuTarget, get_target  # noqa: F401
+from mlpack.codegen.targets.cpu.compile import CpuArtifact, compile_cpu  # noqa: F401
+from mlpack.codegen.targets.cpu.target import TARGETS, CpuTarget, get_target  # noqa: F401

@@ -34,11 +34,11 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from ....spec.ir import expr as ex
-from ....spec.ir.expr import Expr
-from . import mathlib
-from .contraction import PACK, F32, I64, _affine, _c, _Gemm, read_step
-from .kernels import Buffer
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.codegen.targets.cpu import mathlib
+from mlpack.codegen.targets.cpu.contraction import PACK, F32, I64, _affine, _c, _Gemm, read_step
+from mlpack.codegen.targets.cpu.kernels import Buffer
 
 TILE_K = 32                 # bf16 values of K per tile row (64 bytes)
 TILE_ROWS = 16              # rows of a tile (A's M, B's K pairs)

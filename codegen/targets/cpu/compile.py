@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ... import debug
-from ....spec.ir.graph import Graph
-from . import checks, contraction, layout, narrowconv, winograd
-from .concat import split_concats
-from .kernels import build_kernels, reject_procedures
-from .link import link_shared
-from .module import build_module, optimize_and_emit, target_machine
-from .plan import make_plan, output_copies, tensor_buffers
-from .target import get_target
+from mlpack.codegen import debug
+from mlpack.spec.ir.graph import Graph
+from mlpack.codegen.targets.cpu import checks, contraction, layout, narrowconv, winograd
+from mlpack.codegen.targets.cpu.concat import split_concats
+from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
+from mlpack.codegen.targets.cpu.link import link_shared
+from mlpack.codegen.targets.cpu.module import build_module, optimize_and_emit, target_machine
+from mlpack.codegen.targets.cpu.plan import make_plan, output_copies, tensor_buffers
+from mlpack.codegen.targets.cpu.target import get_target
 
 
 @dataclass

@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ....spec.ir.expr import Expr
-from ....spec.ir.graph import Comprehension, Graph, TensorType
-from .kernels import Buffer, _is_one
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.graph import Comprehension, Graph, TensorType
+from mlpack.codegen.targets.cpu.kernels import Buffer, _is_one
 
 Aliases = dict[str, tuple[str, int]]   # tensor -> (the tensor it lies in, offset in elements)
 

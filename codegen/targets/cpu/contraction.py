@@ -48,10 +48,10 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from ....spec.ir import expr as ex
-from ....spec.ir.expr import Expr
-from . import depthwise, mathlib
-from .kernels import (
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.codegen.targets.cpu import depthwise, mathlib
+from mlpack.codegen.targets.cpu.kernels import (
     MAX_WORKGROUPS,
     WORK_PER_WORKGROUP,
     Buffer,
@@ -60,10 +60,10 @@ from .kernels import (
     _is_one,
     schedule,
 )
-from ...errors import UnsupportedTargetError
-from .lower import delinearize
-from .plan import exact_bytes
-from .target import CpuTarget
+from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.targets.cpu.lower import delinearize
+from mlpack.codegen.targets.cpu.plan import exact_bytes
+from mlpack.codegen.targets.cpu.target import CpuTarget
 
 PACK = 16                    # f32 lanes per packed column block, the same for every target
 MIN_N = 8                    # fewer columns than this waste most of a block: leave the kernel
@@ -1010,4 +1010,4 @@ def emit_gemm(L, wg, count) -> None:
     (amx.AmxGemm if L.k.gemm.amx else _Gemm)(L, wg, count).emit()
 
 
-from . import amx  # noqa: E402  (amx.AmxGemm builds on _Gemm above)
+from mlpack.codegen.targets.cpu import amx  # noqa: E402  (amx.AmxGemm builds on _Gemm above)

@@ -29,11 +29,12 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ....spec.ir import expr as ex
-from ....spec.ir.expr import Expr
-from . import mathlib
-from .kernels import MAX_WORKGROUPS, WORK_PER_WORKGROUP, Buffer, Kernel, _coeff, row_dim
-from .target import CpuTarget
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.codegen.targets.cpu import mathlib
+from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, Buffer, Kernel,
+                                                _coeff, row_dim)
+from mlpack.codegen.targets.cpu.target import CpuTarget
 
 MAX_POINTS = 64       # reduction points unrolled per tile (3x3, 5x5, 7x7 windows fit)
 MAX_VECTORS = 4       # accumulator vectors per tile

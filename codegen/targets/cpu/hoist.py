@@ -12,8 +12,8 @@ one arm, so the lowering can branch once per row and emit each arm's row loop se
 
 from __future__ import annotations
 
-from ....spec.ir import expr as ex
-from ....spec.ir.expr import Expr
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
 
 MAX_HOISTED = 8   # nested selects hoisted per kernel (a concat of 9+ inputs keeps the rest)
 

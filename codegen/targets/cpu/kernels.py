@@ -22,11 +22,11 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ....spec.ir.expr import Expr
-from ....spec.ir.graph import Comprehension, Graph, Procedure
-from .hoist import replace_node
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.graph import Comprehension, Graph, Procedure
+from mlpack.codegen.targets.cpu.hoist import replace_node
 
 ACC = "acc"                  # the epilogue's name for the reduction's value
 MIN_VECTOR_TRIP = 8          # a loop shorter than this is a poor innermost loop
@@ -324,7 +324,7 @@ def _monotone_core(e: Expr, window: set[str]) -> Expr:
 
 def reject_procedures(g: Graph) -> None:
     """Refuse the procedures the cpu target cannot lower (procedure.py says which and why)."""
-    from .procedure import check_procedures
+    from mlpack.codegen.targets.cpu.procedure import check_procedures
     check_procedures(g)
 
 
@@ -333,8 +333,8 @@ def build_kernels(g: Graph, buffers: dict[str, Buffer], keep=()) -> list[Kernel]
     tensors that must be written even if their only reader could take them as an epilogue
     (a concatenation's part that lies in its slice: concat.py)."""
     reject_procedures(g)
-    from ....spec.ir.graph import tensors_read as op_reads
-    from .procedure import procedure_kernel
+    from mlpack.spec.ir.graph import tensors_read as op_reads
+    from mlpack.codegen.targets.cpu.procedure import procedure_kernel
     ops = [op for op in g.ops if not isinstance(op, Procedure)]
     producers = {op.out: op for op in ops}
     readers: dict[str, list[str]] = {}

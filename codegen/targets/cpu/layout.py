@@ -27,12 +27,12 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from ....spec.ir import expr as ex
-from ....spec.ir.expr import Expr
-from ....spec.ir.graph import Comprehension, Graph, TensorType, tensors_read
-from .concat import _arms
-from .contraction import _affine
-from .kernels import _is_one
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.graph import Comprehension, Graph, TensorType, tensors_read
+from mlpack.codegen.targets.cpu.concat import _arms
+from mlpack.codegen.targets.cpu.contraction import _affine
+from mlpack.codegen.targets.cpu.kernels import _is_one
 
 IMAGE_DIMS = 3   # dims of size above 1 that make an image (channels, rows, columns)
 

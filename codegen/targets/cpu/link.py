@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 
-from ...errors import UnsupportedTargetError
+from mlpack.codegen.errors import UnsupportedTargetError
 
 LLD_FLAGS = ("-shared", "--no-undefined", "--build-id=none", "-z", "noexecstack",
              "-z", "relro", "-z", "now", "--hash-style=both", "-O1")

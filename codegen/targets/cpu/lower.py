@@ -24,12 +24,12 @@ from dataclasses import replace
 
 from llvmlite import ir
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir.expr import Expr, walk
-from ...errors import UnsupportedTargetError
-from . import checks as chk
-from . import halfconv, hoist, mathlib, narrowconv
-from .kernels import ACC, Buffer, Kernel, row_dim
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir.expr import Expr, walk
+from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.targets.cpu import checks as chk
+from mlpack.codegen.targets.cpu import halfconv, hoist, mathlib, narrowconv
+from mlpack.codegen.targets.cpu.kernels import ACC, Buffer, Kernel, row_dim
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -733,7 +733,7 @@ class KernelLowering:
         self._sizes()
         self.allocas = self._allocas()
         if self.k.strategy == "gemm":   # packed, register-blocked tiles: contraction.py
-            from .contraction import emit_gemm
+            from mlpack.codegen.targets.cpu.contraction import emit_gemm
             emit_gemm(self, wg, count)
             self._finish_checks(err, status)
             return

@@ -14,10 +14,10 @@ import threading
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from ... import debug
-from .kernels import Buffer, Kernel
-from .lower import I32, PTR, KernelLowering
-from .target import CpuTarget
+from mlpack.codegen import debug
+from mlpack.codegen.targets.cpu.kernels import Buffer, Kernel
+from mlpack.codegen.targets.cpu.lower import I32, PTR, KernelLowering
+from mlpack.codegen.targets.cpu.target import CpuTarget
 
 TABLE_SYMBOL = "mlpack_kernel_table_v1"
 ABI_VERSION = 1
@@ -129,7 +129,8 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     # __extendhfsf2). Stores use fptrunc only on aarch64: on x86 LLVM folds an f64 -> f32 -> f16
     # chain (pow, fmod, f64 casts) into one f64 -> f16 fptrunc, which is a __truncdfhf2 call.
     native_f16 = (t.arch == "arm64" or "f16c" in t.features, t.arch == "arm64")
-    from .procedure import PROCEDURE, ProcedureLowering   # sequential code: procedure.py
+    # sequential code: procedure.py
+    from mlpack.codegen.targets.cpu.procedure import PROCEDURE, ProcedureLowering
     fns = [(ProcedureLowering if k.strategy == PROCEDURE else KernelLowering)(
         module, k, buffers, symbols, ids, native_f16).emit() for k in kernels]
     _table(module, _share_identical(module, fns, [k.name for k in kernels]),

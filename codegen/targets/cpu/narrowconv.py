@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from ....spec.ir import dtypes as dt
+from mlpack.spec.ir import dtypes as dt
 
 F32 = ir.FloatType()
 I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)

@@ -14,15 +14,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ....spec.ir.expr import Expr
-from ....spec.ir.graph import Graph, Procedure
-from ....spec.ir.program import encode_expr
-from ...errors import UnsupportedTargetError
-from . import procedure
-from .concat import root
-from .kernels import MAX_WORKGROUPS, WORK_PER_WORKGROUP, Buffer, Kernel, copy_kernel, row_dim
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.graph import Graph, Procedure
+from mlpack.spec.ir.program import encode_expr
+from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.targets.cpu import procedure
+from mlpack.codegen.targets.cpu.concat import root
+from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, Buffer, Kernel,
+                                                copy_kernel, row_dim)
 
 ARENA_ALIGN = 64
 
@@ -181,7 +182,7 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
     if isinstance(k, procedure.ProcedureKernel):   # sequential code: one workgroup
         return ex.const(1)
     if k.gemm is not None:   # a gemm kernel shares out tiles (contraction.py)
-        from .contraction import workgroups as gemm_workgroups
+        from mlpack.codegen.targets.cpu.contraction import workgroups as gemm_workgroups
         return gemm_workgroups(k, out)
     outer, _ = row_dim(out)
     rows = ex.product([*[out.sizes[d] for d in outer], ex.const(k.row_chunks)])
@@ -213,7 +214,8 @@ def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
             index[name] = len(entries)
             entries.append({"kind": "weight", "name": name})
             weights[name] = np.ascontiguousarray(c.data)
-    from .contraction import packed_weights   # B operands packed for gemm kernels
+    # B operands packed for gemm kernels
+    from mlpack.codegen.targets.cpu.contraction import packed_weights
     for name, data in packed_weights(kernels).items():
         index[name] = len(entries)
         entries.append({"kind": "weight", "name": name})

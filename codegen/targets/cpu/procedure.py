@@ -26,16 +26,17 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from ....spec.ir import dtypes as dt
-from ....spec.ir import expr as ex
-from ....spec.ir.expr import Expr
-from ....spec.ir.graph import For, Graph, If, Let, Procedure, SetSize, Store, While
-from ....spec.ir.graph import tensors_read as op_reads
-from ....spec.ir.program import encode_expr
-from ...errors import UnsupportedTargetError
-from . import checks as chk
-from .kernels import Buffer, Kernel
-from .lower import DISPATCH, I32, I64, KERNEL_FN, PTR, Loops, _const, _Expr, llvm_type
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.graph import For, Graph, If, Let, Procedure, SetSize, Store, While
+from mlpack.spec.ir.graph import tensors_read as op_reads
+from mlpack.spec.ir.program import encode_expr
+from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.targets.cpu import checks as chk
+from mlpack.codegen.targets.cpu.kernels import Buffer, Kernel
+from mlpack.codegen.targets.cpu.lower import (DISPATCH, I32, I64, KERNEL_FN, PTR, Loops, _const,
+                                              _Expr, llvm_type)
 
 PROCEDURE = "procedure"   # the strategy of a ProcedureKernel
 

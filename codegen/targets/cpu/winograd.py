@@ -40,12 +40,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from ....spec.ir import expr as ex
-from ....spec.ir.expr import Expr
-from ....spec.ir.graph import Comprehension, Constant, Graph, TensorType, tensors_read
-from .contraction import _affine, _fresh, index_range
-from .kernels import _identity_map, replace_reads
-from .plan import tensor_buffers
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.graph import Comprehension, Constant, Graph, TensorType, tensors_read
+from mlpack.codegen.targets.cpu.contraction import _affine, _fresh, index_range
+from mlpack.codegen.targets.cpu.kernels import _identity_map, replace_reads
+from mlpack.codegen.targets.cpu.plan import tensor_buffers
 
 TILE = 4          # outputs per tile
 TAPS = 3          # window size
