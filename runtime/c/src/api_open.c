@@ -12,9 +12,8 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "executor.h"
 
-#define MP_PROGRAM_PORTABLE "application/vnd.mlpack.program.portable.v1+json"
-#define MP_CODE_ELF "application/vnd.mlpack.code.elf.v1"
 #define MP_MAX_THREADS 1024
 
 #define MP_STR2(x) #x
@@ -114,13 +113,14 @@ static mlpack_status mp_thread_count(int requested, int *out, mlpack_error **err
   return MLPACK_OK;
 }
 
-static mlpack_status mp_executor_create(mlpack_model *m, const mp_artifact *a, mlpack_error **err) {
-  if (a->code_media_type && !strcmp(a->code_media_type, MP_CODE_ELF))
-    return mp_native_create(m, a, &m->executor, err);
-  if (a->code_media_type && !strcmp(a->code_media_type, MP_PROGRAM_PORTABLE))
-    return mp_portable_create(m, a, &m->executor, err);
-  return mp_fail(err, MLPACK_ERR_LOAD, "%s: artifact %zu: no executor for code '%s'", m->container->path, a->index,
-                 a->code_media_type ? a->code_media_type : "(none)");
+/* The row selection judged the artifact by (select.c) is the one that opens it. */
+static mlpack_status mp_executor_open(mlpack_model *m, const mp_artifact *a, mlpack_error **err) {
+  const mp_executor_kind *kind = mp_executor_for(a->code_media_type);
+  if (!kind)
+    return mp_fail(err, MLPACK_ERR_LOAD, "%s: artifact %zu: no executor for code '%s'", m->container->path,
+                   a->index, a->code_media_type ? a->code_media_type : "(none)");
+  m->executor_kind = kind;
+  return kind->open(m, a, &m->executor, err);
 }
 
 /* The caller's strings may not outlive mlpack_open: keep our own copies of the vocabulary. */
@@ -150,7 +150,7 @@ static mlpack_status mp_model_open(mlpack_model *m, const char *path, mlpack_err
   m->options.threads = threads;
   if (!(m->pool = mp_pool_create(threads)))
     return mp_fail(err, MLPACK_ERR_NOMEM, "cannot start a pool of %d threads", threads);
-  return mp_executor_create(m, a, err);
+  return mp_executor_open(m, a, err);
 }
 
 mlpack_model *mlpack_open(const char *path, const mlpack_options *opts, mlpack_error **err) {
@@ -175,7 +175,7 @@ mlpack_model *mlpack_open(const char *path, const mlpack_options *opts, mlpack_e
 
 void mlpack_close(mlpack_model *m) {
   if (!m) return;
-  if (m->executor && m->executor->destroy) m->executor->destroy(m->executor);
+  if (m->executor) m->executor_kind->close(m->executor);
   if (m->pool) mp_pool_destroy(m->pool);
   mp_run_release(m);
   free(m->inputs);

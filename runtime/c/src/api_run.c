@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "executor.h"
 
 #define MP_MAX_SYMS 64
 #define MP_ALIGN 64
@@ -407,7 +408,7 @@ static mlpack_status mp_run_model(mlpack_model *model, const mlpack_tensor *inpu
     mp_run run = {.inputs = in_data, .outputs = out_data, .sym_names = names, .sym_values = values,
                   .sym_count = count, .model = model, .in_shapes = in_shapes,
                   .out_shapes = model->out_shapes};
-    st = model->executor->run(model->executor, &run, err);
+    st = model->executor_kind->run(model->executor, &run, err);
     for (size_t i = 0; st == MLPACK_OK && i < no; i++)
       if (!model->out_data[i])
         st = mp_fail(err, MLPACK_ERR_RUNTIME, "the executor did not produce output '%s'",

@@ -24,31 +24,13 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "media.h"
 
 #define MP_BLOCK 512u
 #define MP_MAX_JSON ((uint64_t)64 << 20)
 #define MP_MAX_PAX ((uint64_t)1 << 20)
 #define MP_WHERE 4608
 #define MP_BLOB_DIR "blobs/sha256/"
-
-#define MP_OCI_INDEX "application/vnd.oci.image.index.v1+json"
-#define MP_OCI_MANIFEST "application/vnd.oci.image.manifest.v1+json"
-#define MP_ARTIFACT_TYPE "application/vnd.mlpack.artifact.v1"
-#define MP_CONFIG "application/vnd.mlpack.config.v1+json"
-#define MP_PROGRAM_PORTABLE "application/vnd.mlpack.program.portable.v1+json"
-#define MP_CODE_ELF "application/vnd.mlpack.code.elf.v1"
-#define MP_CODE_PTX "application/vnd.mlpack.code.ptx.v1"
-#define MP_CODE_CUBIN "application/vnd.mlpack.code.cubin.v1"
-#define MP_WEIGHTS "application/vnd.mlpack.weights.v1"
-#define MP_TESTVECTORS "application/vnd.mlpack.testvectors.v1"
-#define MP_ANN_FORMAT_VERSION "org.mlpack.format.version"
-#define MP_ANN_MODEL_NAME "org.mlpack.model.name"
-#define MP_ANN_DEVICE "org.mlpack.device"
-#define MP_ANN_PRECISION "org.mlpack.precision"
-#define MP_ANN_CPU_FEATURES "org.mlpack.cpu.features"
-#define MP_ANN_CUDA_SM "org.mlpack.cuda.sm"
-#define MP_ANN_MAX_ABS_ERROR "org.mlpack.accuracy.max_abs_error"
-#define MP_ANN_MIN_RUNTIME "org.mlpack.min_runtime"
 
 #ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
 /* Fuzz builds only: when set, tar checksums and digests always match, so mutated documents
@@ -821,8 +803,10 @@ static const char *mp_platform_string(const mp_json *platform, const char *key) 
 }
 
 static int mp_is_code_type(const char *t) {
-  return !strcmp(t, MP_PROGRAM_PORTABLE) || !strcmp(t, MP_CODE_ELF) || !strcmp(t, MP_CODE_PTX) ||
-         !strcmp(t, MP_CODE_CUBIN);
+  static const char *const codes[] = {MP_CODE_MEDIA_TYPES};
+  for (size_t i = 0; i < sizeof codes / sizeof *codes; i++)
+    if (!strcmp(t, codes[i])) return 1;
+  return 0;
 }
 
 /* "MAJOR[.MINOR[.PATCH]]" (runtime/select.py _version_tuple); -1 in v[0] when unparsable. */

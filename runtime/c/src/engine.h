@@ -2,8 +2,9 @@
  *
  * The engine is small and flat: a container is parsed once into plain structs that point into
  * the file's mmap; selection picks an artifact; an executor (native plan or portable
- * interpreter) runs it. Everything that can fail returns an mlpack_status and, through
- * `mlpack_error **err`, a message naming what is at fault. All names are mp_ (private).
+ * interpreter), found by the code layer's media type in the executor table, runs it. Everything
+ * that can fail returns an mlpack_status and, through `mlpack_error **err`, a message naming
+ * what is at fault. All names are mp_ (private).
  *
  * Ownership of files (so they can be written in parallel):
  *   error.c      errors and messages                 json.c       JSON parser (arena, depth limit)
@@ -11,8 +12,11 @@
  *   tensors.c    tensor archive (weights, vectors)   host.c       host detection (cpuid, HWCAP)
  *   select.c     the selection algorithm (SPEC.md)   api_open.c   mlpack_open/close/info/options
  *   expr.c       integer expressions (plan sizes)    api_run.c    mlpack_run: inputs, symbols, outputs
- *   plan.c       native plan executor + arena        loader.c     kernel library from memory (memfd)
- *   pool.c       thread pool                         portable.c   the portable program interpreter
+ *   plan.c       native plan: JSON -> mp_plan        native.c     native executor: plan on the pool
+ *   loader.c     kernel library from memory (memfd)  pool.c       thread pool
+ *   portable.c   the portable program interpreter    executors.c  the executor table
+ * Their own headers: media.h (media types, annotation keys), executor.h (the table's row and the
+ * executors), plan.h (the parsed plan).
  */
 #ifndef MLPACK_ENGINE_H
 #define MLPACK_ENGINE_H
@@ -200,7 +204,8 @@ typedef struct mp_sig {          /* one input or output of the signature (config
   unsigned char dim_is_expr[8];  /* dim_syms[d] is a size expression (outputs only, format 1.1) */
 } mp_sig;
 
-typedef struct mp_executor mp_executor;
+typedef struct mp_executor mp_executor;            /* an open artifact: each executor's own */
+typedef struct mp_executor_kind mp_executor_kind;  /* a row of the executor table (executor.h) */
 typedef struct mp_pool mp_pool;
 
 typedef struct mp_run {          /* one call of mlpack_run, after inputs are checked */
@@ -226,11 +231,6 @@ mlpack_status mp_run_output(const mp_run *run, size_t i, const int64_t *shape, v
 /* api_run.c: free the outputs of the last run (out_data, out_shapes); mlpack_close calls it. */
 void mp_run_release(mlpack_model *m);
 
-struct mp_executor {
-  mlpack_status (*run)(mp_executor *self, const mp_run *run, mlpack_error **err);
-  void (*destroy)(mp_executor *self);
-};
-
 struct mlpack_model {
   mp_container *container;
   mp_host host;
@@ -240,6 +240,7 @@ struct mlpack_model {
   mp_sig *inputs, *outputs;
   size_t input_count, output_count;
   mp_pool *pool;
+  const mp_executor_kind *executor_kind;  /* the row that opened executor, and runs and closes it */
   mp_executor *executor;
   /* outputs of the last run (owned) */
   void **out_data;
@@ -250,12 +251,8 @@ struct mlpack_model {
   size_t *out_cap;
 };
 
-/* ---------------------------------------------------------------- executors */
-/* plan.c + loader.c: a cpu artifact (code media type application/vnd.mlpack.code.elf.v1). */
-mlpack_status mp_native_create(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err);
-/* portable.c: the portable program (application/vnd.mlpack.program.portable.v1+json). */
-mlpack_status mp_portable_create(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err);
-
+/* ---------------------------------------------------------------- loader.c, pool.c */
+/* (the executors themselves: executor.h) */
 /* loader.c: load a shared object from memory (memfd_create, dlopen of /proc/self/fd/N; no file
  * is left behind), return its kernel table after checking abi_version. */
 typedef struct mp_library mp_library;

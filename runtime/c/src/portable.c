@@ -1,7 +1,7 @@
 /* portable.c: the portable program interpreter (spec/ir/program.py; meaning: spec/ir/interp.py).
  *
  * Every container carries a portable program, so this is what runs when no native artifact fits.
- * At create, the program JSON is compiled into flat arrays: expression nodes (children before
+ * At open, the program JSON is compiled into flat arrays: expression nodes (children before
  * parents, referenced by index), tensors (inputs, constants mapped from the weights layer in
  * place, op results) and ops (comprehensions and procedures, whose statements form small trees).
  * A run evaluates each comprehension element by element (the output index space times the
@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "executor.h"
 
 #define MP_RANK 8
 #define MP_LOOP 16
@@ -123,7 +124,6 @@ typedef struct mp_pop {
 typedef struct mp_port { int32_t tensor; int8_t axis[MP_RANK]; } mp_port;  /* sig axis -> storage axis */
 
 typedef struct mp_portable {
-  mp_executor base;
   mlpack_model *model;
   char what[64];
   mp_json_doc *doc;
@@ -1431,8 +1431,8 @@ static void mp_release_tensors(mp_portable *p) {
     if (p->tensors[i].kind != T_CONST) mp_free_data(&p->tensors[i]);
 }
 
-static mlpack_status mp_portable_run(mp_executor *self, const mp_run *run, mlpack_error **err) {
-  mp_portable *p = (mp_portable *)self;
+mlpack_status mp_portable_run(mp_executor *x, const mp_run *run, mlpack_error **err) {
+  mp_portable *p = (mp_portable *)x;
   p->failed = 0;
   p->code = MLPACK_OK;
   p->msg[0] = 0;
@@ -1460,8 +1460,8 @@ static void mp_free_stmts(mp_stmt *s, size_t n) {
   free(s);
 }
 
-static void mp_portable_destroy(mp_executor *self) {
-  mp_portable *p = (mp_portable *)self;
+void mp_portable_close(mp_executor *x) {
+  mp_portable *p = (mp_portable *)x;
   if (!p) return;
   if (p->tensors) mp_release_tensors(p);
   for (size_t i = 0; p->ops && i < p->nops; i++) {
@@ -1494,12 +1494,10 @@ static mlpack_status mp_portable_alloc_state(mp_portable *p, mlpack_error **err)
   return MLPACK_OK;
 }
 
-mlpack_status mp_portable_create(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err) {
+mlpack_status mp_portable_open(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err) {
   *out = NULL;
   mp_portable *p = calloc(1, sizeof *p);
   if (!p) return mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
-  p->base.run = mp_portable_run;
-  p->base.destroy = mp_portable_destroy;
   p->model = m;
   snprintf(p->what, sizeof p->what, "artifact %zu (portable program)", a->index);
   p->inputs = calloc(m->input_count + 1, sizeof *p->inputs);
@@ -1518,7 +1516,7 @@ mlpack_status mp_portable_create(mlpack_model *m, const mp_artifact *a, mp_execu
   }
   if (st == MLPACK_OK) st = mp_compile_program(p, mp_json_root(p->doc), err);
   if (st == MLPACK_OK) st = mp_portable_alloc_state(p, err);
-  if (st != MLPACK_OK) { mp_portable_destroy(&p->base); return st; }
-  *out = &p->base;
+  if (st != MLPACK_OK) { mp_portable_close((mp_executor *)p); return st; }
+  *out = (mp_executor *)p;
   return MLPACK_OK;
 }

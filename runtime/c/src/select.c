@@ -2,8 +2,8 @@
  * runtime/select.py so both give the same verdicts and reasons.
  *
  *   1. drop what the host cannot run (platform, x86 level, CPU features, CUDA, min_runtime, code
- *      this engine has no executor for), then what the caller excluded (device, precision,
- *      accuracy budget);
+ *      this engine has no executor for: executors.c's table, which mlpack_open loads with), then
+ *      what the caller excluded (device, precision, accuracy budget);
  *   2. rank the rest: with a budget, the fastest (most specific, then narrowest precision);
  *      without, the preferred precision (fp32 first) and then the most specific target;
  *   3. give every artifact a reason a user can act on.
@@ -15,9 +15,7 @@
 #include <string.h>
 
 #include "engine.h"
-
-#define MP_PROGRAM_PORTABLE "application/vnd.mlpack.program.portable.v1+json"
-#define MP_CODE_ELF "application/vnd.mlpack.code.elf.v1"
+#include "executor.h"
 
 static const char *const mp_devices[] = {"cpu", "cuda", "portable", NULL};
 static const char *const mp_precisions[] = {"fp32", "fp16", "bf16", "int8", NULL};
@@ -162,7 +160,8 @@ static int mp_feature_fault(const mp_artifact *a, const mp_host *h, char *why, s
   return 1;
 }
 
-static int mp_runtime_fault(const mp_artifact *a, char *why, size_t n) {
+/* min_runtime, then the executor table: is there a row for the code, and does its host check pass */
+static int mp_runtime_fault(const mp_artifact *a, const mp_host *h, char *why, size_t n) {
   const int have[3] = {MLPACK_VERSION_MAJOR, MLPACK_VERSION_MINOR, MLPACK_VERSION_PATCH};
   int newer = a->min_runtime[0] < 0;
   for (int i = 0; i < 3 && !newer; i++) {
@@ -179,17 +178,18 @@ static int mp_runtime_fault(const mp_artifact *a, char *why, size_t n) {
     snprintf(why, n, "has no code layer this runtime knows");
     return 1;
   }
-  if (strcmp(a->code_media_type, MP_PROGRAM_PORTABLE) != 0 && strcmp(a->code_media_type, MP_CODE_ELF) != 0) {
+  const mp_executor_kind *x = mp_executor_for(a->code_media_type);
+  if (!x) {  /* a code format with no row: today only CUDA's (PTX, cubin) */
     const char *kind = strstr(a->code_media_type, "ptx") ? "PTX code" : "cubin code";
     snprintf(why, n, "%s, which this runtime cannot execute yet (no CUDA executor)", kind);
     return 1;
   }
-  return 0;
+  return x->host_fault && x->host_fault(a, h, why, n);
 }
 
 static int mp_host_fault(const mp_artifact *a, const mp_host *h, char *why, size_t n) {
   return mp_platform_fault(a, h, why, n) || mp_device_fault(a, h, why, n) || mp_feature_fault(a, h, why, n) ||
-         mp_runtime_fault(a, why, n);
+         mp_runtime_fault(a, h, why, n);
 }
 
 static int mp_policy_fault(const mp_artifact *a, const mlpack_options *o, int has_budget, char *why, size_t n) {

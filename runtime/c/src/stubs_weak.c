@@ -1,26 +1,42 @@
-/* stubs_weak.c: weak fallbacks for the execution half of the engine (plan.c, loader.c, pool.c,
- * portable.c, api_run.c), so libmlpack links and the container/selection half can be tested
- * before that code lands. A strong definition in any linked object replaces each of these.
- * The pool fallback is a real (serial) pool: it runs every index on the caller's thread. */
+/* stubs_weak.c: weak fallbacks for the execution half of the engine (native.c, plan.c,
+ * loader.c, pool.c, portable.c, api_run.c), so libmlpack links and the container/selection half
+ * can be tested before that code lands. A strong definition in any linked object replaces each of
+ * these. The pool fallback is a real (serial) pool: it runs every index on the caller's thread.
+ * An executor's run and close are never reached without its open, which fails. */
 #include <stdlib.h>
 
 #include "engine.h"
+#include "executor.h"
 
 #define MP_WEAK __attribute__((weak))
 
-MP_WEAK mlpack_status mp_native_create(mlpack_model *m, const mp_artifact *a, mp_executor **out,
-                                       mlpack_error **err) {
+MP_WEAK mlpack_status mp_native_open(mlpack_model *m, const mp_artifact *a, mp_executor **out,
+                                     mlpack_error **err) {
   (void)m; (void)a;
   *out = NULL;
   return mp_fail(err, MLPACK_ERR_LOAD, "the native plan executor is not built into this libmlpack");
 }
 
-MP_WEAK mlpack_status mp_portable_create(mlpack_model *m, const mp_artifact *a, mp_executor **out,
-                                         mlpack_error **err) {
+MP_WEAK mlpack_status mp_native_run(mp_executor *x, const mp_run *run, mlpack_error **err) {
+  (void)x; (void)run;
+  return mp_fail(err, MLPACK_ERR_LOAD, "the native plan executor is not built into this libmlpack");
+}
+
+MP_WEAK void mp_native_close(mp_executor *x) { (void)x; }
+
+MP_WEAK mlpack_status mp_portable_open(mlpack_model *m, const mp_artifact *a, mp_executor **out,
+                                       mlpack_error **err) {
   (void)m; (void)a;
   *out = NULL;
   return mp_fail(err, MLPACK_ERR_LOAD, "the portable interpreter is not built into this libmlpack");
 }
+
+MP_WEAK mlpack_status mp_portable_run(mp_executor *x, const mp_run *run, mlpack_error **err) {
+  (void)x; (void)run;
+  return mp_fail(err, MLPACK_ERR_LOAD, "the portable interpreter is not built into this libmlpack");
+}
+
+MP_WEAK void mp_portable_close(mp_executor *x) { (void)x; }
 
 MP_WEAK mlpack_status mp_library_load(const void *elf, size_t size, const char *what, mp_library **out,
                                       const mlpack_kernel_table **table, mlpack_error **err) {

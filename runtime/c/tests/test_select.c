@@ -6,11 +6,9 @@
 #include <stdlib.h>
 
 #include "../src/engine.h"
+#include "../src/executor.h"
+#include "../src/media.h"
 #include "check.h"
-
-#define PORTABLE "application/vnd.mlpack.program.portable.v1+json"
-#define ELF "application/vnd.mlpack.code.elf.v1"
-#define PTX "application/vnd.mlpack.code.ptx.v1"
 
 static mp_artifact art(const char *device, const char *precision, const char *arch, const char *variant,
                        const char *features, double err) {
@@ -25,7 +23,9 @@ static mp_artifact art(const char *device, const char *precision, const char *ar
   a.min_runtime_text = "0.1.0";
   a.min_runtime[1] = 1;
   a.max_abs_error = err;
-  a.code_media_type = !strcmp(device, "portable") ? PORTABLE : !strcmp(device, "cuda") ? PTX : ELF;
+  a.code_media_type = !strcmp(device, "portable") ? MP_PROGRAM_PORTABLE
+                      : !strcmp(device, "cuda")   ? MP_CODE_PTX
+                                                  : MP_CODE_ELF;
   return a;
 }
 
@@ -187,6 +187,26 @@ static void test_no_artifact(void) {
   make_artifacts();
 }
 
+/* The executor table: a row for the portable program and native ELF code (none yet for CUDA's
+ * formats), each complete and found by its own media type. */
+static void test_executor_table(void) {
+  static const char *const codes[] = {MP_CODE_MEDIA_TYPES};
+  size_t rows = 0;
+  for (size_t i = 0; i < sizeof codes / sizeof *codes; i++) {
+    const mp_executor_kind *x = mp_executor_for(codes[i]);
+    if (!x) continue;
+    rows++;
+    CHECK(!strcmp(x->media_type, codes[i]), "row for %s says %s", codes[i], x->media_type);
+    CHECK(x->open && x->run && x->close, "row for %s lacks a function", codes[i]);
+  }
+  CHECK(rows == 2, "%zu rows", rows);
+  CHECK(mp_executor_for(MP_PROGRAM_PORTABLE) && mp_executor_for(MP_PROGRAM_PORTABLE)->open == mp_portable_open,
+        "portable row");
+  CHECK(mp_executor_for(MP_CODE_ELF) && mp_executor_for(MP_CODE_ELF)->open == mp_native_open, "native row");
+  CHECK(!mp_executor_for(MP_CODE_PTX) && !mp_executor_for(MP_CODE_CUBIN), "a CUDA row");
+  CHECK(!mp_executor_for(MP_WEIGHTS) && !mp_executor_for(NULL), "a row for no code");
+}
+
 static void test_host_detect(void) {
   mp_host h;
   mp_host_detect(&h);
@@ -246,6 +266,7 @@ int main(void) {
   test_pinned_artifact();
   test_budget();
   test_no_artifact();
+  test_executor_table();
   test_host_detect();
   test_expr();
   return mp_check_report("test_select");

@@ -1,0 +1,42 @@
+/* media.h: the media types and annotation keys the engine matches on: its one copy of
+ * spec/media.py's strings.
+ *
+ * Each MP_<NAME> here is spec/media.py's <NAME>, spelled the same; tests/runtime/
+ * test_c_media_types.py checks every one against it (and MP_CODE_MEDIA_TYPES against
+ * CODE_MEDIA_TYPES), and that no other engine source spells a media type or key itself.
+ */
+#ifndef MLPACK_MEDIA_H
+#define MLPACK_MEDIA_H
+
+/* the OCI layout's own documents */
+#define MP_OCI_INDEX "application/vnd.oci.image.index.v1+json"
+#define MP_OCI_MANIFEST "application/vnd.oci.image.manifest.v1+json"
+
+/* what only mlpack understands */
+#define MP_ARTIFACT_TYPE "application/vnd.mlpack.artifact.v1"
+#define MP_CONFIG "application/vnd.mlpack.config.v1+json"
+#define MP_PROGRAM_PORTABLE "application/vnd.mlpack.program.portable.v1+json"
+#define MP_CODE_ELF "application/vnd.mlpack.code.elf.v1"
+#define MP_CODE_PTX "application/vnd.mlpack.code.ptx.v1"
+#define MP_CODE_CUBIN "application/vnd.mlpack.code.cubin.v1"
+#define MP_WEIGHTS "application/vnd.mlpack.weights.v1"
+#define MP_TESTVECTORS "application/vnd.mlpack.testvectors.v1"
+
+/* The layers that are an artifact's code, whether or not this engine can run them: an artifact
+ * whose code it cannot run is then passed over with a reason (select.c), as runtime/select.py
+ * does, rather than looking as if it had no code at all. The executor table (executors.c) says
+ * which of these run here. */
+#define MP_CODE_MEDIA_TYPES MP_PROGRAM_PORTABLE, MP_CODE_ELF, MP_CODE_PTX, MP_CODE_CUBIN
+
+/* annotation keys: on the indexes (the format version on both, the model name on the nested one) */
+#define MP_ANN_FORMAT_VERSION "org.mlpack.format.version"
+#define MP_ANN_MODEL_NAME "org.mlpack.model.name"
+/* on each manifest descriptor of the nested index: what selection needs without the configs */
+#define MP_ANN_DEVICE "org.mlpack.device"
+#define MP_ANN_PRECISION "org.mlpack.precision"
+#define MP_ANN_CPU_FEATURES "org.mlpack.cpu.features"
+#define MP_ANN_CUDA_SM "org.mlpack.cuda.sm"
+#define MP_ANN_MAX_ABS_ERROR "org.mlpack.accuracy.max_abs_error"
+#define MP_ANN_MIN_RUNTIME "org.mlpack.min_runtime"
+
+#endif /* MLPACK_MEDIA_H */
