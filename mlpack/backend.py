@@ -30,6 +30,7 @@ from onnx.backend.base import Backend, BackendRep
 
 from mlpack.codegen.compile import compile_onnx
 from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.spec import environment
 from mlpack.spec.errors import Error
 from mlpack.spec.ir.interp import run_graph
 from mlpack.codegen.onnx.builder import NeedsValue
@@ -41,7 +42,7 @@ ENV_MODE = "MLPACK_BACKEND"
 
 def backend_mode(mode: str | None = None) -> str:
     """``mode``, else $MLPACK_BACKEND, else "interp"; an unknown name is an Error."""
-    mode = (mode or os.environ.get(ENV_MODE) or "interp").strip().lower()
+    mode = (mode or environment.get(ENV_MODE) or "interp").strip().lower()
     if mode not in MODES:
         raise Error(f"unknown mlpack backend mode {mode!r} (from mode= or ${ENV_MODE}); "
                     f"modes are: {', '.join(MODES)}")
@@ -79,8 +80,8 @@ class _Native:
 
     def __init__(self, graph, name: str, threads: int | None = None):
         from mlpack.codegen.targets.cpu import narrowconv
-        from mlpack.codegen.targets.cpu.compile import compile_cpu
-        from mlpack.packager.build import cpu_artifact_spec, model_signature
+        from mlpack.codegen.targets.cpu.compile import compile_artifact
+        from mlpack.packager.build import artifact_spec, model_signature
         from mlpack.runtime import native
         from mlpack.spec.container import write_container
         from mlpack.spec.tensorfile import write_tensors
@@ -88,7 +89,7 @@ class _Native:
         self.inputs = {p.name for p in graph.inputs}  # specialized inputs are no longer ports
         self.target = host_target()
         try:
-            code = compile_cpu(graph, self.target)
+            code = compile_artifact(graph, self.target, "fp32")
         except UnsupportedTargetError as e:  # say which mode asked, so the reason is unambiguous
             raise UnsupportedTargetError(f"native mode ({self.target}): "
                                          f"{str(e).removeprefix('cpu: ')}") from None
@@ -100,8 +101,8 @@ class _Native:
         self._codes, self._view = narrowconv.to_codes, narrowconv.from_codes
         ins, outs = ([{**sig, "dtype": narrowconv.carrier(sig["dtype"])} for sig in part]
                      for part in (ins, outs))
-        spec = cpu_artifact_spec(name, self.target, code, write_tensors(code.weights),
-                                 (ins, outs), "none (mlpack.backend native mode)")
+        spec = artifact_spec(name, self.target, "fp32", code, write_tensors(code.weights),
+                             (ins, outs), "none (mlpack.backend native mode)")
         self.engine = _open_alone(spec, name, threads, write_container, native.open_model)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

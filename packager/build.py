@@ -44,6 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from mlpack.codegen import precisions as precision_modules
+from mlpack.codegen.targets import registry
+from mlpack.codegen.targets.base import Code
 from mlpack.spec import accuracy, media
 from mlpack.spec.container import ArtifactSpec, Layer, make_config, write_container
 from mlpack.spec.errors import Error
@@ -51,16 +54,13 @@ from mlpack.packager import testvectors as tv
 # config inputs and outputs; a SignatureError for a size the container cannot state
 from mlpack.packager.signature import model_signature
 
-# every target name mlpack knows, in the order `inspect` lists them; IMPLEMENTED can build today
-TARGETS = ("portable", "x86_64-v2", "x86_64-v3", "x86_64-v4", "x86_64-v4-amx", "aarch64", "cuda")
-CPU_TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4", "x86_64-v4-amx", "aarch64")
-IMPLEMENTED_TARGETS = ("portable",) + CPU_TARGETS
-# what a build without --target makes. The AMX level is asked for by name: on the VMs measured
-# its tile unit ran from 1.9x to 0.6x of AVX-512 by the minute (benchmarks/RESULTS.md, "AMX")
-OPT_IN_TARGETS = ("x86_64-v4-amx",)
-DEFAULT_TARGETS = tuple(t for t in IMPLEMENTED_TARGETS if t not in OPT_IN_TARGETS)
-PRECISIONS = media.PRECISIONS
-IMPLEMENTED_PRECISIONS = ("fp32",)
+# every target and precision mlpack knows, from their registries (codegen/targets/registry.py,
+# codegen/precisions/): what a build makes by default, and what it refuses as planned
+TARGETS = registry.names()
+IMPLEMENTED_TARGETS = registry.implemented()
+DEFAULT_TARGETS = registry.defaults()
+PRECISIONS = precision_modules.names()
+IMPLEMENTED_PRECISIONS = precision_modules.implemented()
 
 
 class BuildError(Error):
@@ -90,6 +90,7 @@ class ArtifactReport:
     top1: float | None = None           # worst top-1 agreement of class-score outputs
     seconds: float | None = None  # compiling this target's code (None: portable, nothing to do)
     reason: str = ""  # why it was not validated here
+    emulator: str = ""  # the qemu-user program it was validated under; "" when this host ran it
 
 
 @dataclass
@@ -133,12 +134,19 @@ def _pick(asked, known: tuple[str, ...], implemented: tuple[str, ...], what: str
 
 
 def plan_artifacts(targets=None, precisions=None) -> list[tuple[str, str]]:
-    """(target, precision) pairs to build; the portable fp32 artifact is always among them (the
-    spec promises that every container runs somewhere)."""
-    pairs = [(t, p) for t in _pick(targets, TARGETS, IMPLEMENTED_TARGETS, "target", DEFAULT_TARGETS)
-             for p in _pick(precisions, PRECISIONS, IMPLEMENTED_PRECISIONS, "precision")]
-    if ("portable", "fp32") not in pairs:
-        pairs.insert(0, ("portable", "fp32"))
+    """(target, precision) pairs to build, each precision on the targets that build it; the
+    portable fp32 artifact is always among them (the spec promises that every container runs
+    somewhere)."""
+    names = _pick(targets, registry.names(), registry.implemented(), "target", registry.defaults())
+    wanted = _pick(precisions, precision_modules.names(), precision_modules.implemented(),
+                   "precision")
+    pairs = [(t, p) for t in names for p in wanted if p in registry.get(t).precisions]
+    for t in targets or ():
+        if not any(n == t for n, _ in pairs):
+            raise BuildError(f"target {t} builds {', '.join(registry.get(t).precisions)}, not "
+                             f"{', '.join(wanted)}")
+    if (registry.ALWAYS, "fp32") not in pairs:
+        pairs.insert(0, (registry.ALWAYS, "fp32"))
     return pairs
 
 
@@ -207,18 +215,6 @@ def _accuracy(baseline: str, precision: str, check=None) -> dict:
     return acc
 
 
-def _portable_artifact(name: str, graph, sig, weights: bytes, vectors: bytes, reference: str,
-                       check=None) -> ArtifactSpec:
-    from mlpack.spec.ir.program import dumps_program
-
-    config = make_config(name, *sig, device="portable", precision="fp32", target="portable",
-                         accuracy=_accuracy(reference, "fp32", check),
-                         min_runtime=media.MIN_RUNTIME)
-    layers = [Layer(media.PROGRAM_PORTABLE, dumps_program(graph)), Layer(media.WEIGHTS, weights),
-              Layer(media.TESTVECTORS, vectors)]
-    return ArtifactSpec(config, layers, media.platform_for("portable"))
-
-
 class SkippedTargetWarning(UserWarning):
     """A cpu target cannot lower the model (the op is named); the container runs through its
     portable artifact there instead. Naming the target explicitly makes this a BuildError."""
@@ -226,9 +222,9 @@ class SkippedTargetWarning(UserWarning):
 
 @dataclass
 class _Native:
-    """One cpu target compiled: the code, its weights archive and how long it took."""
+    """One (target, precision) compiled: the code, its weights archive and how long it took."""
 
-    code: object  # codegen.targets.cpu.compile.CpuArtifact
+    code: Code
     weights: bytes
     seconds: float
 
@@ -237,14 +233,16 @@ def _skip_reason(error: Exception) -> str:
     return str(error).removeprefix("cpu: ")
 
 
-def _compile_one(graph, target: str, use_winograd: bool = True):
-    """compile_cpu in a worker process: (CpuArtifact, seconds), or the UnsupportedTargetError."""
+def _compile_one(graph, target: str, precision: str = "fp32", disabled=frozenset()):
+    """One target's code (in a worker process for the slow ones): (Code, seconds), or the
+    UnsupportedTargetError saying what it cannot lower. ``disabled``: the target's passes to
+    leave out."""
     from mlpack.codegen.errors import UnsupportedTargetError
-    from mlpack.codegen.targets.cpu.compile import compile_cpu
 
     t0 = time.perf_counter()
     try:
-        code = compile_cpu(graph, target, use_winograd)
+        code = registry.get(target).compile(precision_modules.apply(precision, graph), precision,
+                                            frozenset(disabled))
     except UnsupportedTargetError as e:
         return e, 0.0
     return code, time.perf_counter() - t0
@@ -257,11 +255,15 @@ def _compile_one(graph, target: str, use_winograd: bool = True):
 PARALLEL_MIN_OPS = 64
 
 
-def _compile_all(graph, targets: list[str]) -> dict:
-    """{target: (CpuArtifact or UnsupportedTargetError, seconds)}, in parallel when it pays."""
-    workers = min(len(targets), os.cpu_count() or 1)
+def _compile_all(graph, pairs: list[tuple[str, str]]) -> dict:
+    """{(target, precision): (Code or UnsupportedTargetError, seconds)}: the slow targets in
+    parallel worker processes when it pays, the others here."""
+    slow = [pair for pair in pairs if registry.get(pair[0]).parallel]
+    results = {pair: _compile_one(graph, *pair) for pair in pairs if pair not in slow}
+    workers = min(len(slow), os.cpu_count() or 1)
     if workers < 2 or len(graph.ops) < PARALLEL_MIN_OPS:
-        return {t: _compile_one(graph, t) for t in targets}
+        return {pair: results[pair] if pair in results else _compile_one(graph, *pair)
+                for pair in pairs}
     import multiprocessing
     import signal
     import threading
@@ -279,7 +281,7 @@ def _compile_all(graph, targets: list[str]) -> dict:
         # and this process answers it, not they.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            futures.update((t, pool.submit(_compile_one, graph, t)) for t in targets)
+            futures.update((pair, pool.submit(_compile_one, graph, *pair)) for pair in slow)
         except BaseException as e:  # after the shutdown below, too: it starts no more workers
             failed.append(e)
 
@@ -289,7 +291,7 @@ def _compile_all(graph, targets: list[str]) -> dict:
         starter.join()
         if failed:
             raise failed[0]
-        results = {t: f.result() for t, f in futures.items()}
+        results.update((pair, f.result()) for pair, f in futures.items())
     except BaseException:
         # Ctrl-C (or a failed compile): stop now, not after the other targets' LLVM runs. The
         # shutdown waits out a submit under way, so ``processes`` is complete after it.
@@ -298,35 +300,44 @@ def _compile_all(graph, targets: list[str]) -> dict:
             process.terminate()
         raise
     pool.shutdown()
-    return results
+    return {pair: results[pair] for pair in pairs}
+
+
+def _archive(code: Code, graph_weights: bytes, shared: dict) -> bytes:
+    """The weights archive of ``code``: the graph's own when the target keeps its constants.
+    One bytes object per distinct archive: the writer stores equal blobs once anyway, and
+    _layer_sizes counts by identity."""
+    from mlpack.spec.tensorfile import write_tensors
+
+    archive = graph_weights if code.weights is None else write_tensors(code.weights)
+    return shared.setdefault(archive, archive)
 
 
 def compile_targets(pairs, graph, explicit, step, progress, weights: bytes) -> tuple[dict, list]:
-    """Compile every requested cpu target: ({target: _Native}, [(target, why skipped)]).
+    """Compile every requested (target, precision): ({pair: _Native}, [(target, why skipped)]).
 
-    A target that cannot lower the model is skipped, or a BuildError if it is in ``explicit``.
-    ``weights`` is the portable artifact's archive, which a cpu target's may equal."""
+    A target that cannot lower the model is skipped, or a BuildError if it is in ``explicit``
+    (the portable one lowers every model). ``weights`` is the archive of the graph's constants,
+    which a target's may equal."""
     from mlpack.codegen.errors import UnsupportedTargetError
-    from mlpack.spec.tensorfile import write_tensors
 
-    targets = list(dict.fromkeys(t for t, _ in pairs if t in CPU_TARGETS))
     compiled, skipped, shared = {}, [], {weights: weights}
-    with step("lower", ", ".join(targets) + " fp32"):
-        results = _compile_all(graph, targets)
-    for target in targets:
-        code, seconds = results[target]
+    slow = [pair for pair in pairs if registry.get(pair[0]).parallel]
+    label = ", ".join(dict.fromkeys(t for t, _ in slow))
+    with step("lower", f"{label} {'/'.join(dict.fromkeys(p for _, p in slow))}" if slow else ""):
+        results = _compile_all(graph, pairs)
+    for pair in pairs:
+        target = pair[0]
+        code, seconds = results[pair]
         if isinstance(code, UnsupportedTargetError):
-            if target in explicit:
+            if target in explicit or target == registry.ALWAYS:
                 raise BuildError(f"{target}: {_skip_reason(code)} (asked for with --target "
                                  f"{target}; leave it out to build the portable artifact)"
                                  ) from None
             skipped.append((target, _skip_reason(code)))
             continue
-        archive = write_tensors(code.weights)
-        # one bytes object per distinct archive: the writer stores equal blobs once anyway, and
-        # _layer_sizes counts by identity
-        compiled[target] = _Native(code, shared.setdefault(archive, archive), seconds)
-        if progress:
+        compiled[pair] = _Native(code, _archive(code, weights, shared), seconds)
+        if progress and pair in slow:
             t = code.timings
             progress(f"  {target}: {seconds:.1f}s (lower {t.get('lower', 0):.1f}s, "
                      f"llvm {t.get('llvm', 0):.1f}s, link {t.get('link', 0):.1f}s)")
@@ -342,42 +353,29 @@ def skip_lines(skipped) -> list[str]:
             "artifact" for why, targets in by_reason.items()]
 
 
-def cpu_artifact_spec(name: str, target: str, code, weights: bytes, sig, reference: str, *,
-                      vectors: bytes | None = None, check=None) -> ArtifactSpec:
-    """The ArtifactSpec of one cpu artifact: ``code`` is ``compile_cpu``'s CpuArtifact,
-    ``weights`` its weights archive, ``sig`` the ``model_signature``. ``vectors`` (the test
-    vectors layer) may be left out: ``mlpack.backend``'s native mode runs without them."""
-    config = make_config(name, *sig, device="cpu", precision="fp32", target=target,
-                         cpu_features=media.config_cpu_features(code.features,
-                                                               media.PLATFORMS[target]["architecture"]), plan=code.plan,
-                         accuracy=_accuracy(reference, "fp32", check),
-                         min_runtime=media.MIN_RUNTIME)
-    layers = [Layer(media.CODE_ELF, code.elf), Layer(media.WEIGHTS, weights)]
+def artifact_spec(name: str, target: str, precision: str, code: Code, weights: bytes, sig,
+                  reference: str, *, vectors: bytes | None = None, check=None) -> ArtifactSpec:
+    """The ArtifactSpec of one artifact, the same for every target: ``code`` is what the target
+    compiled, ``weights`` its weights archive, ``sig`` the ``model_signature``, ``check`` the
+    validation that fills in measured accuracy. ``vectors`` (the test vectors layer) may be left
+    out: ``mlpack.backend``'s native mode runs without them."""
+    t = registry.get(target)
+    config = make_config(name, *sig, device=t.device, precision=precision, target=target,
+                         cpu_features=code.config.get("cpu_features", ()), plan=code.config.get("plan"),
+                         accuracy=_accuracy(reference, precision, check), min_runtime=media.MIN_RUNTIME)
+    layers = [Layer(mt, data) for mt, data in code.layers] + [Layer(media.WEIGHTS, weights)]
     if vectors is not None:
         layers.append(Layer(media.TESTVECTORS, vectors))
-    return ArtifactSpec(config, layers, media.platform_for(target))
+    return ArtifactSpec(config, layers, t.platform and dict(t.platform))
 
 
-def _cpu_artifact(name: str, target: str, native: _Native, sig, vectors: bytes, reference: str,
-                  check=None) -> ArtifactSpec:
-    return cpu_artifact_spec(name, target, native.code, native.weights, sig, reference,
-                             vectors=vectors, check=check)
-
-
-def _lower(pairs, name, graph, weights, vectors, reference, checks, compiled) -> list[ArtifactSpec]:
+def _lower(pairs, name, graph, vectors, reference, checks, compiled) -> list[ArtifactSpec]:
     """One ArtifactSpec per (target, precision); ``checks`` fills in measured accuracy."""
     sig = model_signature(graph)
-    out = []
-    for i, (target, precision) in enumerate(pairs):
-        if (target, precision) == ("portable", "fp32"):
-            out.append(_portable_artifact(name, graph, sig, weights, vectors, reference,
-                                          checks.get(i)))
-        elif target in compiled and precision == "fp32":
-            out.append(_cpu_artifact(name, target, compiled[target], sig, vectors, reference,
-                                     checks.get(i)))
-        else:  # _pick admits nothing else
-            raise BuildError(f"target {target} {precision} is not implemented yet (planned)")
-    return out
+    return [artifact_spec(name, target, precision, compiled[target, precision].code,
+                          compiled[target, precision].weights, sig, reference, vectors=vectors,
+                          check=checks.get(i))
+            for i, (target, precision) in enumerate(pairs)]
 
 
 # ---------------------------------------------------------------- validation
@@ -392,7 +390,8 @@ def _scratch_path(output: str) -> str:
     return path
 
 
-def _dead_on_arrival(result, pairs, output: str) -> DeadOnArrivalError:
+def _dead_on_arrival(result, pairs, output: str,
+                     where: str = "on this host") -> DeadOnArrivalError:
     i = result.artifact.index
     target, precision = pairs[i]
     bad = [o for o in result.outputs if not o.ok]
@@ -400,8 +399,8 @@ def _dead_on_arrival(result, pairs, output: str) -> DeadOnArrivalError:
         detail = "it carries no test vectors"
     else:
         detail = "; ".join(o.detail() for o in bad)
-    error = DeadOnArrivalError(f"artifact {i} ({target}, {precision}) fails its test vectors on "
-                               f"this host: {detail}; nothing written to {output}")
+    error = DeadOnArrivalError(f"artifact {i} ({target}, {precision}) fails its test vectors "
+                               f"{where}: {detail}; nothing written to {output}")
     error.index = i
     return error
 
@@ -419,11 +418,36 @@ def _validate_one(model, i: int, pairs, output: str):
     return result
 
 
+def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress):
+    """Artifact ``verdict.artifact`` of another architecture under qemu-user
+    (packager/emulate.py): its ValidationResult; DeadOnArrivalError as _validate_one, or
+    emulate.NotEmulated where qemu could not run it after all."""
+    from mlpack.packager import emulate
+
+    i = verdict.artifact.index
+    target, precision = pairs[i]
+    if progress:
+        progress(f"  validate {target} {precision} under {emu.qemu}")
+    try:
+        result = emulate.validate(path, verdict.artifact, verdict.reason, emu, progress)
+    except emulate.NotEmulated:
+        raise
+    except Error as e:  # it ran and the engine failed, or the program crashed
+        raise DeadOnArrivalError(f"artifact {i} ({target}, {precision}) cannot run under "
+                                 f"{emu.qemu}: {e}; nothing written to {output}") from None
+    if not result.ok:
+        raise _dead_on_arrival(result, pairs, output, f"under {emu.qemu}")
+    return result
+
+
 def validate_container(path: str, pairs, output: str, progress=None) -> tuple[dict, dict]:
-    """Open ``path`` with the runtime and run the vectors on every artifact this host can run.
+    """Open ``path`` with the runtime and run the vectors on every artifact this host can run,
+    and under qemu-user on those of another architecture where it is installed
+    (packager/emulate.py).
 
     Returns ({artifact index: ValidationResult}, {index: why not run}); raises
     DeadOnArrivalError for the first artifact that fails."""
+    from mlpack.packager import emulate
     from mlpack.runtime import load
     from mlpack.spec.errors import PortableFallbackWarning
 
@@ -433,12 +457,22 @@ def validate_container(path: str, pairs, output: str, progress=None) -> tuple[di
         with load(path) as model:
             for verdict in model.verdicts:
                 i = verdict.artifact.index
-                if not verdict.runnable:
-                    passed_over[i] = verdict.reason.removeprefix("passed over: ")
+                if verdict.runnable:
+                    if progress:
+                        progress(f"  validate {pairs[i][0]} {pairs[i][1]}")
+                    checks[i] = _validate_one(model, i, pairs, output)
                     continue
-                if progress:
-                    progress(f"  validate {pairs[i][0]} {pairs[i][1]}")
-                checks[i] = _validate_one(model, i, pairs, output)
+                why = verdict.reason.removeprefix("passed over: ")
+                emu = emulate.emulator_for(verdict.artifact, model.host.arch)
+                missing = emulate.missing(emu) if emu else ""
+                try:
+                    if emu and not missing:
+                        checks[i] = _validate_emulated(path, verdict, emu, pairs, output, progress)
+                        continue
+                except emulate.NotEmulated as e:
+                    missing = str(e)
+                passed_over[i] = why + (f"; not run under emulation: {missing}" if missing
+                                        else "")
     return checks, passed_over
 
 
@@ -553,8 +587,8 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         weights = _weights(graph)
     compiled, skipped = compile_targets(pairs, graph, set(targets or ()), step, progress, weights)
     _warn_skipped(skipped, progress)
-    pairs = [(t, p) for t, p in pairs if t not in CPU_TARGETS or t in compiled]
-    lower = functools.partial(_lower, pairs, name, graph, weights, vectors, tv.reference_name())
+    pairs = [pair for pair in pairs if pair in compiled]
+    lower = functools.partial(_lower, pairs, name, graph, vectors, tv.reference_name())
     while True:
         artifacts = lower({}, compiled)
         scratch = _scratch_path(output)
@@ -571,26 +605,26 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     with step("write"):
         artifacts = lower(checks, compiled)
         write_container(output, name, artifacts)
-    seconds = {t: n.seconds for t, n in compiled.items()}
+    seconds = {t: n.seconds for (t, _), n in compiled.items() if registry.get(t).parallel}
     return BuildReport(output, name, os.path.getsize(output), tv.reference_name(), len(feeds),
                        _reports(pairs, artifacts, checks, passed_over, seconds),
                        _layer_sizes(artifacts), step.timings, seconds, skipped, blind)
 
 
 def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progress) -> bool:
-    """Compile the failing cpu artifact again without Winograd convolutions, if it had any:
-    their rounding (codegen/targets/cpu/winograd.py) is the one difference from the direct
-    sums that the tolerance may not cover. Whether it did so."""
-    target = pairs[error.index][0] if error.index is not None else None
-    native = compiled.get(target)
-    if native is None or not native.code.winograd:
+    """Compile the failing artifact again without its inexact passes, if it ran any (the cpu
+    target's Winograd convolutions: their rounding, codegen/targets/cpu/winograd.py, is the one
+    difference from the direct sums that the tolerance may not cover). Whether it did so."""
+    pair = pairs[error.index] if error.index is not None else None
+    native = compiled.get(pair)
+    if native is None or not native.code.inexact_passes:
         return False
+    passes = native.code.inexact_passes
     if progress:
-        progress(f"  {target}: Winograd convolutions miss the fp32 tolerance; compiling direct")
-    from mlpack.spec.tensorfile import write_tensors
-
-    code, seconds = _compile_one(graph, target, use_winograd=False)
-    compiled[target] = _Native(code, write_tensors(code.weights), native.seconds + seconds)
+        progress(f"  {pair[0]}: {', '.join(passes)} misses the {pair[1]} tolerance; compiling "
+                 f"without it")
+    code, seconds = _compile_one(graph, *pair, disabled=passes)
+    compiled[pair] = _Native(code, _archive(code, native.weights, {}), native.seconds + seconds)
     return True
 
 
@@ -615,7 +649,7 @@ def _reports(pairs, artifacts: list[ArtifactSpec], checks: dict, passed_over: di
         if i in checks:
             result = checks[i]
             acc = art.config["accuracy"]
-            report.cases = result.cases
+            report.cases, report.emulator = result.cases, result.emulator
             report.max_error, report.rel_l2 = acc.get("max_error"), acc.get("rel_l2")
             report.max_abs_error = acc.get("max_abs_error")
             report.baseline_max_error, report.top1 = acc.get("baseline_max_error"), acc.get("top1")
@@ -632,5 +666,5 @@ def _remove(path: str) -> None:
 
 __all__ = ["build", "BuildReport", "ArtifactReport", "BuildError", "DeadOnArrivalError",
            "SkippedTargetWarning", "BlindVectorsWarning", "ReferenceMismatchError",
-           "check_output_path", "cpu_artifact_spec", "model_signature", "TARGETS", "CPU_TARGETS", "PRECISIONS", "IMPLEMENTED_TARGETS", "DEFAULT_TARGETS",
-           "IMPLEMENTED_PRECISIONS"]
+           "check_output_path", "artifact_spec", "model_signature", "TARGETS", "PRECISIONS",
+           "IMPLEMENTED_TARGETS", "DEFAULT_TARGETS", "IMPLEMENTED_PRECISIONS"]

@@ -33,6 +33,7 @@ from typing import Callable, Optional
 
 import typer
 
+from mlpack.spec import environment
 from mlpack.spec.errors import Error, InputError
 
 
@@ -52,6 +53,8 @@ app = typer.Typer(
     name="mlpack",
     cls=_Commands,
     help="Compile one ONNX model into one file that runs on every kind of hardware.",
+    epilog="Environment (spec/environment.py):\n\n" + "\n\n".join(
+        f"  {line}" for line in environment.listing(("compiler", "runtime", "engine")).splitlines()),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -332,14 +335,29 @@ def _err(value) -> str:
     return "-" if value is None else f"{value:.2e}"
 
 
-@command("build")
+def _build_help() -> str:
+    """`mlpack build --help`'s text: the targets and precisions from their registries."""
+    from mlpack.codegen import precisions
+    from mlpack.codegen.targets import registry
+
+    listed = "\n\n".join(f"  {line}" for line in registry.help_text().splitlines())
+    made = ", ".join(precisions.implemented())
+    planned = ", ".join(p for p in precisions.names() if p not in precisions.implemented())
+    return ("Compile a model into one container, with reference test vectors, validated before "
+            "writing.\n\nTargets (--target, repeatable; by default every one not marked):\n\n"
+            f"{listed}\n\nPrecisions (--precision): {made}" + (f"; planned: {planned}" if planned else "")
+            + ".\n\nA cpu target that cannot lower an op of the model is skipped with a warning, "
+            "unless named with --target.")
+
+
+@command("build", help=_build_help())
 def build_cmd(
     model: Path = typer.Argument(..., metavar="MODEL.onnx", help="the ONNX model file"),
     output: Path = typer.Option(..., "--output", "-o", metavar="OUT.mlpack",
                                 help="the container to write"),
     target: list[str] = typer.Option([], "--target", "-t", metavar="TARGET",
-                                     help="target to build, repeatable (default: all implemented "
-                                          "but x86_64-v4-amx)"),
+                                     help="target to build, repeatable (default: every one not "
+                                          "marked in the list above)"),
     precision: list[str] = typer.Option(
         [], "--precision", "-p", metavar="PRECISION",
         help="precision to build, repeatable (default: all implemented)"),
@@ -354,11 +372,7 @@ def build_cmd(
                                        help="model name (default: the file's stem)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing but errors"),
 ) -> None:
-    """Compile a model into one container, with reference test vectors, validated before writing.
-
-    Targets: portable (always built), x86_64-v2, x86_64-v3, x86_64-v4, aarch64; x86_64-v4-amx
-    (Intel AMX) only when named. A cpu target that cannot lower an op of the model is skipped
-    with a warning, unless named with --target."""
+    """Compile a model into one container (the help text is _build_help's)."""
     import warnings
 
     from mlpack.packager.build import BlindVectorsWarning, SkippedTargetWarning, build, skip_lines
@@ -390,7 +404,8 @@ def build_cmd(
 def _artifact_state(a) -> str:
     built = f"built in {a.seconds:.1f}s, " if a.seconds is not None else ""
     if a.validated:
-        return (f"{built}validated on {a.cases} cases against float64: max err "
+        where = f"under {a.emulator} " if a.emulator else ""
+        return (f"{built}validated {where}on {a.cases} cases against float64: max err "
                 f"{_err(a.max_error)} (ONNX Runtime {_err(a.baseline_max_error)}), rel L2 "
                 f"{_err(a.rel_l2)}" + (f", top-1 {a.top1:.0%}" if a.top1 is not None else ""))
     return f"{built}not validated: {a.reason or 'not runnable here'}"
@@ -549,12 +564,16 @@ class ValidationFailed(Error):
 
 
 def _validate_rows(path: str) -> list[dict]:
-    """One row per artifact: the vectors run where this host can, the reason where not."""
+    """One row per artifact: the vectors run where this host can, under qemu-user where only
+    the architecture differs and qemu is installed (packager/emulate.py), the reason where not."""
     import warnings
 
+    from mlpack.packager import emulate
     from mlpack.runtime import load
     from mlpack.spec.errors import PortableFallbackWarning
 
+    # a first emulated run compiles libmlpack for qemu (seconds): say so to a person watching
+    progress = _progress(False)
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PortableFallbackWarning)
@@ -564,11 +583,36 @@ def _validate_rows(path: str) -> list[dict]:
                 row = {"index": art.index, "device": art.device, "precision": art.precision,
                        "target": art.config["artifact"]["target"], "cases": 0,
                        "max_err": None, "rel_l2": None, "allowed": None}
-                if not v.runnable:
-                    rows.append({**row, "verdict": "skipped", "detail": v.reason})
-                    continue
-                rows.append({**row, **_validate_one(model, art.index)})
+                emu = None if v.runnable else emulate.emulator_for(art, model.host.arch)
+                missing = emulate.missing(emu) if emu else ""
+                if v.runnable:
+                    rows.append({**row, **_validate_one(model, art.index)})
+                elif emu and not missing:
+                    rows.append({**row, **_validate_emulated(path, v, emu, progress)})
+                else:
+                    why = f"; not run under emulation: {missing}" if missing else ""
+                    rows.append({**row, "verdict": "skipped", "detail": v.reason + why})
     return rows
+
+
+def _validate_emulated(path: str, verdict, emu, progress=None) -> dict:
+    """An artifact of another architecture run under qemu-user: a row as _validate_one's, whose
+    detail says where it ran; skipped where qemu could not run it after all."""
+    from mlpack.packager import emulate
+
+    where = f"under {emu.qemu}"
+    try:
+        result = emulate.validate(path, verdict.artifact, verdict.reason, emu, progress)
+    except emulate.NotEmulated as e:
+        return {"verdict": "skipped",
+                "detail": f"{verdict.reason}; not run under emulation: {one_paragraph(e)}"}
+    except Error as e:  # it ran and the engine failed, or the program crashed
+        return {"verdict": "FAIL", "detail": f"cannot run {where}: {one_paragraph(e)}"}
+    row = _result_row(result)
+    if row["verdict"] == "ok":
+        why = verdict.reason.removeprefix("passed over: ")
+        return {**row, "detail": f"validated {where} ({why})"}
+    return {**row, "detail": f"{where}: {row['detail']}"}
 
 
 def _validate_one(model, index: int) -> dict:
@@ -576,6 +620,11 @@ def _validate_one(model, index: int) -> dict:
         result = model.validate(index)
     except Error as e:  # this host should run it and cannot (code the engine cannot load)
         return {"verdict": "FAIL", "detail": f"cannot run: {one_paragraph(e)}"}
+    return _result_row(result)
+
+
+def _result_row(result) -> dict:
+    """The table's columns, verdict and detail for one ValidationResult."""
     if result.cases == 0:  # another writer's container may carry none: nothing to hold it to
         return {"verdict": "no vectors", "detail": "the artifact carries no test vectors"}
     allowed = [o.allowed_max_error for o in result.outputs if o.allowed_max_error is not None]
@@ -624,14 +673,15 @@ def _table(rows: list[dict]) -> list[str]:
 def validate_cmd(file: Path = typer.Argument(..., metavar="FILE.mlpack",
                                              help="the container (.mlpack)")) -> None:
     """Check structure and every digest, then run the bundled test vectors on every artifact this
-    host can run; exit 2 on any failure (usable as a CI step)."""
+    host can run, and under qemu-user on other architectures' where it is installed; exit 2 on
+    any failure (usable as a CI step)."""
     with _open(file):  # structure and every blob's digest, before running anything
         pass
     rows = _validate_rows(str(file))
     for line in _table(rows):
         typer.echo(line)
     for r in rows:
-        if r["verdict"] != "ok" and r["detail"]:
+        if r["detail"]:
             typer.echo(f"  [{r['index']}] {r['verdict']}: {r['detail']}")
     for line in _blind_spots(str(file)):
         typer.echo(f"warning: {line}")

@@ -76,11 +76,15 @@ def with_aliases(flags, aliases: dict[str, str]) -> frozenset[str]:
 
 
 def parse_cpuinfo(text: str, arch: str) -> frozenset[str]:
-    """The CPU feature flags of the first processor in a /proc/cpuinfo text, with aliases."""
-    key = "flags" if arch == "amd64" else "features"
+    """The CPU feature flags of the first processor in a /proc/cpuinfo text, with aliases (on
+    riscv64 the single-letter extensions of its ``isa`` line, as the C engine reads them)."""
+    key = {"amd64": "flags", "riscv64": "isa"}.get(arch, "features")
     for line in text.splitlines():
         name, sep, value = line.partition(":")
         if sep and name.strip().lower() == key:
+            if arch == "riscv64":
+                base = value.strip().lower().split("_")[0].removeprefix("rv64")
+                return frozenset(c for c in base if c in "imafdcv")
             flags = value.split()
             return with_aliases(flags, _X86_ALIASES if arch == "amd64" else _ARM_ALIASES)
     return frozenset()

@@ -168,6 +168,9 @@ class ValidationResult:
     artifact: ArtifactInfo
     cases: int
     outputs: tuple[OutputCheck, ...]
+    # the qemu-user program that ran the artifact of another architecture ("qemu-aarch64",
+    # packager/emulate.py); "" when this host ran it
+    emulator: str = ""
 
     @property
     def ok(self) -> bool:
@@ -177,9 +180,10 @@ class ValidationResult:
         failed = [o for o in self.outputs if not o.ok]   # the first one, and how many more
         why = f": {failed[0].detail()}" if failed else "" if self.cases else ": no test vectors"
         why += f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
+        where = f" under {self.emulator}" if self.emulator else ""
         return (f"<ValidationResult {'ok' if self.ok else 'FAILED'}: {self.cases} case(s), "
                 f"{len(self.outputs)} output(s), artifact {self.artifact.index} "
-                f"({self.artifact.device} {self.artifact.precision}){why}>")
+                f"({self.artifact.device} {self.artifact.precision}){where}{why}>")
 
 
 def _tensor_infos(sigs: list[dict]) -> list[TensorInfo]:
@@ -418,7 +422,7 @@ class Model:
 
     def test_vectors(self) -> list[tuple[dict, dict]]:
         """The bundled (inputs, expected outputs) cases of the chosen artifact; [] if none."""
-        return [(ins, outs) for ins, outs, _ in _cases(self._container, self._art)]
+        return [(ins, outs) for ins, outs, _ in vector_cases(self._container, self._art)]
 
     def validate(self, artifact=None) -> ValidationResult:
         """Run the bundled test vectors on ``artifact`` (an index or an Artifact;
@@ -438,24 +442,15 @@ class Model:
             executor.close()
 
     def _validate(self, art: Artifact, executor) -> ValidationResult:
-        acc = art.config.get("accuracy") or {}
-        cases = _cases(self._container, art)
+        cases = vector_cases(self._container, art)
         got = [executor.run(check_feeds(self.inputs, feeds, self.path)) for feeds, _, _ in cases]
-        names = [o.name for o in self.outputs]
-        wants = [want for _, want, _ in cases]
-        if cases and all(ref for _, _, ref in cases):
-            checks = _judged(names, got, wants, [ref for _, _, ref in cases],
-                             accuracy.tolerance_for(art.precision, acc.get("tolerance")))
-        else:  # written before the float64 reference: its own rtol/atol against its outputs
-            checks = _legacy_checks(names, got, wants, float(acc.get("rtol", 1e-5)),
-                                    float(acc.get("atol", 1e-6)))
         reason = next(v.reason for v in self.verdicts if v.artifact is art)
-        return ValidationResult(_artifact_info(art, reason), len(cases), checks)
+        return judge_vectors(art, cases, got, reason)
 
     def blind_spots(self) -> list[str]:
         """Outputs the bundled test vectors cannot judge (``spec.accuracy.blind_spots``)."""
         return accuracy.blind_spots([ref or want for _, want, ref in
-                                     _cases(self._container, self._art)])
+                                     vector_cases(self._container, self._art)])
 
     def _runnable(self, index) -> Artifact:
         verdict = next((v for v in self.verdicts if v.artifact.index == index), None)
@@ -483,6 +478,25 @@ class Model:
     def __repr__(self) -> str:
         return (f"<mlpack.Model {self.path!r} on {describe(self._art)}: "
                 f"{_few(self.inputs)} -> {_few(self.outputs)}>")
+
+
+def judge_vectors(art: Artifact, cases: list, got: list[dict], reason: str,
+                  emulator: str = "") -> ValidationResult:
+    """``got``, the outputs of ``art`` on each of ``cases`` (``vector_cases``), judged as
+    ``Model.validate`` judges them: against the float64 reference by the precision's tolerance
+    (spec/accuracy.py), or a 1.0 container's own rtol/atol. ``reason`` is this host's verdict on
+    the artifact; ``emulator`` names the qemu-user program that ran it, if one did
+    (packager/emulate.py: the same judgement for artifacts of another architecture)."""
+    acc = art.config.get("accuracy") or {}
+    names = [o["name"] for o in art.config["model"]["outputs"]]
+    wants = [want for _, want, _ in cases]
+    if cases and all(ref for _, _, ref in cases):
+        checks = _judged(names, got, wants, [ref for _, _, ref in cases],
+                         accuracy.tolerance_for(art.precision, acc.get("tolerance")))
+    else:  # written before the float64 reference: its own rtol/atol against its outputs
+        checks = _legacy_checks(names, got, wants, float(acc.get("rtol", 1e-5)),
+                                float(acc.get("atol", 1e-6)))
+    return ValidationResult(_artifact_info(art, reason), len(cases), checks, emulator)
 
 
 def _judged(names, got: list, baseline: list, refs: list, tol) -> tuple[OutputCheck, ...]:
@@ -541,7 +555,7 @@ def _is_float(dt: np.dtype) -> bool:
         return False
 
 
-def _cases(container, art: Artifact) -> list[tuple[dict, dict, dict]]:
+def vector_cases(container, art: Artifact) -> list[tuple[dict, dict, dict]]:
     """The artifact's test cases as (inputs, baseline outputs, float64 reference outputs), the
     archive read once; [] without a vector layer, and {} references in a 1.0 container."""
     layer = art.layer(media.TESTVECTORS)

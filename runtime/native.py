@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlpack.spec import errors, sizes
+from mlpack.spec import environment, errors, sizes
 from mlpack.spec.ir import dtypes as ir_dtypes
 
 # mlpack_status
@@ -69,7 +69,7 @@ class _ArtifactInfo(ctypes.Structure):
 
 def library_path() -> str | None:
     """Where libmlpack is: $MLPACK_LIBRARY, the packaged build, or the checkout's make build."""
-    env = os.environ.get("MLPACK_LIBRARY")
+    env = environment.get("MLPACK_LIBRARY")
     if env:
         return env
     found = [p for p in (os.path.join(_HERE, "libmlpack.so"), os.path.join(_HERE, "c", "build", "libmlpack.so"))

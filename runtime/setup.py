@@ -128,7 +128,10 @@ libmlpack = Extension(
 setup(
     packages=list(PACKAGE_DIR),
     package_dir=PACKAGE_DIR,
-    package_data={"mlpack": ["py.typed"], "mlpack.spec": ["SPEC.md", "schemas/*.json"]},
+    # the engine's C sources too (300 KB): the compiler builds them for other CPUs to validate
+    # their artifacts under qemu (packager/emulate.py), from an installed runtime as from a checkout
+    package_data={"mlpack": ["py.typed"], "mlpack.spec": ["SPEC.md", "schemas/*.json"],
+                  "mlpack.runtime": ["c/src/*.c", "c/src/*.h", "c/include/*.h", "c/tools/*.c"]},
     ext_modules=[libmlpack],
     cmdclass={"build_py": build_runtime_py, "build_ext": build_libmlpack,
               "bdist_wheel": bdist_runtime_wheel, "sdist": sdist_runtime},

@@ -68,6 +68,20 @@ def cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+def emulated(target: str) -> str:
+    """The qemu-user program ``mlpack build`` and ``validate`` run ``target``'s artifacts under
+    on this host (packager/emulate.py), or "" where they run natively or not at all."""
+    from mlpack.packager import emulate
+    from mlpack.runtime import detect_host
+    from mlpack.spec import media
+
+    arch = (media.platform_for(target) or {}).get("architecture")
+    emu = emulate.EMULATORS.get(arch)
+    if emu is None or arch == detect_host().arch or emulate.missing(emu):
+        return ""
+    return emu.qemu
+
+
 def assert_user_error(result, *parts) -> None:
     """A user mistake: exit code 2 and one paragraph ``error: ...`` naming ``parts``, no traceback."""
     assert result.exit_code == 2, result.output

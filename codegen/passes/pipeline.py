@@ -3,14 +3,17 @@
 Each pass is ``fn(graph) -> graph``; ``MLPACK_DEBUG`` logs its name and time (1) and the IR
 after it when it changed something (2). The verifier runs after every pass, so a pass that
 breaks an invariant is named at once. A pass is switched off with MLPACK_DISABLE_PASSES=name,...
+``run_passes`` is the runner; a target runs its own pass list through it (the cpu target's:
+channels_last, split_concats, winograd in codegen/targets/cpu/compile.py), so every pass is
+timed, verified, printed and switched off alike.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 from mlpack.codegen import debug
+from mlpack.spec import environment
 from mlpack.spec.ir.graph import Graph
 from mlpack.spec.ir.printer import format_graph
 from mlpack.spec.ir.verify import verify
@@ -36,23 +39,38 @@ PASSES = [
 ]
 
 
-def run_pipeline(g: Graph, passes=None) -> Graph:
-    disabled = set(filter(None, os.environ.get("MLPACK_DISABLE_PASSES", "").split(",")))
-    verify(g)
+def disabled_passes() -> set[str]:
+    """The passes MLPACK_DISABLE_PASSES names (the graph's and the targets' alike)."""
+    return set(filter(None, environment.get("MLPACK_DISABLE_PASSES").split(",")))
+
+
+def run_passes(g: Graph, passes, *, where: str = "", disabled=(), check=verify) -> Graph:
+    """Run ``passes`` ((name, fn(graph) -> graph), in order) on ``g``: each is timed and logged
+    (MLPACK_DEBUG=1), ``check``ed after it runs, its IR printed when it changed something
+    (MLPACK_DEBUG=2); one named in ``disabled`` or MLPACK_DISABLE_PASSES is left out. ``where``
+    prefixes the log lines (a target's passes say which target)."""
+    off = disabled_passes() | set(disabled)
+    prefix = f"{where}: " if where else ""
     before = format_graph(g) if debug.level() >= 2 else None
-    if before is not None:
-        debug.log(f"IR after import:\n{before}", 2)
-    for name, fn in passes or PASSES:
-        if name in disabled:
-            debug.log(f"pass {name}: disabled")
+    for name, fn in passes:
+        if name in off:
+            debug.log(f"{prefix}pass {name}: disabled")
             continue
         t0 = time.perf_counter()
         g = fn(g)
-        verify(g)
-        debug.log(f"pass {name}: {1e3 * (time.perf_counter() - t0):.2f} ms")
+        check(g)
+        debug.log(f"{prefix}pass {name}: {1e3 * (time.perf_counter() - t0):.2f} ms")
         if before is not None:
             after = format_graph(g)
             if after != before:
-                debug.log(f"IR after {name}:\n{after}", 2)
+                debug.log(f"{prefix}IR after {name}:\n{after}", 2)
             before = after
     return g
+
+
+def run_pipeline(g: Graph, passes=None) -> Graph:
+    """The graph passes (PASSES) on an imported graph, verified before and after each."""
+    verify(g)
+    if debug.level() >= 2:
+        debug.log(f"IR after import:\n{format_graph(g)}", 2)
+    return run_passes(g, PASSES if passes is None else passes)

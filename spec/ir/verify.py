@@ -67,9 +67,11 @@ def _check_stmts(where: str, stmts, types, scope: set[str], defined_syms: set[st
             defined_syms.add(s.sym)
 
 
-def verify(g: Graph) -> None:
-    """Raise VerifyError if ``g`` breaks an IR invariant."""
-    defined: dict = {}
+def verify(g: Graph, external: dict | None = None) -> None:
+    """Raise VerifyError if ``g`` breaks an IR invariant. ``external``: name -> TensorType of
+    tensors a target's rewrite placed outside the graph's ops (a concatenation's buffer, which
+    its arms write in place), defined as inputs are."""
+    defined: dict = dict(external or {})
     syms: set[str] = set()
     for p in g.inputs:
         if p.name in defined:

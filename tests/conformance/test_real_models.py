@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from benchmarks import real_models as rm
-from mlpack.spec import accuracy
+from mlpack.spec import accuracy, environment
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -29,7 +29,7 @@ FP32 = accuracy.TOLERANCES["fp32"]
 
 
 def _folder():
-    return os.environ.get("MLPACK_REAL_MODELS") or rm.DEFAULT_FOLDER
+    return environment.get("MLPACK_REAL_MODELS") or rm.DEFAULT_FOLDER
 
 
 def _inputs(spec: rm.RealModel, sizes: dict[str, int], seed: int) -> dict[str, np.ndarray]:

@@ -61,17 +61,10 @@ SCALES = {"huge logits": 2e4, "tiny outputs": 3e-5}
 
 def _plant(monkeypatch, where: str, wrong_graph) -> None:
     """Compile artifact ``where`` (NATIVE or "portable") from ``wrong_graph`` instead."""
-    if where == "portable":
-        real = b._portable_artifact
-
-        def portable(name, graph, sig, weights, *rest, **kw):
-            return real(name, wrong_graph, sig, b._weights(wrong_graph), *rest, **kw)
-        monkeypatch.setattr(b, "_portable_artifact", portable)
-        return
     real_compile = b._compile_one
 
-    def compile_one(graph, target, use_winograd=True):
-        return real_compile(wrong_graph if target == where else graph, target, use_winograd)
+    def compile_one(graph, target, *rest, **kw):
+        return real_compile(wrong_graph if target == where else graph, target, *rest, **kw)
     monkeypatch.setattr(b, "_compile_one", compile_one)
 
 

@@ -167,14 +167,16 @@ def test_unsupported_op_leaves_no_file(tmp_path):
 
 
 def test_failing_validation_is_dead_on_arrival_and_leaves_no_file(tmp_path, monkeypatch):
-    from mlpack.spec.tensorfile import write_tensors
+    real = build_mod._compile_one
 
-    def wrong_weights(graph):  # the portable artifact's weights 1e-3 off
-        return write_tensors({c.name: c.data * c.data.dtype.type(1.001)
-                              if c.data.dtype.kind == "f" else c.data
-                              for c in graph.constants.values()})
+    def wrong_weights(graph, target, *rest, **kw):  # the portable artifact's weights 1e-3 off
+        code, seconds = real(graph, target, *rest, **kw)
+        if target == "portable":
+            code.weights = {k: v * v.dtype.type(1.001) if v.dtype.kind == "f" else v
+                            for k, v in code.weights.items()}
+        return code, seconds
 
-    monkeypatch.setattr(build_mod, "_weights", wrong_weights)
+    monkeypatch.setattr(build_mod, "_compile_one", wrong_weights)
     with pytest.raises(DeadOnArrivalError) as e:
         build(MLP, tmp_path / "mlp.mlpack")
     msg = str(e.value)

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from support import cli, load_light
+from support import cli, emulated, load_light
 
 import mlpack
 from mlpack.codegen.targets.cpu.target import TARGETS as CPU_TARGETS
@@ -32,7 +32,7 @@ MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"
 MLP = os.path.join(MODELS, "mlp.onnx")
 BERT = os.path.join(MODELS, "bert_block.onnx")
 RTOL, ATOL = 1e-4, 1e-5
-ALL = ["portable", "x86_64-v2", "x86_64-v3", "x86_64-v4", "aarch64"]
+ALL = ["portable", "x86_64-v2", "x86_64-v3", "x86_64-v4", "aarch64", "riscv64"]
 NATIVE_HERE = engine.available() and detect_host().x86_level == 4
 needs_v4 = pytest.mark.skipif(not NATIVE_HERE, reason="needs libmlpack on an x86-64 v4 host")
 
@@ -121,10 +121,12 @@ def test_the_host_reports_every_feature_of_the_levels_it_runs():
 def test_every_x86_artifact_was_validated_here(mlp):
     _, report, _ = mlp
     for a in report.artifacts:
-        if a.target == "aarch64":
-            assert not a.validated and "arm64, this host is amd64" in a.reason
-        else:
+        arch = (media.platform_for(a.target) or {}).get("architecture", "amd64")
+        if arch == "amd64" or emulated(a.target):  # under qemu-user: tests/packager/test_emulate.py
             assert a.validated and a.cases == 2 and a.max_abs_error < ATOL, a
+            assert a.emulator == emulated(a.target), a
+        else:
+            assert not a.validated and f"{arch}, this host is amd64" in a.reason, a
 
 
 @needs_v4
@@ -133,7 +135,7 @@ def test_validate_command_passes_every_runnable_artifact(mlp):
     result = cli("validate", out)
     assert result.exit_code == 0, result.output
     rows = [line.split() for line in result.stdout.splitlines()[1:6]]
-    assert [r[-1] for r in rows] == ["ok", "ok", "ok", "ok", "skipped"]
+    assert [r[-1] for r in rows] == ["ok", "ok", "ok", "ok", "ok" if emulated("aarch64") else "skipped"]
 
 
 @needs_v4
@@ -143,7 +145,11 @@ def test_build_command_prints_times_and_validation(tmp_path):
     out = result.stdout
     assert "3 artifacts" in out and "portable fp32: validated on 2 cases" in out
     assert "x86_64-v3 fp32: built in " in out and "s, validated on 2 cases" in out
-    assert "aarch64 fp32: built in" in out and "not validated: arm64, this host is amd64" in out
+    assert "aarch64 fp32: built in" in out
+    if emulated("aarch64"):
+        assert "s, validated under qemu-aarch64 on 2 cases" in out
+    else:
+        assert "not validated: arm64, this host is amd64" in out
 
 
 def test_only_named_targets_are_built_and_portable_always(tmp_path):
@@ -158,7 +164,8 @@ def test_only_named_targets_are_built_and_portable_always(tmp_path):
 def test_bert_block_all_targets_match_onnxruntime(tmp_path):
     out = tmp_path / "bert.mlpack"
     report = build(BERT, out)
-    assert [a.validated for a in report.artifacts] == [True, True, True, True, False]
+    assert [a.validated for a in report.artifacts] == [
+        t.startswith(("portable", "x86_64")) or bool(emulated(t)) for t in ALL]
     ids = np.random.default_rng(3).integers(0, 100, (2, 7)).astype(np.int64)
     with mlpack.load(out) as m:
         assert m.artifact.target == "x86_64-v4"
@@ -222,7 +229,7 @@ def unlowerable(monkeypatch):
     from mlpack.codegen.errors import UnsupportedTargetError
     from mlpack.codegen.targets.cpu import compile as cpu_compile
 
-    def refuse(graph, target, use_winograd=True):
+    def refuse(graph, target, disabled=frozenset()):
         raise UnsupportedTargetError(_REFUSAL)
     monkeypatch.setattr(cpu_compile, "compile_cpu", refuse)
 

@@ -50,7 +50,7 @@ def test_index_limits_are_the_sizes_indexed():
 def test_ids_are_drawn_inside_a_small_table(tmp_path):
     out = tmp_path / "emb.mlpack"
     report = build(_model(5).SerializeToString(), out, cases=3)
-    assert all(a.validated for a in report.artifacts if a.target != "aarch64")
+    assert all(a.validated or "this host is" in a.reason for a in report.artifacts)
     with load(out) as m:
         cases = m.test_vectors()
     ids = np.concatenate([c[0]["ids"].ravel() for c in cases])

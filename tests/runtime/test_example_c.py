@@ -4,7 +4,8 @@ signature, and its written outputs against ONNX Runtime (fp32 rtol 1e-4, atol 1e
 failure exits non-zero with the engine's message.
 
 The helpers here (containers built with native artifacts, running the example, parsing what it
-prints) are shared with test_aarch64_qemu.py, which runs the same example cross-built for aarch64.
+prints) are shared with test_qemu_cpus.py, which runs the same example cross-built for aarch64
+and riscv64.
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlpack.codegen import debug
+from mlpack.codegen.passes.pipeline import run_passes
+from mlpack.codegen.targets.base import Code
 from mlpack.spec.ir.graph import Graph
+from mlpack.spec.ir.verify import verify
 from mlpack.codegen.targets.cpu import checks, contraction, layout, narrowconv, winograd
 from mlpack.codegen.targets.cpu.concat import split_concats
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
@@ -31,23 +34,52 @@ class CpuArtifact:
     winograd: int = 0   # convolutions computed with Winograd's algorithm (winograd.py)
 
 
-def schedule_kernels(graph: Graph, t, use_winograd: bool = True):
+@dataclass
+class _Rewritten:
+    """What the cpu target's passes leave beside the graph."""
+    aliases: dict = field(default_factory=dict)   # tensor -> (concatenation, offset): concat.py
+    parents: dict = field(default_factory=dict)   # the concatenations' buffers, no op writes them
+    winograd: int = 0                             # convolutions on Winograd's algorithm
+
+
+def target_passes(state: _Rewritten) -> list:
+    """The cpu target's graph rewrites, in order, as named passes (codegen/passes/pipeline.py
+    runs them: timed, verified, printed at MLPACK_DEBUG=2, MLPACK_DISABLE_PASSES=name)."""
+
+    def concatenations(g: Graph) -> Graph:
+        g, state.aliases, state.parents = split_concats(g)
+        return g
+
+    def winograd_convolutions(g: Graph) -> Graph:
+        g, state.winograd = winograd.rewrite(g, state.aliases, state.parents)
+        return g
+
+    return [("channels_last", layout.channels_last), ("split_concats", concatenations),
+            ("winograd", winograd_convolutions)]
+
+
+def schedule_kernels(graph: Graph, t, disabled=frozenset()):
     """The kernels of ``graph`` for target ``t``, before the plan: (the graph as rewritten,
-    kernels, buffers, concat aliases, convolutions on Winograd's algorithm)."""
-    source = graph
-    graph, aliases, parents = split_concats(layout.channels_last(graph))
-    graph, rewritten = winograd.rewrite(graph, aliases, parents) if use_winograd else (graph, 0)
+    kernels, buffers, concat aliases, convolutions on Winograd's algorithm). ``disabled``: the
+    target's passes to leave out."""
+    source, state = graph, _Rewritten()
+
+    def check(g: Graph) -> None:   # a concatenation's buffer is written in place by its arms
+        verify(g, external={name: g.types[name] for name in state.parents})
+
+    graph = run_passes(graph, target_passes(state), where=f"cpu {t.name}", disabled=disabled,
+                       check=check)
     bufs = tensor_buffers(graph)
-    bufs.update(parents)
-    kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=aliases), bufs, t,
+    bufs.update(state.parents)
+    kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=state.aliases), bufs, t,
                                 source)
-    return graph, kernels, bufs, aliases, rewritten
+    return graph, kernels, bufs, state.aliases, state.winograd
 
 
-def compile_cpu(graph: Graph, target: str, use_winograd: bool = True) -> CpuArtifact:
+def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     """Compile ``graph`` (the output of ``compile_onnx``) for the cpu target named ``target``.
-    ``use_winograd``: whether convolutions may use Winograd's algorithm where it pays (winograd.py;
-    ``MLPACK_WINOGRAD=0`` turns it off too).
+    ``disabled``: the target's passes to leave out (``target_passes``; MLPACK_DISABLE_PASSES
+    adds to them), e.g. {"winograd"} for direct convolutions only.
 
     Raises UnsupportedTargetError naming the op when some part of the graph cannot be lowered
     (procedures, an op without a lowering, an unsupported dtype)."""
@@ -55,7 +87,7 @@ def compile_cpu(graph: Graph, target: str, use_winograd: bool = True) -> CpuArti
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     reject_procedures(graph)
-    graph, kernels, bufs, aliases, rewritten = schedule_kernels(graph, t, use_winograd)
+    graph, kernels, bufs, aliases, rewritten = schedule_kernels(graph, t, disabled)
     copies, owners = output_copies(graph, bufs, len(kernels))
     narrowconv.unpack_ports(graph, bufs, owners)
     kernels += copies
@@ -76,3 +108,16 @@ def compile_cpu(graph: Graph, target: str, use_winograd: bool = True) -> CpuArti
               f"llvm {times['llvm']:.2f}s, link {times['link']:.2f}s")
     return CpuArtifact(elf, plan, weights, t.name, list(t.features),
                        [k.name for k in kernels], times, rewritten)
+
+
+def compile_artifact(graph: Graph, target: str, precision: str, disabled=frozenset()) -> Code:
+    """The registry's entry (codegen/targets/base.py): ``compile_cpu`` as a target's ``Code``.
+    ``disabled``: passes of this target not to run ("winograd")."""
+    from mlpack.spec import media
+
+    code = compile_cpu(graph, target, disabled)
+    t = get_target(target)
+    config = {"plan": code.plan,
+              "cpu_features": media.config_cpu_features(code.features, t.arch)}
+    return Code([(media.CODE_ELF, code.elf)], code.weights, config, code.timings,
+                ("winograd",) if code.winograd else ())

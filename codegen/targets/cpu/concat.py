@@ -25,12 +25,13 @@ from mlpack.spec.ir import dtypes as dt
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph, TensorType
-from mlpack.codegen.targets.cpu.kernels import Buffer, _is_one
+from mlpack.codegen.targets.cpu.indexing import is_one
+from mlpack.codegen.targets.cpu.kernel import Buffer
 
 Aliases = dict[str, tuple[str, int]]   # tensor -> (the tensor it lies in, offset in elements)
 
 
-def _arms(body: Expr, c: str, total: int) -> list[tuple[int, int, Expr]] | None:
+def select_arms(body: Expr, c: str, total: int) -> list[tuple[int, int, Expr]] | None:
     """(lo, hi, arm) of each part of a select chain on ``c``, or None if ``body`` is not one."""
     arms, lo, e = [], 0, body
     while e.op == "select":
@@ -70,13 +71,13 @@ def _plain_read(arm: Expr, dims: dict[str, Expr], g: Graph) -> str | None:
     t = g.types.get(name)
     if t is None or t.dtype != arm.dtype:
         return None
-    order = [d for d in dims if not _is_one(dims[d])]
+    order = [d for d in dims if not is_one(dims[d])]
     index = dict(zip(arm.arg[1], arm.args))
     laid = []   # the arm's dims as the tensor's buffer lays them out (type order: plan.py)
     for d, size in t.dims.items():
         ix = index[d]
-        if _is_one(size) and ((ix.is_const and ix.value == 0)
-                              or (ix.op == "var" and ix.arg in dims and _is_one(dims[ix.arg]))):
+        if is_one(size) and ((ix.is_const and ix.value == 0)
+                              or (ix.op == "var" and ix.arg in dims and is_one(dims[ix.arg]))):
             continue
         if ix.op != "var" or ix.arg not in dims or not ex.same_size(size, dims[ix.arg]):
             return None
@@ -118,12 +119,12 @@ def _split(op: Comprehension, g: Graph, outputs, producers, aliases):
         return None
     if dt.bits(op.type.dtype) % 8 or not all(s.is_const for s in dims.values()):
         return None   # sub-byte elements have no byte offset; symbolic sizes: not attempted
-    outer = [d for d in dims if not _is_one(dims[d])]
+    outer = [d for d in dims if not is_one(dims[d])]
     if not outer:
         return None
     c = outer[0]
     inner = math.prod(dims[d].value for d in outer[1:])
-    arms = _arms(op.body, c, dims[c].value)
+    arms = select_arms(op.body, c, dims[c].value)
     if arms is None:
         return None
     new, links = [], {}
@@ -152,4 +153,4 @@ def root(t: str, aliases: Aliases) -> tuple[str, int]:
     return t, off
 
 
-__all__ = ["split_concats", "root", "Aliases"]
+__all__ = ["split_concats", "root", "select_arms", "Aliases"]

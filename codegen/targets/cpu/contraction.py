@@ -19,53 +19,33 @@ read in place (through affine offsets ``base(m) + off(k)``), times B, read one o
 Which operand is B, when neither is a build-time constant, is chosen by ``_runtime``. Sizes
 may be symbolic except those of a build-time pack. A contraction with too few columns for
 a GEMM (a depthwise convolution) may still run as a row-vectorized direct kernel
-(depthwise.py; ``apply`` tries it, ``emit_gemm`` and ``workgroups`` dispatch to it).
-
-``PACK`` is 16 lanes for every target, so that all cpu artifacts of a model share one weights
-archive (the packager stores equal archives once); a target with narrower vectors loads a
-block in several vectors, a wider one (AVX-512) takes several blocks per tile.
+(depthwise.py; ``apply`` tries it, and ``workgroups`` dispatches to it).
 
 A guarded read of A (convolution padding) is not checked in the inner loop: a map kernel first
 copies A into an arena buffer with a zero halo covering every index the contraction reads, and
 the contraction reads that buffer unguarded at shifted indices.
 
-The micro-kernel keeps an ``MR x (TB*PACK)`` tile of outputs in vector registers (the target's
-register budget decides MR and TB), and per step of the K loop loads the tile's B vectors once,
-broadcasts MR scalars of A and does MR*TB*PACK/VL fused multiply-adds. Rows past the end of M
-read a clamped row and are not stored; columns past N read the zero padding and are not
-stored. After the K loop the tile goes to a stack buffer and a loop over its valid rows and
-columns applies the kernel's epilogue (``_Expr``, with the output dims bound) and stores.
-
-Workgroup units are tiles ordered (batch, N tile, M tile) with the M tile fastest, so a
-workgroup's contiguous range of units reuses one packed B panel from cache.
+This module is the schedule: it classifies, chooses the tile shape for the target and records
+it in the kernel (gemm.Contraction, with B packed by gemm.pack_b); microkernel.py emits the
+register-blocked micro-kernel, amx.py and amxkernel.py the AMX form.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import numpy as np
-from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.targets.cpu import depthwise, mathlib
-from mlpack.codegen.targets.cpu.kernels import (
-    MAX_WORKGROUPS,
-    WORK_PER_WORKGROUP,
-    Buffer,
-    Kernel,
-    _coeff,
-    _is_one,
-    schedule,
-)
-from mlpack.codegen.errors import UnsupportedTargetError
-from mlpack.codegen.targets.cpu.lower import delinearize
-from mlpack.codegen.targets.cpu.plan import exact_bytes
+from mlpack.codegen.targets.cpu import amx, depthwise
+from mlpack.codegen.targets.cpu.gemm import PACK, Contraction, pack_b
+from mlpack.codegen.targets.cpu.indexing import affine, index_range, is_one, read_step
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
+from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, fresh_name,
+                                                schedule)
 from mlpack.codegen.targets.cpu.target import CpuTarget
 
-PACK = 16                    # f32 lanes per packed column block, the same for every target
 MIN_N = 8                    # fewer columns than this waste most of a block: leave the kernel
 MIN_M = 4                    # a run-time B needs rows enough to repay its pack (or strided loads)
 # workgroups as for the other kernels (kernels.py): small-M layers are memory bound and want
@@ -80,62 +60,9 @@ CACHE_REUSE_BYTES = 1 << 20  # an operand this small stays in L2 while the other
 LINE_BYTES = 64              # a cache line
 SWAP_MIN_N = 256             # pixels an NCHW 1x1 convolution needs to read x in place as B
 PACK_MIN_M = 128             # rows a run-time pack of B must feed to repay its copy
-PREFETCH_ROWS = 16           # K steps ahead a streamed B panel is fetched (8 to 32 measured
-                             # alike on alexnet; a non-temporal fetch was 45% slower)
-
-
-@dataclass
-class Contraction:
-    """How a kernel runs as a GEMM (Kernel.gemm when Kernel.strategy == "gemm")."""
-    a: Expr                   # the read of A (unguarded), over batch, M and K vars
-    packed: str               # B: packed weights, a run-time packed buffer, or (direct) B itself
-    data: np.ndarray | None   # build-time packed data [batch points, N blocks, K, PACK], or None
-    batch: list[str]          # output dims walked outside the GEMM
-    m: list[str]              # output dims flattened into GEMM rows (output layout order)
-    n: list[str]              # output dims flattened into GEMM columns (output layout order)
-    k: list[str]              # reduction dims (loop order)
-    n_size: Expr              # sizes, symbolic where B is read at run time
-    k_size: Expr
-    blocks: Expr              # N blocks of PACK columns
-    vl: int                   # f32 lanes per vector register
-    tb: int                   # blocks per tile
-    mr: int                   # rows per tile
-    fma: bool
-    group: int = 1            # M tiles per workgroup unit (they share each K chunk)
-    kc: int = 1               # K chunk, in steps of the outermost K dim
-    b_direct: Expr | None = None   # B read in place: N dims flattened at unit stride
-    b_masked: bool = False    # in place with a ragged N: the last columns load under a mask
-    n_inner: bool = False     # units walk N tiles fastest (A stays cached, B is re-read)
-    amx: bool = False         # bf16x6 tile products (amx.py): mr, group, tb as its blocks
-    k_steps: int = 0          # AMX: K in steps of 32, zero-padded
-    run_dims: int = 0         # AMX: the innermost K dims, A's unit-stride run
-    run_group: int = 1        # AMX: runs per vector of A (amx.k_order)
-
-    @property
-    def ntiles(self) -> Expr:
-        return ex.ceildiv(self.blocks, ex.const(self.tb))
 
 
 # ---------------------------------------------------------------- classification
-
-
-def _affine(ix: Expr, loop: set[str]) -> tuple[dict[str, int], Expr] | None:
-    """(coefficient per loop var, constant part) of an index affine in the loop vars."""
-    if any(n.op == "read" for n in ex.walk(ix)):
-        return None
-    coeffs = {}
-    for v in ex.free_vars(ix):
-        if v not in loop:
-            return None
-        c = _coeff(ix, v)
-        if not isinstance(c, int):
-            return None
-        if c:
-            coeffs[v] = c
-    c0 = ex.simplify_size(ex.substitute(ix, {v: ex.const(0) for v in ex.free_vars(ix)}))
-    if ex.free_vars(c0):
-        return None
-    return coeffs, c0
 
 
 def _tile_shape(t: CpuTarget, blocks: int) -> tuple[int, int, int]:
@@ -167,7 +94,7 @@ def _split(k: Kernel, out: Buffer, ra: Expr, rb: Expr) -> dict | None:
     aff_a, aff_b = {}, {}
     for read, aff in ((ra, aff_a), (rb, aff_b)):
         for d, ix in zip(read.arg[1], read.args):
-            hit = _affine(ix, loop)
+            hit = affine(ix, loop)
             if hit is None:
                 return None
             aff[d] = hit
@@ -175,7 +102,7 @@ def _split(k: Kernel, out: Buffer, ra: Expr, rb: Expr) -> dict | None:
     uses_b = {v for c, _ in aff_b.values() for v in c}
     batch, m, n = [], [], []
     for d in out.layout:
-        if _is_one(out.sizes[d]):
+        if is_one(out.sizes[d]):
             continue
         if d in uses_a and d in uses_b:
             batch.append(d)
@@ -185,7 +112,7 @@ def _split(k: Kernel, out: Buffer, ra: Expr, rb: Expr) -> dict | None:
             n.append(d)
         else:
             return None   # a broadcast output dim: the product would be recomputed per point
-    kdims = [r for r, s in k.rdims.items() if not _is_one(s)]
+    kdims = [r for r, s in k.rdims.items() if not is_one(s)]
     if kdims and all(k.rdims[r].is_const for r in kdims):
         # the longest K dim outermost: K is chunked along it, and the short ones (a
         # convolution's window) unroll inside
@@ -248,19 +175,6 @@ def classify(k: Kernel, g, bufs: dict[str, Buffer], t: CpuTarget | None = None) 
 def _masks(t: CpuTarget | None) -> bool:
     """Whether masked vector loads are cheap (AVX2 and up; SSE would scalarize them)."""
     return t is not None and t.vector_bits >= 256
-
-
-def read_step(aff: dict, buf: Buffer, v: str, layout=None) -> Expr:
-    """How many elements a read of ``buf`` moves in memory when loop var ``v`` steps by one:
-    ``aff`` is the read's affine form per dim (``_affine``), ``layout`` the buffer's dims in
-    memory order (its own by default)."""
-    step, stride = ex.const(0), ex.const(1)
-    for d in reversed(layout or buf.layout):
-        c = aff[d][0].get(v)
-        if c:
-            step = ex.simplify_size(step + ex.const(c) * stride)
-        stride = ex.simplify_size(stride * buf.sizes[d])
-    return step
 
 
 def _b_step(info: dict, bufs, v: str) -> Expr:
@@ -328,19 +242,6 @@ def _runtime(k: Kernel, out: Buffer, r1: Expr, r2: Expr, bufs, t=None) -> dict |
 # ---------------------------------------------------------------- A: the zero-halo copy
 
 
-def index_range(coeffs: dict[str, int], c0: Expr, extent) -> tuple[Expr, Expr]:
-    """The least and greatest value of ``c0 + sum(c * v)`` (``_affine``'s form), each var
-    ``v`` over ``[0, extent(v))``."""
-    lo, hi = c0, c0
-    for v, c in coeffs.items():
-        span = ex.const(c) * (extent(v) - 1)
-        if c < 0:
-            lo = lo + span
-        else:
-            hi = hi + span
-    return ex.simplify_size(lo), ex.simplify_size(hi)
-
-
 def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, layout=None):
     """(A read without guards, pad kernel or None); None when the index range is unknown.
     ``layout``: the copy's dims in memory order (amx.a_layout), which makes a copy even of an
@@ -376,70 +277,6 @@ def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, layout=N
                 fused=list(k.fused))
     schedule(pk, pbuf, bufs)
     return ex.read(name, unguarded, ra.dtype), pk
-
-
-# ---------------------------------------------------------------- B: packing
-
-
-def pack_b(data: np.ndarray, layout, rb: Expr, aff_b: dict, dims: list[str],
-           extents: dict[str, int], n_dims: list[str], k_dims: list[str]) -> np.ndarray:
-    """B evaluated at every (batch, n, k) point, as [batch, N blocks, K, PACK] (N zero-padded)."""
-    perm = _permutation(data, layout, aff_b, dims, extents)
-    if perm is not None:   # B's dims are the loop vars themselves: a transpose, no gather
-        kept = [s for s in data.shape if s != 1]
-        return _blocked(np.transpose(data.reshape(kept), perm).astype(np.float32), dims,
-                        extents, n_dims, k_dims)
-    flat = np.zeros([extents[v] for v in dims], dtype=np.int64)
-    strides = np.cumprod([1, *data.shape[::-1]])[:-1][::-1]
-    grids = {v: np.arange(extents[v], dtype=np.int64).reshape(
-        [-1 if i == j else 1 for j in range(len(dims))]) for i, v in enumerate(dims)}
-    for axis, d in enumerate(layout):
-        coeffs, c0 = aff_b[d]
-        ix = np.full([1] * len(dims), c0.value, dtype=np.int64)
-        for v, c in coeffs.items():
-            if v in grids:   # (a dim of size 1 is at 0)
-                ix = ix + c * grids[v]
-        if ix.size and (ix.min() < 0 or ix.max() >= data.shape[axis]):   # (affine: never data)
-            raise UnsupportedTargetError(f"cpu: packing B: dim {d} read at {int(ix.min())}.."
-                                         f"{int(ix.max())}, outside its size {data.shape[axis]}")
-        flat = flat + ix * int(strides[axis])
-    return _blocked(data.reshape(-1)[flat].astype(np.float32), dims, extents, n_dims, k_dims)
-
-
-def _permutation(data, layout, aff_b: dict, dims: list[str], extents: dict[str, int]):
-    """The axes of ``data`` (its size-1 axes left out) in ``dims`` order when each of B's dims
-    is indexed by one of the loop vars ``dims`` over its whole extent (a weight read as it
-    lies), else None."""
-    axis_of, kept = {}, 0
-    for axis, d in enumerate(layout):
-        coeffs, c0 = aff_b[d]
-        if not (c0.is_const and c0.value == 0):
-            return None
-        if data.shape[axis] == 1 and not any(v in extents for v in coeffs):
-            continue   # a size-1 axis read at 0 (a 1x1 kernel's window)
-        if len(coeffs) != 1 or data.shape[axis] == 1:
-            return None
-        (v, c), = coeffs.items()
-        if c != 1 or v not in extents or v in axis_of or extents[v] != data.shape[axis]:
-            return None
-        axis_of[v] = kept
-        kept += 1
-    if sorted(axis_of) != sorted(dims):
-        return None
-    return [axis_of[v] for v in dims]
-
-
-def _blocked(vals: np.ndarray, dims, extents, n_dims, k_dims) -> np.ndarray:
-    """B's values at the (batch, n, k) points as [batch, N blocks, K, PACK], N zero-padded."""
-    nb = len(dims) - len(n_dims) - len(k_dims)
-    bsz = int(np.prod([extents[v] for v in dims[:nb]], dtype=np.int64))
-    nsz = int(np.prod([extents[v] for v in n_dims], dtype=np.int64))
-    ksz = int(np.prod([extents[v] for v in k_dims], dtype=np.int64))
-    vals = vals.reshape(bsz, nsz, ksz)
-    blocks = -(-nsz // PACK)
-    padded = np.zeros((bsz, blocks * PACK, ksz), dtype=np.float32)
-    padded[:, :nsz] = vals
-    return np.ascontiguousarray(padded.reshape(bsz, blocks, PACK, ksz).transpose(0, 1, 3, 2))
 
 
 # ---------------------------------------------------------------- the pass
@@ -544,7 +381,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                     info["k"]), bufs, packs, cache)
         elif info["mode"] == "pack":
             data = None
-            name = _fresh(f"{k.out}#b", bufs)
+            name = fresh_name(f"{k.out}#b", bufs)
             pre.append(_pack_kernel(k, info, bufs, name))
         else:
             data, name, direct = None, rb.arg[0], rb
@@ -600,7 +437,7 @@ def _weights_pack(key: tuple, stem: str, axes: tuple[str, ...], dtype: str, make
         if key not in cache:
             cache[key] = make()
         data = cache[key]
-        name = _fresh(stem, bufs)
+        name = fresh_name(stem, bufs)
         bufs[name] = Buffer(name, axes, {d: ex.const(n) for d, n in zip(axes, data.shape)},
                             dtype)
         packs[key] = (name, data)
@@ -637,14 +474,6 @@ def _reads(e: Expr) -> list[str]:
     return list(dict.fromkeys(n.arg[0] for n in ex.walk(e) if n.op == "read"))
 
 
-def _fresh(name: str, bufs) -> str:
-    i, base = 0, name
-    while name in bufs:
-        i += 1
-        name = f"{base}{i}"
-    return name
-
-
 def packed_weights(kernels: list[Kernel]) -> dict[str, np.ndarray]:
     """The packed B tensors the kernels read, by name (for the plan's weights)."""
     return {k.gemm.packed: k.gemm.data for k in kernels
@@ -665,349 +494,3 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
     per = ex.binary("max", ex.const(1), ex.binary(
         "min", ex.const(GEMM_MAX_WORKGROUPS), ex.floordiv(work, ex.const(GEMM_WORK_PER_WORKGROUP))))
     return ex.binary("min", units, per)
-
-
-# ---------------------------------------------------------------- lowering
-
-
-I64 = ir.IntType(64)
-F32 = ir.FloatType()
-I32 = ir.IntType(32)
-
-
-def _c(v: int) -> ir.Constant:
-    return ir.Constant(I64, v)
-
-
-class _Gemm:
-    """Emits a gemm kernel's body into a KernelLowering whose entry block is current."""
-
-    def __init__(self, L, wg, count):
-        self.L, self.b, self.E = L, L.b, L.E
-        self.c: Contraction = L.k.gemm
-        self.wg, self.count = wg, count
-        self.vty = ir.VectorType(F32, self.c.vl)
-
-    # small integer helpers (operands i64)
-    def add(self, x, y):
-        if isinstance(y, ir.Constant) and y.constant == 0:
-            return x
-        if isinstance(x, ir.Constant) and x.constant == 0:
-            return y
-        return self.b.add(x, y, flags=("nsw",))
-
-    def mul(self, x, y):
-        if isinstance(y, ir.Constant) and y.constant == 1:
-            return x
-        if isinstance(x, ir.Constant) and x.constant == 1:
-            return y
-        return self.b.mul(x, y, flags=("nsw",))
-
-    def umin(self, x, y):
-        return self.b.select(self.b.icmp_unsigned("<", x, y), x, y)
-
-    def _share(self, units):
-        """This workgroup's [start, end) of ``units`` (the count shared out evenly)."""
-        b = self.b
-        w64, c64 = b.zext(self.wg, I64), b.zext(self.count, I64)
-        return b.udiv(b.mul(units, w64), c64), b.udiv(b.mul(units, b.add(w64, _c(1))), c64)
-
-    def _unit(self, u, mgroups, ntiles, c0, S, n_inner: bool = False):
-        """(M group, N tile, batch point, A's offset there) of unit ``u``, the M groups walked
-        fastest (or the N tiles, ``n_inner``); binds the batch dims."""
-        b, c, E = self.b, self.c, self.E
-        if n_inner:
-            nt, rest = b.urem(u, ntiles), b.udiv(u, ntiles)
-            mg, bi = b.urem(rest, mgroups), b.udiv(rest, mgroups)
-        else:
-            mg, rest = b.urem(u, mgroups), b.udiv(u, mgroups)
-            nt, bi = b.urem(rest, ntiles), b.udiv(rest, ntiles)
-        self.L._delinearize(bi, c.batch)
-        base = c0
-        for d in c.batch:
-            if d in S:
-                base = self.add(base, self.mul(S[d], E.lookup(d)))
-        return mg, nt, bi, base
-
-    def _row_offset(self, base, m, S, osz):
-        """A's offset at flat row ``m`` (over the M dims) from ``base``, its batch point's."""
-        off = base
-        for d, v in delinearize(self.b, m, self.c.m, osz).items():
-            if d in S:
-                off = self.add(off, self.mul(S[d], v))
-        return off
-
-    def _size(self, dims, osz):
-        """The product of the output's sizes along ``dims`` (i64)."""
-        n = _c(1)
-        for d in dims:
-            n = self.mul(n, osz[d])
-        return n
-
-    def _offsets(self, read: Expr):
-        """(constant part, {loop var: stride}) of ``read``'s flat element offset:
-        c0 + sum_v S_v * v, with S_v = sum_d stride_d * coeff(ix_d, v)."""
-        L, E = self.L, self.E
-        name = read.arg[0]
-        index = dict(zip(read.arg[1], read.args))
-        loop = set(L.out.layout) | set(L.k.rdims)
-        S: dict[str, ir.Value] = {}
-        c0 = _c(0)
-        for d, stride in zip(L.buffers[name].layout, E.strides[name]):
-            coeffs, k0 = _affine(index[d], loop)
-            if not (k0.is_const and k0.value == 0):
-                c0 = self.add(c0, self.mul(E._cast(E(k0), k0.dtype, "i64"), stride))
-            for v, cf in coeffs.items():
-                S[v] = self.add(S.get(v, _c(0)), self.mul(_c(cf), stride))
-        return c0, S
-
-    def emit(self) -> None:
-        L, b, E, c = self.L, self.b, self.E, self.c
-        osz = E.sizes[L.out.name]
-        a_name = c.a.arg[0]
-        c0, S = self._offsets(c.a)
-        # B read in place: its offset is c0_b + sum S_b[v] * v (S_b[n] == 1); packed: panels
-        self.SB = None
-        if c.b_direct is not None:
-            cb0, self.SB = self._offsets(c.b_direct)
-        n_size, k_size, blocks = E(c.n_size), E(c.k_size), E(c.blocks)
-        self.n_size = n_size
-        self.kext = {r: E(L.k.rdims[r]) for r in c.k}
-        ntiles = b.udiv(self.add(blocks, _c(c.tb - 1)), _c(c.tb))
-        zero_vec = ir.Constant(self.vty, [0.0] * c.vl)
-        per_block = PACK // c.vl
-        nv = c.tb * per_block
-        accs = [b.alloca(self.vty, name=f"acc{i}") for i in range(c.mr * nv)]
-        tile_n = c.tb * PACK
-        # the group's outputs between K chunks (and for the epilogue): [G][MR][tile_n]
-        cbuf = b.alloca(ir.ArrayType(F32, c.group * c.mr * tile_n), name="cbuf")
-        m_size = self._size(c.m, osz)
-        # one M group: each B panel is read once per run, from memory (a fully connected
-        # layer at batch 1, a late convolution's 7x7 image): the hardware prefetcher alone
-        # leaves the loads waiting (alexnet's fc6 15.4 -> 13.8 ms with it)
-        rows = ex.product([L.out.sizes[d] for d in c.m])
-        self.stream_b = self.SB is None and rows.is_const and rows.value <= c.group * c.mr
-        mtiles = b.udiv(self.add(m_size, _c(c.mr - 1)), _c(c.mr))
-        mgroups = b.udiv(self.add(mtiles, _c(c.group - 1)), _c(c.group))
-        start, end = self._share(self.mul(self.mul(self._size(c.batch, osz), ntiles), mgroups))
-        packed = L.E.bases[c.packed]
-        A = L.E.bases[a_name]
-        last = b.sub(m_size, _c(1))
-        k0 = self.kext[c.k[0]]
-        nchunks = b.udiv(self.add(k0, _c(c.kc - 1)), _c(c.kc))
-        panel_size = self.mul(k_size, _c(PACK))
-
-        def cvec(g, r, q):
-            p = b.gep(cbuf, [_c(0), self.add(b.mul(g, _c(c.mr * tile_n)), _c(r * tile_n + q * c.vl))],
-                      inbounds=True)
-            return b.bitcast(p, self.vty.as_pointer())
-
-        with L.loops.loop(start, end, "unit") as u, E.scope():
-            mg, nt, bi, base = self._unit(u, mgroups, ntiles, c0, S, c.n_inner)
-            t0 = b.mul(mg, _c(c.group))
-            ng = self.umin(_c(c.group), b.sub(mtiles, t0))
-            blk0 = b.mul(nt, _c(c.tb))
-            last_blk = b.sub(blocks, _c(1))
-            panels = []
-            if self.SB is not None:
-                bbase = cb0
-                for d in c.batch:
-                    if d in self.SB:
-                        bbase = self.add(bbase, self.mul(self.SB[d], E.lookup(d)))
-            self.bmasks = None
-            if c.b_masked:   # columns past N: masked off (their memory may be past B's end)
-                ity = ir.VectorType(I64, c.vl)
-                und = ir.Constant(ity, ir.Undefined)
-                nsplat = b.shuffle_vector(b.insert_element(und, n_size, ir.Constant(ir.IntType(32), 0)),
-                                          und, ir.Constant(ir.VectorType(ir.IntType(32), c.vl), [0] * c.vl))
-                col0 = b.mul(blk0, _c(PACK))
-                csplat = b.shuffle_vector(b.insert_element(und, col0, ir.Constant(ir.IntType(32), 0)),
-                                          und, ir.Constant(ir.VectorType(ir.IntType(32), c.vl), [0] * c.vl))
-                self.bmasks = [b.icmp_signed("<", b.add(csplat, ir.Constant(
-                    ity, [q * c.vl + i for i in range(c.vl)])), nsplat) for q in range(nv)]
-            for j in range(c.tb):
-                blk = self.umin(self.add(blk0, _c(j)), last_blk)
-                if self.SB is not None:   # (blocks past the end repeat the last, not stored)
-                    at = self.add(bbase, b.mul(blk, _c(PACK)))
-                else:
-                    at = b.mul(self.add(b.mul(bi, blocks), blk), panel_size)
-                panels.append(b.gep(packed, [at], inbounds=True, source_etype=F32))
-            # one K chunk (a short K, a 1x1 convolution's): each tile starts from zero in its
-            # registers and goes to the buffer once, instead of through it per chunk
-            single = self._single_chunk()
-            if not single:
-                with L.loops.loop(_c(0), ng, "zero") as g:
-                    for r in range(c.mr):
-                        for q in range(nv):
-                            b.store(zero_vec, cvec(g, r, q), align=4)
-            # K in chunks (of the outermost K dim) outside the group's tiles: the chunk of the
-            # B panel and the A rows it touches stay in L1 while every tile of the group uses them
-            with L.loops.loop(_c(0), nchunks, "chunk") as ch:
-                lo = b.mul(ch, _c(c.kc))
-                hi = self.umin(b.add(lo, _c(c.kc)), k0)
-                with L.loops.loop(_c(0), ng, "mtile") as g:
-                    m0 = b.mul(b.add(t0, g), _c(c.mr))
-                    rows = []
-                    for r in range(c.mr):
-                        m = self.umin(self.add(m0, _c(r)), last)
-                        rows.append(b.gep(A, [self._row_offset(base, m, S, osz)], inbounds=True,
-                                          source_etype=F32))
-                    for r in range(c.mr):
-                        for q in range(nv):
-                            b.store(zero_vec if single else b.load(cvec(g, r, q), align=4),
-                                    accs[r * nv + q])
-                    self._k_loop(0, _c(0), _c(0), _c(0), rows, panels, accs, S, (lo, hi))
-                    for r in range(c.mr):
-                        for q in range(nv):
-                            b.store(b.load(accs[r * nv + q]), cvec(g, r, q), align=4)
-            tile = b.gep(cbuf, [_c(0), _c(0)], inbounds=True)
-            self._epilogue(tile, b.mul(t0, _c(c.mr)), m_size, nt, osz)
-        b.ret_void()
-        L.loops_md(L.loops.latches)
-
-    def _single_chunk(self) -> bool:
-        """Whether the outermost K dim fits one chunk, known at build time."""
-        ext = self.L.k.rdims[self.c.k[0]]
-        return ext.is_const and ext.value <= self.c.kc
-
-    def _k_loop(self, depth: int, off, kflat, boff, rows, panels, accs, S, span) -> None:
-        """Nested loops over the K dims (the outermost over ``span``); the innermost body is
-        the micro-kernel step. ``off``: A's offset, ``kflat``: the flat K index (packed B),
-        ``boff``: B's offset from the panel (B read in place)."""
-        c, b, L = self.c, self.b, self.L
-        if depth < len(c.k):
-            r = c.k[depth]
-            ext = self.kext[r]
-            lo, hi = span if depth == 0 else (_c(0), ext)
-            with L.loops.loop(lo, hi, f"k.{r}", unroll=False) as i:
-                nb = boff
-                if self.SB is not None and r in self.SB:
-                    nb = self.add(boff, self.mul(self.SB[r], i))
-                self._k_loop(depth + 1, self.add(off, self.mul(S[r], i)) if r in S else off,
-                             self.add(self.mul(kflat, ext), i), nb, rows, panels, accs, S, span)
-            return
-        per_block = PACK // c.vl
-        bv = []
-        kp = boff if self.SB is not None else b.mul(kflat, _c(PACK))
-        for j in range(c.tb):
-            for q in range(per_block):
-                p = b.gep(panels[j], [self.add(kp, _c(q * c.vl))], inbounds=True,
-                          source_etype=F32)
-                if self.bmasks is not None:
-                    bv.append(self._masked_load(p, self.bmasks[j * per_block + q]))
-                else:
-                    bv.append(b.load(p, typ=self.vty, align=4))
-        if self.stream_b:   # B is read once: fetch its panels PREFETCH_ROWS K steps ahead
-            pf = mathlib.declare(b.module, "llvm.prefetch.p0", ir.FunctionType(
-                ir.VoidType(), [ir.PointerType(), I32, I32, I32]))
-            read, to_l1, data = ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)
-            for j in range(c.tb):   # (no inbounds: the last steps' addresses pass the panel)
-                ahead = b.gep(panels[j], [self.add(kp, _c(PREFETCH_ROWS * PACK))], source_etype=F32)
-                b.call(pf, [ahead, read, to_l1, data])
-        undef = ir.Constant(self.vty, ir.Undefined)
-        mask = ir.Constant(ir.VectorType(ir.IntType(32), c.vl), [0] * c.vl)
-        fma = mathlib.intrinsic(b.module, "llvm.fma", self.vty, 3) if c.fma else None
-        nv = len(bv)
-        for r, row in enumerate(rows):
-            a = b.load(b.gep(row, [off], inbounds=True, source_etype=F32), typ=F32, align=4)
-            splat = b.shuffle_vector(b.insert_element(undef, a, ir.Constant(ir.IntType(32), 0)),
-                                     undef, mask)
-            for q in range(nv):
-                acc = accs[r * nv + q]
-                cur = b.load(acc)
-                if fma is not None:
-                    new = b.call(fma, [splat, bv[q], cur])
-                else:
-                    new = b.fadd(cur, b.fmul(splat, bv[q]))
-                b.store(new, acc)
-
-    def _masked_load(self, ptr, mask):
-        vty = self.vty
-        fn = mathlib.masked_load(self.b.module, vty)
-        return self.b.call(fn, [ptr, ir.Constant(ir.IntType(32), 4), mask,
-                                ir.Constant(vty, [0.0] * self.c.vl)])
-
-    def _epilogue(self, tile, m0, m_size, nt, osz) -> None:
-        c, b, L, E = self.c, self.b, self.L, self.E
-        tile_n = c.tb * PACK
-        nrows = self.umin(_c(c.group * c.mr), b.sub(m_size, m0))
-        n0 = b.mul(nt, _c(tile_n))
-        ncols = self.umin(_c(tile_n), b.sub(self.n_size, n0))
-        # the inner loop walks the output's unit-stride dim when it can (NCHW: along M)
-        loops = [("row", nrows, m0, c.m), ("col", ncols, n0, c.n)]
-        if L.out.contiguous_dim() in c.m:
-            loops.reverse()
-        idx = {}
-        # the inner dims bound as one flat index when every address they reach is affine in
-        # it (no division per element), so the loop vectorizes
-        flat = flat_bindable(L.k.epilogue, L.out, loops[1][3], L.buffers)
-        with L.loops.loop(_c(0), loops[0][1], f"e.{loops[0][0]}") as i, E.scope():
-            idx[loops[0][0]] = i
-            for d, v in delinearize(b, b.add(loops[0][2], i), loops[0][3], osz).items():
-                E.bind(d, v)
-            with L.loops.loop(_c(0), loops[1][1], f"e.{loops[1][0]}", vectorize=flat) as j, \
-                    E.scope():
-                idx[loops[1][0]] = j
-                at = b.add(loops[1][2], j)
-                if flat:
-                    *outer, last = loops[1][3]
-                    for d in outer:
-                        E.bind(d, _c(0))
-                    E.bind(last, at)
-                else:
-                    for d, v in delinearize(b, at, loops[1][3], osz).items():
-                        E.bind(d, v)
-                p = b.gep(tile, [b.add(b.mul(idx["row"], _c(tile_n)), idx["col"])], inbounds=True)
-                L._store(L._finish(b.load(p, typ=F32)))
-
-
-def _adjacent(buf: Buffer, bdims: list[str], sizes: list[Expr]) -> bool:
-    """Whether ``buf``'s dims ``bdims`` lie next to each other in its layout, in this order
-    (size-1 dims aside), each after the first of the size ``sizes`` gives it: then a flat index
-    over them addresses ``buf`` as the last alone would, with the others at 0."""
-    order = [d for d in buf.layout if d in bdims or not _is_one(buf.sizes[d])]
-    pos = [order.index(d) for d in bdims]
-    if pos != list(range(pos[0], pos[0] + len(bdims))):
-        return False
-    return all(ex.same_size(buf.sizes[d], s) for d, s in zip(bdims[1:], sizes[1:]))
-
-
-def flat_bindable(epilogue: Expr | None, out: Buffer, dims: list[str], bufs) -> bool:
-    """Whether the epilogue's inner loop over ``dims`` (flattened, last fastest) may bind them
-    as one flat index: the output and every read that uses them hold them adjacent and in
-    order, each indexed by the plain var (once), unguarded, and no other use of them."""
-    sizes = [out.sizes[d] for d in dims]
-    if not dims or not _adjacent(out, dims, sizes):
-        return False
-    want = set(dims)
-
-    def ok(e: Expr) -> bool:
-        if e.op == "var":
-            return e.arg not in want
-        if e.op != "read":
-            return all(ok(a) for a in e.args)
-        at = {}   # loop dim -> the buffer dim it indexes
-        for d, ix in zip(e.arg[1], e.args):
-            if ix.op == "var" and ix.arg in want:
-                if ix.arg in at:
-                    return False   # one var indexing two dims (a diagonal): not a flat walk
-                at[ix.arg] = d
-            elif not ok(ix):
-                return False
-        if not at:
-            return True
-        if set(at) != want or e.arg[2] is not None:
-            return False
-        return _adjacent(bufs[e.arg[0]], [at[v] for v in dims], sizes)
-    return epilogue is None or ok(epilogue)
-
-
-def emit_gemm(L, wg, count) -> None:
-    """The body of a gemm kernel (called by KernelLowering._emit_impl)."""
-    if isinstance(L.k.gemm, depthwise.Direct):
-        depthwise.emit_direct(L, wg, count)
-        return
-    (amx.AmxGemm if L.k.gemm.amx else _Gemm)(L, wg, count).emit()
-
-
-from mlpack.codegen.targets.cpu import amx  # noqa: E402  (amx.AmxGemm builds on _Gemm above)

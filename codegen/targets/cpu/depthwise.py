@@ -31,9 +31,11 @@ from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.targets.cpu import mathlib
-from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, Buffer, Kernel,
-                                                _coeff, row_dim)
+from mlpack.codegen.llvm.intrinsics import intrinsic, masked_load, splat
+from mlpack.codegen.llvm.types import F32, I1, I32, I64, i64
+from mlpack.codegen.targets.cpu.indexing import coeff
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
+from mlpack.codegen.targets.cpu.kernels import MAX_WORKGROUPS, WORK_PER_WORKGROUP, row_dim
 from mlpack.codegen.targets.cpu.target import CpuTarget
 
 MAX_POINTS = 64       # reduction points unrolled per tile (3x3, 5x5, 7x7 windows fit)
@@ -67,7 +69,7 @@ def _bounds(e: Expr, ranges: dict[str, Expr]) -> tuple[int, int] | None:
         return None
     lo = hi = 0
     for v in ex.free_vars(e):
-        c = _coeff(e, v)
+        c = coeff(e, v)
         r = ranges.get(v)
         if not isinstance(c, int) or r is None or not r.is_const:
             return None
@@ -144,7 +146,7 @@ def classify(k: Kernel, bufs: dict[str, Buffer], t: CpuTarget) -> Direct | None:
     for d, ix in zip(x.arg[1], x.args):
         if row not in ex.free_vars(ix):
             continue
-        c = _coeff(ix, row)
+        c = coeff(ix, row)
         if d != inner or not isinstance(c, int) or c < 1 or c > 4:
             return None
         step = c
@@ -198,26 +200,18 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
 # ---------------------------------------------------------------- lowering
 
 
-I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
-F32 = ir.FloatType()
-
-
-def _c(v: int) -> ir.Constant:
-    return ir.Constant(I64, v)
-
-
 def emit_direct(L, wg, count) -> None:
-    """The body of a direct kernel (called through contraction.emit_gemm)."""
+    """The body of a direct kernel, into a KernelLowering (lower.py) whose entry block is
+    current (as microkernel.GemmEmitter's)."""
     d: Direct = L.k.gemm
     b, E = L.b, L.E
     osz = E.sizes[L.out.name]
     vty = ir.VectorType(F32, d.vl)
     ity = ir.VectorType(I64, d.vl)
     mty = ir.VectorType(I1, d.vl)
-    mload = mathlib.masked_load(b.module, vty)
-    fma = mathlib.intrinsic(b.module, "llvm.fma", vty, 3) if d.fma else None
+    mload = masked_load(b.module, vty)
+    fma = intrinsic(b.module, "llvm.fma", vty, 3) if d.fma else None
     zero = ir.Constant(vty, [0.0] * d.vl)
-    splat0 = ir.Constant(ir.VectorType(I32, d.vl), [0] * d.vl)
     tile = d.nvec * d.vl
     accs = [[b.alloca(vty, name=f"acc{r}.{i}") for i in range(d.nvec)] for r in range(d.rows)]
     buf = b.alloca(ir.ArrayType(F32, tile), name="tile")
@@ -230,44 +224,41 @@ def emit_direct(L, wg, count) -> None:
     # units: the outer dims, the last in blocks of d.rows
     sizes = {o: osz[o] for o in d.outer}
     if d.rows > 1:
-        sizes[hdim] = b.udiv(b.add(osz[hdim], _c(d.rows - 1)), _c(d.rows))
-    units = _c(1)
+        sizes[hdim] = b.udiv(b.add(osz[hdim], i64(d.rows - 1)), i64(d.rows))
+    units = i64(1)
     for o in d.outer:
         units = b.mul(units, sizes[o], flags=("nsw",))
     w64, c64 = b.zext(wg, I64), b.zext(count, I64)
     start = b.udiv(b.mul(units, w64), c64)
-    end = b.udiv(b.mul(units, b.add(w64, _c(1))), c64)
+    end = b.udiv(b.mul(units, b.add(w64, i64(1))), c64)
     rowlen = osz[d.row]
-    ntiles = b.udiv(b.add(rowlen, _c(tile - 1)), _c(tile))
+    ntiles = b.udiv(b.add(rowlen, i64(tile - 1)), i64(tile))
     lane_ix = [ir.Constant(ity, [t * d.vl + j for j in range(d.vl)]) for t in range(d.step)]
     zeros_i = ir.Constant(ity, [0] * d.vl)
-
-    def splat(v, ty):
-        und = ir.Constant(ty, ir.Undefined)
-        return b.shuffle_vector(b.insert_element(und, v, ir.Constant(I32, 0)), und, splat0)
 
     def x_vectors(i):
         """X's vector for accumulator i at the bound point and row: ``step`` masked loads
         (lanes outside X's row, or a row out of bounds, load nothing and read 0)."""
         idx, ok = [], None
         for dim in xbuf.layout:
-            v = E._cast(E(xindex[dim]), xindex[dim].dtype, "i64")
+            v = E.cast(E(xindex[dim]), xindex[dim].dtype, "i64")
             idx.append(v)
             if dim != d.xdim and x.arg[2] is not None:
                 inb = b.icmp_unsigned("<", v, xsizes[dim])
                 ok = inb if ok is None else b.and_(ok, inb)
         pos = idx[list(xbuf.layout).index(d.xdim)]   # X's index of the tile's first lane
-        flat = E._flat(x.arg[0], idx)
-        okv = None if ok is None else splat(ok, mty)
+        flat = E.flat_offset(x.arg[0], idx)
+        okv = None if ok is None else splat(b, ok, mty)
         parts = []
         for t in range(d.step):
-            first = b.add(pos, _c(i * d.vl * d.step))
-            lane = b.add(splat(first, ity), lane_ix[t])
-            m = b.and_(b.icmp_signed(">=", lane, zeros_i), b.icmp_signed("<", lane, splat(wlen, ity)))
+            first = b.add(pos, i64(i * d.vl * d.step))
+            lane = b.add(splat(b, first, ity), lane_ix[t])
+            m = b.and_(b.icmp_signed(">=", lane, zeros_i),
+                       b.icmp_signed("<", lane, splat(b, wlen, ity)))
             if okv is not None:
                 m = b.and_(m, okv)
             # (no inbounds: masked-off lanes may lie outside the buffer)
-            ptr = b.gep(E.bases[x.arg[0]], [b.add(flat, _c(i * d.vl * d.step + t * d.vl))],
+            ptr = b.gep(E.bases[x.arg[0]], [b.add(flat, i64(i * d.vl * d.step + t * d.vl))],
                         source_etype=F32)
             parts.append(b.call(mload, [ptr, ir.Constant(I32, 4), m, zero]))
         if d.step == 1:
@@ -283,27 +274,27 @@ def emit_direct(L, wg, count) -> None:
         return out
 
     with L.loops.loop(start, end, "unit") as u, E.scope():
-        L._delinearize(u, d.outer, sizes)
+        L.bind_unit(u, d.outer, sizes)
         h0 = None
         if d.rows > 1:
-            h0 = b.mul(E.lookup(hdim), _c(d.rows))
-            last = b.sub(osz[hdim], _c(1))
+            h0 = b.mul(E.lookup(hdim), i64(d.rows))
+            last = b.sub(osz[hdim], i64(1))
         hs = []
         for r in range(d.rows):   # rows past the end repeat the last one (not stored)
             if h0 is None:
                 hs.append(None)
             else:
-                h = b.add(h0, _c(r))
+                h = b.add(h0, i64(r))
                 hs.append(b.select(b.icmp_unsigned("<", h, last), h, last))
-        with L.loops.loop(_c(0), ntiles, "tile") as ti, E.scope():
-            w0 = b.mul(ti, _c(tile))
+        with L.loops.loop(i64(0), ntiles, "tile") as ti, E.scope():
+            w0 = b.mul(ti, i64(tile))
             E.bind(d.row, w0)
             for row in accs:
                 for a in row:
                     b.store(zero, a)
             for p in d.points:
-                with E.scope(**{r: _c(v) for r, v in p.items()}):
-                    ws = splat(E(d.w), vty)
+                with E.scope(**{r: i64(v) for r, v in p.items()}):
+                    ws = splat(b, E(d.w), vty)
                     for r, h in enumerate(hs):
                         with E.scope(**({} if h is None else {hdim: h})):
                             for i, acc in enumerate(accs[r]):
@@ -313,22 +304,22 @@ def emit_direct(L, wg, count) -> None:
                                     else b.fadd(cur, b.fmul(xv, ws))
                                 b.store(new, acc)
             n = b.sub(rowlen, w0)
-            n = b.select(b.icmp_unsigned("<", n, _c(tile)), n, _c(tile))
+            n = b.select(b.icmp_unsigned("<", n, i64(tile)), n, i64(tile))
             for r, h in enumerate(hs):
                 after = None
                 if h is not None:
                     fn = b.block.function
                     body, after = fn.append_basic_block("row.st"), fn.append_basic_block("row.next")
-                    b.cbranch(b.icmp_unsigned("<", b.add(h0, _c(r)), osz[hdim]), body, after)
+                    b.cbranch(b.icmp_unsigned("<", b.add(h0, i64(r)), osz[hdim]), body, after)
                     b.position_at_end(body)
                 for i, a in enumerate(accs[r]):
-                    ptr = b.gep(buf, [_c(0), _c(i * d.vl)], inbounds=True)
+                    ptr = b.gep(buf, [i64(0), i64(i * d.vl)], inbounds=True)
                     b.store(b.load(a), b.bitcast(ptr, vty.as_pointer()), align=4)
                 with E.scope(**({} if h is None else {hdim: h})), \
-                        L.loops.loop(_c(0), n, "e.col", vectorize=True) as j, E.scope():
+                        L.loops.loop(i64(0), n, "e.col", vectorize=True) as j, E.scope():
                     E.bind(d.row, b.add(w0, j, flags=("nsw",)))
-                    v = b.load(b.gep(buf, [_c(0), j], inbounds=True), typ=F32)
-                    L._store(L._finish(v))
+                    v = b.load(b.gep(buf, [i64(0), j], inbounds=True), typ=F32)
+                    L.store(L.finish(v))
                 if after is not None:
                     b.branch(after)
                     b.position_at_end(after)

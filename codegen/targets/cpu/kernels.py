@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
 
 from mlpack.spec.ir import dtypes as dt
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph, Procedure
+from mlpack.spec.ir.graph import tensors_read as op_reads
 from mlpack.codegen.targets.cpu.hoist import replace_node
+from mlpack.codegen.targets.cpu.indexing import coeff, is_one
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
+from mlpack.codegen.targets.cpu.procedure import check_procedures, procedure_kernel
 
 ACC = "acc"                  # the epilogue's name for the reduction's value
 MIN_VECTOR_TRIP = 8          # a loop shorter than this is a poor innermost loop
@@ -35,42 +38,6 @@ MAX_WORKGROUPS = 256
 MIN_ROW_CHUNK = 16           # rows are split into chunks no shorter than this
 MAX_WINDOW = 16              # window positions a max/min pooling is unrolled over
 ROW_BIAS = 0.5               # how much the row strategy is preferred at equal scores
-
-
-@dataclass
-class Buffer:
-    """How a tensor lies in memory: dims in layout order, their sizes, element type."""
-    name: str
-    layout: tuple[str, ...]
-    sizes: dict[str, Expr]
-    dtype: str
-    packed: bool = True   # int4/int2/fp4 two (four) per byte; ports hold one per byte (narrowconv)
-
-    def contiguous_dim(self) -> str | None:
-        """The last layout dim that is not of constant size 1 (unit stride)."""
-        for d in reversed(self.layout):
-            s = self.sizes[d]
-            if not (s.is_const and s.value == 1):
-                return d
-        return None
-
-
-@dataclass
-class Kernel:
-    name: str
-    out: str
-    body: Expr                     # over the output's dim vars and the rdims
-    reduce: str | None
-    rdims: dict[str, Expr]         # in loop order, innermost last
-    acc_dtype: str                 # the body's (reduction's) dtype
-    epilogue: Expr | None = None   # over the output's dim vars and var ACC
-    strategy: str = "map"          # "map", "row" or "inner"
-    row_chunks: int = 1            # workgroup units per row (rows too few to share out)
-    reads: list[str] = field(default_factory=list)
-    fused: list[str] = field(default_factory=list)   # IR ops it computes, for messages
-    gemm: object = None            # contraction.Contraction when strategy == "gemm"
-    window: int = 1                # terms per element of an unrolled window (unroll_window)
-    checks: list = field(default_factory=list)   # (tensor, dim) per index check, once lowered
 
 
 # ---------------------------------------------------------------- helpers
@@ -86,10 +53,6 @@ def replace_reads(e: Expr, tensor: str, repl: Expr) -> Expr:
     return e if args == e.args else ex.rebuild(e, args)
 
 
-def _is_one(s: Expr) -> bool:
-    return s.is_const and s.value == 1
-
-
 def tensors_read(e: Expr) -> list[str]:
     """Tensors ``e`` reads, in first-read order."""
     seen: dict[str, None] = {}
@@ -99,12 +62,21 @@ def tensors_read(e: Expr) -> list[str]:
     return list(seen)
 
 
+def fresh_name(name: str, taken) -> str:
+    """``name``, or ``name`` with the first number appended that makes it not in ``taken``."""
+    i, base = 0, name
+    while name in taken:
+        i += 1
+        name = f"{base}{i}"
+    return name
+
+
 def inline_scalar_constants(g: Graph, body: Expr) -> Expr:
     """Reads of single-element constants become immediates (no binding, foldable)."""
     def go(e: Expr) -> Expr:
         if e.op == "read" and e.arg[0] in g.constants:
             c = g.constants[e.arg[0]]
-            if c.data.size == 1 and all(_is_one(s) for s in c.type.dims.values()):
+            if c.data.size == 1 and all(is_one(s) for s in c.type.dims.values()):
                 return ex.const(c.data.reshape(()).item(), c.type.dtype)
         if not e.args:
             return e
@@ -116,7 +88,7 @@ def inline_scalar_constants(g: Graph, body: Expr) -> Expr:
 # ---------------------------------------------------------------- epilogue fusion
 
 
-def _identity_map(r: Comprehension, m: Comprehension, reads: list[Expr]) -> dict[str, Expr] | None:
+def identity_map(r: Comprehension, m: Comprehension, reads: list[Expr]) -> dict[str, Expr] | None:
     """R's dim -> M's index, when every read of R in M is the same identity read, else None."""
     first = reads[0]
     if any(rd.args != first.args or rd.arg != first.arg for rd in reads) or first.arg[2] is not None:
@@ -125,13 +97,13 @@ def _identity_map(r: Comprehension, m: Comprehension, reads: list[Expr]) -> dict
     used: set[str] = set()
     for d, size in r.type.dims.items():
         ix = index[d]
-        if _is_one(size) and ix.is_const and ix.value == 0:
+        if is_one(size) and ix.is_const and ix.value == 0:
             continue
         if ix.op != "var" or ix.arg in used or ix.arg not in m.type.dims \
                 or not ex.same_size(size, m.type.dims[ix.arg]):
             return None
         used.add(ix.arg)
-    if any(d not in used and not _is_one(s) for d, s in m.type.dims.items()):
+    if any(d not in used and not is_one(s) for d, s in m.type.dims.items()):
         return None  # M iterates more points than R has: R's value would be recomputed
     return index
 
@@ -145,7 +117,7 @@ def _fusable_reduction(m: Comprehension, producers, readers, pinned) -> tuple | 
         if r is None or r.reduce is None or name in pinned or readers.get(name) != [m.out]:
             continue
         reads = [n for n in ex.walk(m.body) if n.op == "read" and n.arg[0] == name]
-        index = _identity_map(r, m, reads)
+        index = identity_map(r, m, reads)
         if index is not None:
             return r, index
     return None
@@ -163,36 +135,11 @@ def _fuse(r: Comprehension, m: Comprehension, index: dict[str, Expr]) -> tuple[E
 # ---------------------------------------------------------------- schedule
 
 
-def _coeff(e: Expr, v: str):
-    """d e / d v when ``e`` is affine in ``v`` with a constant coefficient, else None."""
-    if v not in ex.free_vars(e):
-        return 0
-    if e.op == "var":
-        return 1
-    if e.op in ("add", "sub"):
-        a, b = _coeff(e.args[0], v), _coeff(e.args[1], v)
-        if a is None or b is None:
-            return None
-        return a + b if e.op == "add" else a - b
-    if e.op == "mul":
-        x, y = e.args
-        if x.is_const:
-            c = _coeff(y, v)
-            return None if c is None else x.value * c
-        if y.is_const:
-            c = _coeff(x, v)
-            return None if c is None else y.value * c
-    if e.op == "neg":
-        c = _coeff(e.args[0], v)
-        return None if c is None else -c
-    return None
-
-
 def _access(read: Expr, v: str, buffers: dict[str, Buffer]) -> str:
     """'inv', 'unit' or 'other': how a read moves when ``v`` steps by one."""
     buf = buffers[read.arg[0]]
     index = dict(zip(read.arg[1], read.args))
-    coeffs = {d: _coeff(index[d], v) for d in buf.layout}
+    coeffs = {d: coeff(index[d], v) for d in buf.layout}
     if all(c == 0 for c in coeffs.values()):
         return "inv"
     inner = buf.contiguous_dim()
@@ -213,7 +160,7 @@ def _score(body: Expr, v: str, extent: Expr, buffers) -> float:
 
 def row_dim(buf: Buffer) -> tuple[list[str], str | None]:
     """(outer dims, row dim) of a kernel writing ``buf``."""
-    dims = [d for d in buf.layout if not _is_one(buf.sizes[d])]
+    dims = [d for d in buf.layout if not is_one(buf.sizes[d])]
     if not dims:
         return [], None
     return dims[:-1], dims[-1]
@@ -324,7 +271,6 @@ def _monotone_core(e: Expr, window: set[str]) -> Expr:
 
 def reject_procedures(g: Graph) -> None:
     """Refuse the procedures the cpu target cannot lower (procedure.py says which and why)."""
-    from mlpack.codegen.targets.cpu.procedure import check_procedures
     check_procedures(g)
 
 
@@ -333,8 +279,6 @@ def build_kernels(g: Graph, buffers: dict[str, Buffer], keep=()) -> list[Kernel]
     tensors that must be written even if their only reader could take them as an epilogue
     (a concatenation's part that lies in its slice: concat.py)."""
     reject_procedures(g)
-    from mlpack.spec.ir.graph import tensors_read as op_reads
-    from mlpack.codegen.targets.cpu.procedure import procedure_kernel
     ops = [op for op in g.ops if not isinstance(op, Procedure)]
     producers = {op.out: op for op in ops}
     readers: dict[str, list[str]] = {}

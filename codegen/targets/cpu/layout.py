@@ -24,15 +24,14 @@ channel index a plain variable of its own output carries the channel over.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph, TensorType, tensors_read
-from mlpack.codegen.targets.cpu.concat import _arms
-from mlpack.codegen.targets.cpu.contraction import _affine
-from mlpack.codegen.targets.cpu.kernels import _is_one
+from mlpack.codegen.targets.cpu.concat import select_arms as _arms
+from mlpack.codegen.targets.cpu.indexing import affine as _affine
+from mlpack.codegen.targets.cpu.indexing import is_one as _is_one
 
 IMAGE_DIMS = 3   # dims of size above 1 that make an image (channels, rows, columns)
 
@@ -111,16 +110,10 @@ def _channels_apart(op: Comprehension, g: Graph, channel: str | None) -> bool:
     return False
 
 
-def enabled() -> bool:
-    return os.environ.get("MLPACK_CHANNELS_LAST", "1") != "0"
-
-
 def channels_last(g: Graph) -> Graph:
     """``g`` with each image tensor it pays for laid out channels last (module docstring). ``g``
-    itself is not changed: the targets of a build share it. ``MLPACK_CHANNELS_LAST=0`` keeps
-    every tensor in its type's order."""
-    if not enabled():
-        return g
+    itself is not changed: the targets of a build share it. ``MLPACK_DISABLE_PASSES=channels_last``
+    keeps every tensor in its type's order."""
     outputs = {p.name for p in g.outputs}
     channel: dict[str, str] = {}
     source: dict[str, str | None] = {}   # the tensor a map's channel is carried from

@@ -13,6 +13,7 @@ import sys
 import tempfile
 
 from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.spec import environment
 
 LLD_FLAGS = ("-shared", "--no-undefined", "--build-id=none", "-z", "noexecstack",
              "-z", "relro", "-z", "now", "--hash-style=both", "-O1")
@@ -20,7 +21,7 @@ LLD_FLAGS = ("-shared", "--no-undefined", "--build-id=none", "-z", "noexecstack"
 
 def lld_command() -> list[str]:
     """The command that runs ld.lld (overridable with MLPACK_LLD, e.g. a system ld.lld)."""
-    override = os.environ.get("MLPACK_LLD")
+    override = environment.get("MLPACK_LLD")
     if override:
         return override.split()
     return [sys.executable, "-m", "ziglang", "ld.lld"]

@@ -3,7 +3,8 @@
 Everything is ``internal`` except ``mlpack_kernel_table_v1``, so the shared object's dynamic
 symbol table holds that one symbol. Every function carries ``"no-builtins"`` so that LLVM does
 not turn a fill or copy loop into a ``memset``/``memcpy`` call the library could not resolve.
-Innermost loops get ``llvm.loop.vectorize.enable`` (a distinct, self-referencing loop id each).
+Innermost loops get ``llvm.loop.vectorize.enable`` (a distinct, self-referencing loop id each:
+codegen/llvm/loops.py).
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from mlpack.codegen import debug
-from mlpack.codegen.targets.cpu.kernels import Buffer, Kernel
-from mlpack.codegen.targets.cpu.lower import I32, PTR, KernelLowering
+from mlpack.codegen.llvm.loops import LoopIds
+from mlpack.codegen.llvm.types import I32, PTR
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
+from mlpack.codegen.targets.cpu.lower import KernelLowering
+from mlpack.codegen.targets.cpu.procedure import PROCEDURE, ProcedureLowering
 from mlpack.codegen.targets.cpu.target import CpuTarget
 
 TABLE_SYMBOL = "mlpack_kernel_table_v1"
@@ -38,27 +42,6 @@ def target_machine(t: CpuTarget):
     init_llvm()
     return llvm.Target.from_triple(t.triple).create_target_machine(
         cpu=t.cpu, features=t.feature_string, opt=3, reloc="pic", codemodel="default")
-
-
-class _LoopIds:
-    """Hands out one placeholder loop id per latch; ``finalize`` makes them self-referencing."""
-
-    def __init__(self, module: ir.Module):
-        self.module = module
-        self.count = 0
-        self.enable = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"),
-                                           ir.Constant(ir.IntType(1), 1)])
-
-    def __call__(self, latches) -> None:
-        for br in latches:
-            md = self.module.add_metadata([ir.MetaDataString(self.module, f"LOOPSELF{self.count}"),
-                                           self.enable])
-            self.count += 1
-            br.set_metadata("llvm.loop", md)
-
-    @staticmethod
-    def finalize(text: str) -> str:
-        return re.sub(r'^!(\d+) = !\{!"LOOPSELF\d+"', r"!\1 = distinct !{!\1", text, flags=re.M)
 
 
 def _cstring(module: ir.Module, name: str, s: str) -> ir.GlobalVariable:
@@ -124,18 +107,17 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     module = ir.Module(name="mlpack_kernels")
     module.triple = t.triple
     module.data_layout = str(tm.target_data)
-    ids = _LoopIds(module)
+    ids = LoopIds(module)
     # f16 loads use fpext where it is an instruction (F16C, aarch64; x86-64 v2 would call
     # __extendhfsf2). Stores use fptrunc only on aarch64: on x86 LLVM folds an f64 -> f32 -> f16
     # chain (pow, fmod, f64 casts) into one f64 -> f16 fptrunc, which is a __truncdfhf2 call.
     native_f16 = (t.arch == "arm64" or "f16c" in t.features, t.arch == "arm64")
-    # sequential code: procedure.py
-    from mlpack.codegen.targets.cpu.procedure import PROCEDURE, ProcedureLowering
+    # (procedures, sequential code: procedure.py)
     fns = [(ProcedureLowering if k.strategy == PROCEDURE else KernelLowering)(
         module, k, buffers, symbols, ids, native_f16).emit() for k in kernels]
     _table(module, _share_identical(module, fns, [k.name for k in kernels]),
            [k.name for k in kernels])
-    text = _LoopIds.finalize(str(module))
+    text = LoopIds.finalize(str(module))
     # every definition: no libcalls synthesized from loops
     return re.sub(r"^(define .*\))( [^\n{]*)?\n\{", lambda m: f'{m.group(1)}{m.group(2) or ""}'
                   f' "no-builtins"\n{{', text, flags=re.M)

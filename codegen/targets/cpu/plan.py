@@ -20,10 +20,11 @@ from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Graph, Procedure
 from mlpack.spec.ir.program import encode_expr
 from mlpack.codegen.errors import UnsupportedTargetError
-from mlpack.codegen.targets.cpu import procedure
+from mlpack.codegen.targets.cpu import contraction, procedure
 from mlpack.codegen.targets.cpu.concat import root
-from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, Buffer, Kernel,
-                                                copy_kernel, row_dim)
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
+from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, copy_kernel,
+                                                row_dim)
 
 ARENA_ALIGN = 64
 
@@ -64,15 +65,6 @@ def output_copies(g: Graph, bufs: dict[str, Buffer], first_index: int) -> tuple[
         copies.append(copy_kernel(f"k{first_index + len(copies)}_copy_out{i}", bufs[p.name], dst))
         owners.append(dst.name)
     return copies, owners
-
-
-def exact_bytes(buf: Buffer) -> Expr:
-    """The bytes ``buf``'s elements take (int4/int2/fp4 packed two or four to a byte)."""
-    count = ex.product([buf.sizes[d] for d in buf.layout])
-    per = 8 // dt.bits(buf.dtype) if buf.dtype != "bool" and dt.bits(buf.dtype) < 8 else 0
-    # int4/int2/fp4 are packed two (four) to a byte: round the byte count up
-    return ex.simplify_size(ex.floordiv(count + (per - 1), ex.const(per)) if per else count * ex.const(
-        1 if buf.dtype == "bool" else dt.bits(buf.dtype) // 8))
 
 
 def nbytes(buf: Buffer) -> Expr:
@@ -182,8 +174,7 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
     if isinstance(k, procedure.ProcedureKernel):   # sequential code: one workgroup
         return ex.const(1)
     if k.gemm is not None:   # a gemm kernel shares out tiles (contraction.py)
-        from mlpack.codegen.targets.cpu.contraction import workgroups as gemm_workgroups
-        return gemm_workgroups(k, out)
+        return contraction.workgroups(k, out)
     outer, _ = row_dim(out)
     rows = ex.product([*[out.sizes[d] for d in outer], ex.const(k.row_chunks)])
     work = ex.product([*out.sizes.values(), *k.rdims.values(), ex.const(k.window)])
@@ -215,8 +206,7 @@ def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
             entries.append({"kind": "weight", "name": name})
             weights[name] = np.ascontiguousarray(c.data)
     # B operands packed for gemm kernels
-    from mlpack.codegen.targets.cpu.contraction import packed_weights
-    for name, data in packed_weights(kernels).items():
+    for name, data in contraction.packed_weights(kernels).items():
         index[name] = len(entries)
         entries.append({"kind": "weight", "name": name})
         weights[name] = data

@@ -5,11 +5,11 @@ A ``Procedure`` op becomes a ``ProcedureKernel`` that binds its results and scra
 (outputs first, then the tensors it reads) and walks its statements in order: ``Let`` and
 ``For`` variables are stack slots (LLVM's mem2reg turns them into registers), ``For``/``While``/
 ``If`` become branches, ``Store`` writes a buffer element. Scalar expressions, loads and stores
-go through lower.py's ``_Expr``; a subclass makes it safe for sequential code (values are
-memoized within one statement only, a local is re-read at every use, and every data-dependent
-index is checked on a read and on a store (checks.py): a bad one, a scatter's index past the
-data, fails the run naming the ONNX node; a loop counter is clamped on a read and a store
-outside the buffer stores nothing, so no index leaves a buffer).
+go through codegen/llvm/scalar.py's ``ScalarEmitter``; a subclass makes it safe for sequential
+code (values are memoized within one statement only, a local is re-read at every use, and
+every data-dependent index is checked on a read and on a store (checks.py): a bad one, a
+scatter's index past the data, fails the run naming the ONNX node; a loop counter is clamped
+on a read and a store outside the buffer stores nothing, so no index leaves a buffer).
 
 Data-dependent sizes (spec/SPEC.md section 7, "computed symbols"): a ``SetSize`` writes the
 symbol's value into its push-constant slot, which later dispatches read as any other symbol.
@@ -33,10 +33,12 @@ from mlpack.spec.ir.graph import For, Graph, If, Let, Procedure, SetSize, Store,
 from mlpack.spec.ir.graph import tensors_read as op_reads
 from mlpack.spec.ir.program import encode_expr
 from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.llvm.loops import Loops
+from mlpack.codegen.llvm.scalar import ScalarEmitter
+from mlpack.codegen.llvm.types import I32, I64, PTR, const, llvm_type
 from mlpack.codegen.targets.cpu import checks as chk
-from mlpack.codegen.targets.cpu.kernels import Buffer, Kernel
-from mlpack.codegen.targets.cpu.lower import (DISPATCH, I32, I64, KERNEL_FN, PTR, Loops, _const,
-                                              _Expr, llvm_type)
+from mlpack.codegen.targets.cpu.abi import DISPATCH, KERNEL_FN
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
 
 PROCEDURE = "procedure"   # the strategy of a ProcedureKernel
 
@@ -166,8 +168,8 @@ def _local_dtypes(stmts, out: dict[str, str]) -> dict[str, str]:
 # ---------------------------------------------------------------- lowering
 
 
-class _ProcExpr(_Expr):
-    """``_Expr`` for sequential code: memo per statement, locals re-read at each use, and
+class _ProcExpr(ScalarEmitter):
+    """``ScalarEmitter`` for sequential code: memo per statement, locals re-read at each use, and
     every index that is not made of constants and symbols alone is treated as data."""
 
     NOT_PURE = ("read", "var")   # a var is a local or a loop variable set by data
@@ -183,21 +185,21 @@ class _ProcExpr(_Expr):
         key = id(e)
         if key in memo:
             return memo[key]
-        v = self._emit(e)
+        v = self.emit_node(e)
         memo[key] = v
         self.keep.append(e)
         return v
 
-    def _emit(self, e: Expr):
+    def emit_node(self, e: Expr):
         if e.op == "var":
             slot = self.slots.get(e.arg)
             if slot is None:
                 raise UnsupportedTargetError(f"cpu: kernel {self.kname}: unbound variable {e.arg}")
             have = self.local_types[e.arg]
-            return self._cast(self.b.load(slot), have, e.dtype)
+            return self.cast(self.b.load(slot), have, e.dtype)
         if e.op == "sym" and e.arg in self.own_syms:
             return self.b.load(self.own_syms[e.arg])
-        return super()._emit(e)
+        return super().emit_node(e)
 
 
 class ProcedureLowering:
@@ -252,13 +254,13 @@ class ProcedureLowering:
         push = f.args[n]
         op = self.k.op
         local_types = _local_dtypes(op.body, {})
-        slots = {name: b.alloca(llvm_type(t, f" (local {name})"), name=f"l.{name}")
+        slots = {name: b.alloca(llvm_type(t, f" (local {name})", target="cpu"), name=f"l.{name}")
                  for name, t in local_types.items()}
         own = {s: b.alloca(I64, name=f"s.{s}") for s in self.k.computes}
         for a in own.values():
             b.store(ir.Constant(I64, 0), a)
         bases = {t: f.args[j] for j, t in enumerate(self.bound)}
-        E = _ProcExpr(b, bases, self.buffers, self.k.name, self.native_f16,
+        E = _ProcExpr(b, bases, self.buffers, self.k.name, self.native_f16, target="cpu",
                       slots=slots, local_types=local_types, own_syms=own)
         self.E = E
         self.push = push
@@ -279,7 +281,7 @@ class ProcedureLowering:
         self.numel = {}
         for t in self.bound:
             buf = self.buffers[t]
-            sizes = {d: E._cast(E(buf.sizes[d]), buf.sizes[d].dtype, "i64") for d in buf.layout}
+            sizes = {d: E.cast(E(buf.sizes[d]), buf.sizes[d].dtype, "i64") for d in buf.layout}
             E.sizes[t] = sizes
             strides, acc = [], ir.Constant(I64, 1)
             for d in reversed(buf.layout):
@@ -299,7 +301,7 @@ class ProcedureLowering:
         E, b = self.E, self.b
         if isinstance(s, Let):
             t = self.E.local_types[s.name]
-            b.store(E._cast(E(s.value), s.value.dtype, t), E.slots[s.name])
+            b.store(E.cast(E(s.value), s.value.dtype, t), E.slots[s.name])
         elif isinstance(s, Store):
             self._store(s)
         elif isinstance(s, For):
@@ -309,7 +311,7 @@ class ProcedureLowering:
         elif isinstance(s, If):
             self._if(s)
         elif isinstance(s, SetSize):
-            v = E._cast(E(s.value), s.value.dtype, "i64")
+            v = E.cast(E(s.value), s.value.dtype, "i64")
             b.store(v, E.own_syms[s.sym])
             slot = self.symbols.index(s.sym)
             b.store(v, b.gep(self.push, [ir.Constant(I64, slot)], source_etype=I64))
@@ -321,13 +323,13 @@ class ProcedureLowering:
         buf = self.buffers[s.tensor]
         idx, ok = [], None
         for d in buf.layout:
-            v = E._cast(E(s.index[d]), s.index[d].dtype, "i64")
+            v = E.cast(E(s.index[d]), s.index[d].dtype, "i64")
             inb = b.icmp_unsigned("<", v, E.sizes[s.tensor][d])
             ok = inb if ok is None else b.and_(ok, inb)
-            if E._is_data_index(s.index[d]):   # a scatter's index: a bad one fails the run
+            if E.is_data_index(s.index[d]):   # a scatter's index: a bad one fails the run
                 E.checks.note(b, s.tensor, d, v, E.sizes[s.tensor][d])   # (checks.py)
             idx.append(v)
-        value = E._cast(E(s.value), s.value.dtype, buf.dtype)
+        value = E.cast(E(s.value), s.value.dtype, buf.dtype)
         fn = b.block.function
         then = fn.append_basic_block(f"st.{s.tensor[:20]}")
         merge = fn.append_basic_block("st.done")
@@ -339,7 +341,7 @@ class ProcedureLowering:
 
     def _for(self, s: For) -> None:
         E, b = self.E, self.b
-        n = E._cast(E(s.extent), s.extent.dtype, "i64")
+        n = E.cast(E(s.extent), s.extent.dtype, "i64")
         with Loops(b, self.module).loop(ir.Constant(I64, 0), n, f"for.{s.var}") as i:
             b.store(i, E.slots[s.var])
             self._block(s.body)
@@ -351,7 +353,7 @@ class ProcedureLowering:
         b.branch(head)
         b.position_at_end(head)
         with E.scope():
-            c = E._cast(E(s.cond), s.cond.dtype, "bool")
+            c = E.cast(E(s.cond), s.cond.dtype, "bool")
         b.cbranch(c, body, exit_)
         b.position_at_end(body)
         self._block(s.body)
@@ -360,7 +362,7 @@ class ProcedureLowering:
 
     def _if(self, s: If) -> None:
         E, b = self.E, self.b
-        c = E._cast(E(s.cond), s.cond.dtype, "bool")
+        c = E.cast(E(s.cond), s.cond.dtype, "bool")
         fn = b.block.function
         then, orelse, merge = (fn.append_basic_block(f"if.{k}") for k in ("then", "else", "end"))
         b.cbranch(c, then, orelse)
@@ -373,8 +375,8 @@ class ProcedureLowering:
         b.position_at_end(merge)
 
     def _zero(self, t: str) -> None:
-        """Fill buffer ``t`` with zeros, element by element through ``_Expr.store`` (so packed
-        narrow dtypes are written as lower.py writes them)."""
+        """Fill buffer ``t`` with zeros, element by element through ``ScalarEmitter.store`` (so
+        packed narrow dtypes are written as every kernel writes them)."""
         E, b = self.E, self.b
         buf = self.buffers[t]
         n = self.numel[t]
@@ -389,7 +391,7 @@ class ProcedureLowering:
         b.position_at_end(body)
         # the flat position i as an index whose last dim carries it all (the strides end in 1)
         idx = [ir.Constant(I64, 0)] * (len(buf.layout) - 1) + [i] if buf.layout else []
-        E.store(_const(buf.dtype, 0), buf.dtype, E.address(t, idx))
+        E.store(const(buf.dtype, 0), buf.dtype, E.address(t, idx))
         i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
         b.branch(head)
         b.position_at_end(exit_)
@@ -402,7 +404,8 @@ def check_procedures(g: Graph) -> None:
     for op in g.ops:
         if isinstance(op, Procedure):
             for name, t in _local_dtypes(op.body, {}).items():
-                llvm_type(t, f" (local {name} of the procedure computing %{op.outs[0]})")
+                llvm_type(t, f" (local {name} of the procedure computing %{op.outs[0]})",
+                          target="cpu")
 
 
 # ---------------------------------------------------------------- the plan (SPEC.md section 7)

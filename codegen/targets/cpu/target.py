@@ -18,6 +18,7 @@ _X86_V4 = _X86_V3 + ("avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl")
 # v4 plus Intel AMX (Sapphire Rapids on): fp32 contractions run as bf16x6 tile products
 # (amx.py); the split into bf16 parts rounds with integer ops, so avx512bf16 is not needed
 _X86_V4_AMX = _X86_V4 + ("amx-tile", "amx-bf16")
+_RV64GCV = ("m", "a", "f", "d", "c", "v")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,11 @@ TARGETS: dict[str, CpuTarget] = {t.name: t for t in (
               "Advanced Micro Devices X86-64", 512, vector_registers=32),
     CpuTarget("aarch64", "aarch64-unknown-linux-gnu", "generic", ("fp-armv8", "neon"), "arm64",
               "AArch64", 128, vector_registers=32),
+    # RV64GC with the vector extension 1.0, whose registers are at least 128 bits (zvl128b):
+    # fixed-width 128-bit vectors lower to it on every V 1.0 core. The float ABI is lp64d (the
+    # module's target-abi flag), the one Linux distributions' glibc uses.
+    CpuTarget("riscv64", "riscv64-unknown-linux-gnu", "generic-rv64", _RV64GCV, "riscv64",
+              "RISC-V", 128, vector_registers=32),
 )}
 
 

@@ -29,13 +29,12 @@ the largest term; tests/codegen/targets/cpu/test_winograd.py checks against ONNX
 fp32 tolerance, and a build whose artifact then misses its test vectors builds it again with
 direct convolutions: packager/build.py). A NaN or infinity in the input reaches every output
 of its 4-row tile, not only the rows whose window holds it, as in every Winograd convolution.
-``MLPACK_WINOGRAD=0`` keeps every convolution direct.
+``MLPACK_DISABLE_PASSES=winograd`` keeps every convolution direct.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import replace
 
 import numpy as np
@@ -43,8 +42,11 @@ import numpy as np
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Constant, Graph, TensorType, tensors_read
-from mlpack.codegen.targets.cpu.contraction import _affine, _fresh, index_range
-from mlpack.codegen.targets.cpu.kernels import _identity_map, replace_reads
+from mlpack.codegen.targets.cpu.indexing import affine as _affine
+from mlpack.codegen.targets.cpu.indexing import index_range
+from mlpack.codegen.targets.cpu.kernels import fresh_name as _fresh
+from mlpack.codegen.targets.cpu.kernels import identity_map as _identity_map
+from mlpack.codegen.targets.cpu.kernels import replace_reads
 from mlpack.codegen.targets.cpu.plan import tensor_buffers
 
 TILE = 4          # outputs per tile
@@ -83,17 +85,11 @@ MIN_WIDTH = 24    # unit-stride extent of the output (the transform maps' vector
 WIDE_K = 384      # ... unless the gemm is this deep (256 channels in on 12x12 gained 1.6x)
 
 
-def enabled() -> bool:
-    return os.environ.get("MLPACK_WINOGRAD", "1") != "0"
-
-
 def rewrite(g: Graph, keep=(), parents=None) -> tuple[Graph, int]:
     """``g`` with every convolution where Winograd pays rewritten (module docstring), and how
     many were. ``keep``: tensors that must still be written under their own name (aliases of a
     concatenation's slice); ``parents``: the buffers of split concatenations (concat.py),
     which no op of ``g`` produces. ``g`` itself is not changed: the targets of a build share it."""
-    if not enabled():
-        return g, 0
     outputs = {p.name for p in g.outputs}
     bufs = {**tensor_buffers(g), **(parents or {})}   # the layouts the plan will give them
     ops, types, constants = list(g.ops), dict(g.types), dict(g.constants)
@@ -319,4 +315,4 @@ def _fuse_output(op: Comprehension, reader, value: Expr):
     return replace(reader, body=replace_reads(reader.body, op.out, ex.substitute(value, at)))
 
 
-__all__ = ["rewrite", "enabled", "BT", "G", "AT"]
+__all__ = ["rewrite", "BT", "G", "AT"]

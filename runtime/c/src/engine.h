@@ -148,7 +148,7 @@ int mp_dtype_from_name(const char *name, mlpack_dtype *out);   /* 0 on success *
 /* ---------------------------------------------------------------- host.c */
 typedef struct mp_host {
   const char *os;            /* "linux" */
-  const char *architecture;  /* "amd64", "arm64" */
+  const char *architecture;  /* "amd64", "arm64", "riscv64" */
   int x86_level;             /* 1..4, 0 off x86 */
   char features[1024];       /* comma list, lower case: "avx2,fma,avx512f,..." or "neon,dotprod,..." */
   int cuda_sm;               /* 0: no usable CUDA driver */

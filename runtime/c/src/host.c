@@ -7,7 +7,8 @@
  * AMX only when it saves the tile state and, on Linux, grants it to this process: the kernel
  * asks each process to request it with arch_prctl before its first tile instruction, and
  * detection makes that request, so a host that reports amx_tile can run tile code at once);
- * aarch64 from getauxval(AT_HWCAP/AT_HWCAP2).
+ * aarch64 from getauxval(AT_HWCAP/AT_HWCAP2); riscv64 from AT_HWCAP's single-letter ISA bits
+ * (the vector extension is "v"; its vectors are at least 128 bits, V 1.0's zvl128b).
  * CUDA: cuda_sm is always 0 for now. Probing would mean dlopen("libcuda.so.1") and cuInit, which
  * is slow and has side effects; the engine has no CUDA executor yet, so it is not done.
  */
@@ -24,7 +25,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
-#if defined(__aarch64__) && defined(__linux__)
+#if (defined(__aarch64__) || defined(__riscv)) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
 
@@ -156,6 +157,16 @@ static void mp_arm_detect(mp_host *h) {
 }
 #endif
 
+#if defined(__riscv) && defined(__linux__)
+static void mp_riscv_detect(mp_host *h) {
+  unsigned long hw = getauxval(AT_HWCAP);
+  /* the kernel's COMPAT_HWCAP_ISA_<X>: bit (X - 'A') for each single-letter extension */
+  static const char *letters[] = {"i", "m", "a", "f", "d", "c", "v"};
+  for (size_t i = 0; i < sizeof letters / sizeof *letters; i++)
+    if (hw & (1ul << (letters[i][0] - 'a'))) mp_feature_add(h, letters[i]);
+}
+#endif
+
 void mp_host_detect(mp_host *out) {
   memset(out, 0, sizeof *out);
 #if defined(__linux__)
@@ -173,6 +184,11 @@ void mp_host_detect(mp_host *out) {
   out->architecture = "arm64";
 #if defined(__linux__)
   mp_arm_detect(out);
+#endif
+#elif defined(__riscv) && __riscv_xlen == 64
+  out->architecture = "riscv64";
+#if defined(__linux__)
+  mp_riscv_detect(out);
 #endif
 #else
   out->architecture = "unknown";

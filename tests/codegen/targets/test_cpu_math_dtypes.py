@@ -307,7 +307,7 @@ def test_half_libraries_import_nothing(tmp_path):
 
 
 def test_narrow_types_are_lowered():
-    # fp8 and int4 compute in f32/i8 registers (narrowconv.py; exhaustive tests in cpu/)
+    # fp8 and int4 compute in f32/i8 registers (codegen/llvm/narrow.py; exhaustive tests in cpu/)
     for dtype in ("f8e4m3fn", "i4"):
         g = op_graph("abs", dtype, 16)
         x = np.arange(16, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn if dtype == "f8e4m3fn"

@@ -138,7 +138,7 @@ def test_read_modes_and_unit_order():
 def test_epilogue_flat_binding():
     """The epilogue's inner dims are bound as one flat index exactly when every address they
     reach is affine in it."""
-    from mlpack.codegen.targets.cpu.contraction import flat_bindable
+    from mlpack.codegen.targets.cpu.microkernel import flat_bindable
     from mlpack.codegen.targets.cpu.kernels import build_kernels
     from mlpack.codegen.targets.cpu.plan import tensor_buffers
     for case, want in (("conv3x3_residual", True), ("conv1x1_residual", True),
@@ -154,8 +154,9 @@ def test_epilogue_flat_binding():
 
 def test_epilogue_flat_binding_refuses_a_diagonal_read():
     """A var indexing two dims of one read (a diagonal) cannot be the flat index of both."""
-    from mlpack.codegen.targets.cpu.contraction import flat_bindable
-    from mlpack.codegen.targets.cpu.kernels import ACC, Buffer
+    from mlpack.codegen.targets.cpu.microkernel import flat_bindable
+    from mlpack.codegen.targets.cpu.kernel import Buffer
+    from mlpack.codegen.targets.cpu.kernels import ACC
     from mlpack.spec.ir import expr as ex
     size = {d: ex.const(n) for d, n in (("co", 4), ("h", 5), ("w", 5))}
     out = Buffer("y", ("co", "h", "w"), size, "f32")
@@ -367,7 +368,7 @@ def _llvm_ir(m, target, monkeypatch, capsys) -> str:
 @pytest.mark.parametrize("target", ["x86_64-v4", "aarch64"])
 def test_weights_read_once_are_prefetched(target, monkeypatch, capsys):
     """A batch-1 fully connected layer reads each weight once per run, from memory: its
-    kernel fetches the packed panels ahead (contraction.PREFETCH_ROWS). A 3x3 convolution on
+    kernel fetches the packed panels ahead (microkernel.PREFETCH_ROWS). A 3x3 convolution on
     32x32 reuses each panel from cache over its 1024 rows, so its kernel does not."""
     fc, _ = matmul_case(1, 256, 512)
     assert "@\"llvm.prefetch.p0\"(" in _llvm_ir(fc, target, monkeypatch, capsys)

@@ -3,7 +3,7 @@
 Which image tensors are laid out channels last is checked on small models: a convolution chain
 with a pooling and a residual add (all of them), local response normalization (its window along
 the channel too), a concatenation's parts and a depthwise convolution's input and output (kept
-in their order), graph outputs (their ports' layout), and ``MLPACK_CHANNELS_LAST=0``. Each model
+in their order), graph outputs (their ports' layout), and ``MLPACK_DISABLE_PASSES=channels_last``. Each model
 is compiled for x86_64-v2/v3/v4, run by the plan runner and compared with ONNX Runtime at the
 fp32 tolerance (rtol 1e-4, atol 1e-5).
 """
@@ -111,9 +111,14 @@ def test_concatenated_and_depthwise_tensors_keep_their_order(name):
 
 
 def test_switched_off(monkeypatch):
+    from mlpack.codegen.passes.pipeline import run_passes
+    from mlpack.codegen.targets.cpu.compile import _Rewritten, target_passes
+
     g = compile_onnx(chain()[0])
-    monkeypatch.setenv("MLPACK_CHANNELS_LAST", "0")
-    assert layout.channels_last(g) is g
+    [channels_last] = [p for p in target_passes(_Rewritten()) if p[0] == "channels_last"]
+    assert run_passes(g, [channels_last]) is not g
+    monkeypatch.setenv("MLPACK_DISABLE_PASSES", "channels_last")
+    assert run_passes(g, [channels_last]) is g
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -8,7 +8,7 @@ values and f64 halfway cases encode to the same bits as ml_dtypes (the interpret
 ``astype``). Storage: packed sub-byte intermediates and weights, unpacked ports, the
 single-workgroup rule for packed outputs, and ONNX models (Cast with both saturate modes,
 QuantizeLinear/DequantizeLinear) natively against the interpreter; and the f16 reduction
-rounding points lower.py shares with the interpreter.
+rounding points the kernels share with the interpreter.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from plan_runner import run_plan  # noqa: E402
 
 from mlpack.codegen.compile import compile_onnx  # noqa: E402
 from mlpack.codegen.targets.cpu import compile_cpu, narrowconv  # noqa: E402
-from mlpack.codegen.targets.cpu.kernels import Buffer  # noqa: E402
+from mlpack.codegen.targets.cpu.kernel import Buffer  # noqa: E402
 from mlpack.codegen.targets.cpu.plan import nbytes  # noqa: E402
 from mlpack.spec.ir import dtypes as dt  # noqa: E402
 from mlpack.spec.ir import expr as ex  # noqa: E402

@@ -4,8 +4,10 @@ bf16 is the top half of an f32, so both directions are shifts (round to nearest 
 way down, nan kept quiet). f16 needs exponent rebiasing; these are the branch-free conversions
 of F. Giesen's "half_to_float" / "float_to_half_fast3_rtne", used where the target has no
 half-precision conversion instructions (x86-64 v2: LLVM would emit __extendhfsf2 and
-__truncsfhf2 calls there), and for every f16 store on x86 (see module.build_module). Both are exact: every f16 widens exactly, and every f32 rounds to
-the nearest f16 (ties to even; overflow to inf, nan to a quiet nan, denormals included).
+__truncsfhf2 calls there), and wherever a target says its f16 stores must not use ``fptrunc``
+(the cpu target on x86: targets/cpu/module.py). Both are exact: every f16 widens exactly, and
+every f32 rounds to the nearest f16 (ties to even; overflow to inf, nan to a quiet nan,
+denormals included).
 """
 
 from __future__ import annotations

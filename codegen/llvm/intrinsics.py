@@ -1,0 +1,44 @@
+"""LLVM intrinsics declared once per module, and the vector helpers built on them.
+
+Every intrinsic a kernel calls is declared here by name and type, so an overloaded one gets the
+name LLVM expects (``llvm.fma.v16f32``) and a module declares each at most once.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+I32 = ir.IntType(32)
+
+
+def declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
+    """The function ``name`` of ``module``, declared with ``fnty`` the first time it is asked for."""
+    if name in module.globals:
+        return module.globals[name]
+    return ir.Function(module, fnty, name=name)
+
+
+def type_suffix(ty: ir.Type) -> str:
+    """How LLVM names an overloaded intrinsic's type: f32, f64, f16, i32, v16f32, ..."""
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{type_suffix(ty.element)}"
+    return {"float": "f32", "double": "f64", "half": "f16"}.get(str(ty), str(ty))
+
+
+def intrinsic(module: ir.Module, name: str, ty: ir.Type, nargs: int) -> ir.Function:
+    """Declare (once) the LLVM intrinsic ``name`` overloaded on ``ty`` (a scalar or vector)."""
+    return declare(module, f"{name}.{type_suffix(ty)}", ir.FunctionType(ty, [ty] * nargs))
+
+
+def masked_load(module: ir.Module, vty: ir.VectorType) -> ir.Function:
+    """``llvm.masked.load`` of ``vty`` through an opaque pointer: (ptr, align, mask, passthru)."""
+    return declare(module, f"llvm.masked.load.{type_suffix(vty)}.p0", ir.FunctionType(
+        vty, [ir.PointerType(), I32, ir.VectorType(ir.IntType(1), vty.count), vty]))
+
+
+def splat(b: ir.IRBuilder, value, vty: ir.VectorType):
+    """A vector of ``vty`` with ``value`` in every lane (an insert and a shuffle, which every
+    backend matches to its broadcast)."""
+    undef = ir.Constant(vty, ir.Undefined)
+    lanes = ir.Constant(ir.VectorType(I32, vty.count), [0] * vty.count)
+    return b.shuffle_vector(b.insert_element(undef, value, ir.Constant(I32, 0)), undef, lanes)

@@ -1,0 +1,96 @@
+"""Loops in LLVM IR: counted loops, their vectorizer and unroller hints, flat-index arithmetic.
+
+An innermost loop the vectorizer should take gets ``llvm.loop.vectorize.enable`` (a distinct,
+self-referencing loop id each, ``LoopIds``); a loop whose body is unrolled already gets
+``llvm.loop.unroll.disable``. Both are written as placeholder strings first, since llvmlite
+cannot make a self-referencing node, and ``LoopIds.finalize`` rewrites the module's text.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+I64 = ir.IntType(64)
+
+
+class Loops:
+    """Counted loops with optional vectorizer metadata on the latch branch."""
+
+    def __init__(self, b: ir.IRBuilder, module: ir.Module):
+        self.b = b
+        self.module = module
+        self.latches: list[ir.Instruction] = []
+
+    @contextmanager
+    def loop(self, start, end, name: str, vectorize: bool = False, unroll: bool = True):
+        """``unroll=False`` tells LLVM not to unroll the loop (a micro-kernel's K loop, whose
+        body is unrolled already: unrolling it further only costs compile time)."""
+        b = self.b
+        pre = b.block
+        fn = pre.function
+        header = fn.append_basic_block(f"{name}.head")
+        body = fn.append_basic_block(f"{name}.body")
+        exit_ = fn.append_basic_block(f"{name}.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        i = b.phi(I64, name=name)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, end), body, exit_)
+        b.position_at_end(body)
+        yield i
+        nxt = b.add(i, ir.Constant(I64, 1), flags=("nsw",))
+        i.add_incoming(nxt, b.block)
+        br = b.branch(header)
+        if vectorize:
+            self.latches.append(br)
+        elif not unroll:
+            _disable_unroll(self.module, br)
+        b.position_at_end(exit_)
+
+
+_NO_UNROLL = [0]   # numbers the no-unroll loop ids; only their uniqueness matters
+
+
+def _disable_unroll(m: ir.Module, br) -> None:
+    _NO_UNROLL[0] += 1
+    # "LOOPSELF<n>" placeholders become self-referencing loop ids (LoopIds); these are
+    # numbered far from LoopIds' own so the two never meet in one module
+    md = m.add_metadata([ir.MetaDataString(m, f"LOOPSELF{10 ** 9 + _NO_UNROLL[0]}"),
+                         m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.disable")])])
+    br.set_metadata("llvm.loop", md)
+
+
+class LoopIds:
+    """Hands out one placeholder loop id per latch; ``finalize`` makes them self-referencing."""
+
+    def __init__(self, module: ir.Module):
+        self.module = module
+        self.count = 0
+        self.enable = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"),
+                                           ir.Constant(ir.IntType(1), 1)])
+
+    def __call__(self, latches) -> None:
+        for br in latches:
+            md = self.module.add_metadata([ir.MetaDataString(self.module, f"LOOPSELF{self.count}"),
+                                           self.enable])
+            self.count += 1
+            br.set_metadata("llvm.loop", md)
+
+    @staticmethod
+    def finalize(text: str) -> str:
+        return re.sub(r'^!(\d+) = !\{!"LOOPSELF\d+"', r"!\1 = distinct !{!\1", text, flags=re.M)
+
+
+def delinearize(b: ir.IRBuilder, flat, dims: list[str], sizes: dict) -> dict:
+    """The index of each of ``dims`` (the last fastest) in the flat index ``flat``."""
+    out = {}
+    for d in reversed(dims):
+        if d == dims[0]:
+            out[d] = flat
+            break
+        out[d] = b.urem(flat, sizes[d])
+        flat = b.udiv(flat, sizes[d])
+    return out

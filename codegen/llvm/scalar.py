@@ -1,0 +1,527 @@
+"""Scalar expressions of the IR as LLVM IR: ``ScalarEmitter``.
+
+A target's kernel binds the loop variables and symbols, gives each tensor's base pointer,
+sizes and strides, and calls the emitter on each expression it needs. Values are memoized per
+scope (a loop body is a scope). Index math is i64 (``nsw`` where it only involves loop
+variables, symbols and constants), floor division and modulo follow Python, guarded reads
+branch around the load (LLVM if-converts them into masked loads), and data-dependent indices of
+unguarded reads are checked (indexchecks.py): a bad index fails the run with an error naming
+the ONNX node, as ONNX Runtime's does, and never leaves the buffer.
+
+f16 and bf16 are f32 in registers (types.py), and every op on them rounds, as the interpreter
+(NumPy, the ONNX reference) computes each f16 op in f32 and rounds it. Reductions too: an f16
+sum accumulates its rounded terms in f32 (never in an f16 output row), a sum of products may
+multiply its rounded factors unrounded as the interpreter's einsum does (the cpu target's
+KernelLowering._term), and an epilogue sees the reduction's value rounded. (Rounding only at
+stores left the node suite's fp16 Attention/CausalConv outputs an f16 ulp past its
+tolerance.) The narrow dtypes convert through narrow.py, half floats where the target lacks
+instructions for them through halfconv.py, and transcendental functions come from mathlib.py.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Protocol
+
+from llvmlite import ir
+
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir.expr import Expr, walk
+from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.llvm import halfconv, mathlib, narrow
+from mlpack.codegen.llvm.indexchecks import IndexChecks
+from mlpack.codegen.llvm.intrinsics import intrinsic
+from mlpack.codegen.llvm.types import (F16, F32, FLOAT_TYPES, I1, I8, I16, I64, NARROW_FLOATS,
+                                       const, is_signed, itemsize, llvm_type, storage_type)
+
+
+class Memory(Protocol):
+    """How a tensor lies in memory, as far as the emitter needs it (the cpu target's Buffer is
+    one): its dims in layout order, its dtype, and whether a sub-byte dtype is packed
+    (narrow.py)."""
+    layout: tuple[str, ...]
+    dtype: str
+    packed: bool
+
+
+# ops whose f16 result needs no rounding: exact on f16 values, or rounded already
+F16_EXACT = frozenset({"const", "var", "sym", "read", "cast", "select", "neg", "abs", "max",
+                        "min", "floor", "ceil", "round", "sign"})
+FAST_SUM = ("reassoc", "contract")   # reductions may reassociate (fp32 rtol 1e-4 holds)
+CONTRACT = ("contract",)             # a*b+c may become an fma
+
+
+class ScalarEmitter:
+    """Emits scalar expressions; values are memoized per scope (a loop body is a scope)."""
+
+    def __init__(self, b: ir.IRBuilder, bases: dict, buffers: dict[str, Memory], kname: str,
+                 native_f16: tuple[bool, bool] = (True, True), *, target: str):
+        self.b = b
+        # (loads, stores): whether fpext / fptrunc on half are used, where the target has them
+        # as instructions (the others go through halfconv.py)
+        self.f16_load_native, self.f16_store_native = native_f16
+        self.target = target          # the target's name, which begins every error
+        self.bases = bases            # tensor -> base pointer (narrow.Base for narrow dtypes)
+        for t, buf in buffers.items():
+            if t in bases and narrow.handles(buf.dtype):
+                bases[t] = narrow.Base(bases[t], buf.dtype, buf.packed)
+        self.buffers = buffers
+        self.kname = kname
+        self.env: list[dict[str, ir.Value]] = [{}]
+        self.memo: list[dict[int, ir.Value]] = [{}]
+        self.keep: list[Expr] = []    # keeps memoized nodes alive so their ids stay unique
+        self.strides: dict[str, list] = {}
+        self.sizes: dict[str, dict] = {}
+        self.pure: dict[int, bool] = {}
+        self.checks = IndexChecks(b.function)
+
+    # -- scopes
+
+    @contextmanager
+    def scope(self, **binds):
+        self.env.append(dict(binds))
+        self.memo.append({})
+        try:
+            yield
+        finally:
+            self.env.pop()
+            self.memo.pop()
+
+    def bind(self, name: str, value) -> None:
+        self.env[-1][name] = value
+
+    def lookup(self, name: str):
+        for scope in reversed(self.env):
+            if name in scope:
+                return scope[name]
+        raise UnsupportedTargetError(f"{self.target}: kernel {self.kname}: unbound variable {name}")
+
+    # -- entry
+
+    def __call__(self, e: Expr):
+        key = id(e)
+        for m in reversed(self.memo):
+            if key in m:
+                return m[key]
+        v = self.emit_node(e)
+        if e.dtype in ("f16", "bf16") and e.op not in F16_EXACT:
+            v = self.round_to(v, e.dtype)   # every f16/bf16 op rounds, as the interpreter's
+        self.memo[-1][key] = v
+        self.keep.append(e)
+        return v
+
+    # ops below which index arithmetic is data, so may overflow (no nsw)
+    NOT_PURE = ("read",)
+
+    def _is_pure_index(self, e: Expr) -> bool:
+        """No reads below: index arithmetic that cannot overflow (nsw is safe)."""
+        key = id(e)
+        hit = self.pure.get(key)
+        if hit is None:
+            hit = e.op not in self.NOT_PURE and all(self._is_pure_index(a) for a in e.args)
+            self.pure[key] = hit
+            self.keep.append(e)
+        return hit
+
+    def emit_node(self, e: Expr):
+        op = e.op
+        if op == "const":
+            return const(e.dtype, e.arg)
+        if op in ("var", "sym"):
+            return self.lookup(("$" if op == "sym" else "") + e.arg)
+        if op == "read":
+            return self._read(e)
+        if op == "cast":
+            return self.cast(self(e.args[0]), e.args[0].dtype, e.dtype)
+        if op == "select":
+            c, a, x = (self(a) for a in e.args)
+            a = self.cast(a, e.args[1].dtype, e.dtype)
+            x = self.cast(x, e.args[2].dtype, e.dtype)
+            return self.b.select(c, a, x)
+        args = [self(a) for a in e.args]
+        if len(args) == 1:
+            return self._unary(op, args[0], e.args[0].dtype)
+        adt = dt.promote(e.args[0].dtype, e.args[1].dtype)
+        a = self.cast(args[0], e.args[0].dtype, adt)
+        x = self.cast(args[1], e.args[1].dtype, adt)
+        return self._binary(op, a, x, adt, self._is_pure_index(e))
+
+    # -- reads
+
+    def _read(self, e: Expr):
+        name, dims, pad = e.arg
+        buf = self.buffers[name]
+        index = dict(zip(dims, e.args))
+        b = self.b
+        idx, ok = [], None
+        for d in buf.layout:
+            ix = e_ix = index[d]
+            v = self.cast(self(ix), ix.dtype, "i64")
+            n = self.sizes[name][d]
+            if pad is not None:
+                inb = b.icmp_unsigned("<", v, n)
+                ok = inb if ok is None else b.and_(ok, inb)
+            elif self.is_data_index(e_ix):
+                v = self.checks.note(b, name, d, v, n)
+            elif not self._is_pure_index(e_ix):   # a procedure's loop counter: in range by
+                v = self._clamp(v, n)               # construction, clamped only for safety
+            idx.append(v)
+        flat = self.flat_offset(name, idx)
+        ety = storage_type(buf.dtype)
+        if ok is None:
+            return self.load(ety, buf.dtype, self.bases[name], flat)
+        pre = b.block
+        fn = pre.function
+        then = fn.append_basic_block(f"{name[:20]}.in")
+        merge = fn.append_basic_block(f"{name[:20]}.merge")
+        b.cbranch(ok, then, merge)
+        b.position_at_end(then)
+        val = self.load(ety, buf.dtype, self.bases[name], flat)
+        then_end = b.block
+        b.branch(merge)
+        b.position_at_end(merge)
+        phi = b.phi(val.type)
+        phi.add_incoming(val, then_end)
+        phi.add_incoming(const(buf.dtype, pad), pre)
+        return phi
+
+    def _clamp(self, v, n):
+        b = self.b
+        zero = ir.Constant(I64, 0)
+        v = b.select(b.icmp_signed("<", v, zero), zero, v)
+        last = b.sub(n, ir.Constant(I64, 1))
+        return b.select(b.icmp_signed(">", v, last), last, v)
+
+    def is_data_index(self, e: Expr) -> bool:
+        """An index that reads a tensor: data, checked (checks.py)."""
+        return any(n.op == "read" for n in walk(e))
+
+    def flat_offset(self, name: str, idx: list):
+        b = self.b
+        flat = None
+        for v, s in zip(idx, self.strides[name]):
+            if isinstance(v, ir.Constant) and v.constant == 0:
+                continue
+            t = v if (isinstance(s, ir.Constant) and s.constant == 1) else b.mul(v, s, flags=("nsw",))
+            flat = t if flat is None else b.add(flat, t, flags=("nsw",))
+        return flat if flat is not None else ir.Constant(I64, 0)
+
+    def load(self, ety, dtype: str, base, flat):
+        b = self.b
+        if isinstance(base, (narrow.Base, narrow.Ref)):
+            return narrow.load(b, base, flat)
+        ptr = b.gep(base, [flat], inbounds=True, source_etype=ety)
+        v = b.load(ptr, typ=ety, align=itemsize(dtype))
+        if dtype == "bool":
+            return b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+        if dtype == "f16":
+            if self.f16_load_native:
+                return b.fpext(v, F32)
+            return halfconv.f16_to_f32(b, b.bitcast(v, I16))
+        if dtype == "bf16":
+            return halfconv.bf16_to_f32(b, v)
+        return v
+
+    def address(self, name: str, idx: list):
+        if isinstance(self.bases[name], narrow.Base):
+            return self.bases[name].at(self.flat_offset(name, idx))
+        return self.b.gep(self.bases[name], [self.flat_offset(name, idx)], inbounds=True,
+                          source_etype=storage_type(self.buffers[name].dtype))
+
+    def store(self, value, dtype: str, ptr) -> None:
+        if isinstance(ptr, narrow.Ref):
+            ptr.store(self.b, value)
+            return
+        if dtype == "bool":
+            value = self.b.zext(value, I8)
+        elif dtype == "f16":
+            value = (self.b.fptrunc(value, F16) if self.f16_store_native
+                     else self.b.bitcast(halfconv.f32_to_f16(self.b, value), F16))
+        elif dtype == "bf16":
+            value = halfconv.f32_to_bf16(self.b, value)
+        self.b.store(value, ptr, align=itemsize(dtype))
+
+    def round_to(self, v, dtype: str):
+        """An f32 register value rounded to f16, bf16 or a narrow float (and back to f32)."""
+        b = self.b
+        if narrow.handles(dtype):
+            return narrow.round_to(b, dtype, v)
+        if dtype == "bf16":
+            return halfconv.bf16_to_f32(b, halfconv.f32_to_bf16(b, v))
+        if self.f16_store_native:
+            return b.fpext(b.fptrunc(v, F16), F32)
+        return halfconv.f16_to_f32(b, halfconv.f32_to_f16(b, v))
+
+    # -- casts
+
+    def cast(self, v, src: str, dst: str):
+        if src == dst:
+            return v
+        out = self._cast_register(v, src, dst)
+        if dst in narrow.INTS:
+            return narrow.round_to(self.b, dst, out)   # wrap, as ml_dtypes does
+        exact = src == "bool" or (dt.is_int(src) and dt.bits(src) <= 8 and dst in ("f16", "bf16"))
+        if dst in NARROW_FLOATS and not exact:
+            return self.round_to(out, dst)   # (bool and 8-bit ints are exact in f16 and bf16)
+        return out
+
+    def _cast_register(self, v, src: str, dst: str):
+        """The cast between register types (f16/bf16 are f32 here; _cast rounds to them)."""
+        b = self.b
+        ty = llvm_type(dst)
+        if dst == "bool":
+            if src in FLOAT_TYPES:
+                return b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0))
+            return b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
+        if src == "bool":
+            return b.uitofp(v, ty) if dst in FLOAT_TYPES else b.zext(v, ty)
+        if src in FLOAT_TYPES and dst in FLOAT_TYPES:
+            if v.type == ty:
+                return v
+            return b.fpext(v, ty) if ty == ir.DoubleType() else b.fptrunc(v, ty)
+        if dst in FLOAT_TYPES:
+            return b.sitofp(v, ty) if is_signed(src) else b.uitofp(v, ty)
+        if src in FLOAT_TYPES:
+            # nan/inf give 0 (as the interpreter); narrow ints wrap like a C cast via i64
+            finite = b.fcmp_ordered("<", self._unary("abs", v, src), ir.Constant(v.type, math.inf))
+            v = b.select(finite, v, ir.Constant(v.type, 0.0))
+            if dst == "u64":
+                return b.fptoui(v, ty)
+            wide = b.fptosi(v, I64)
+            return wide if ty == I64 else b.trunc(wide, ty)
+        sb, db = v.type.width, ty.width   # register widths (int4/int2 are in i8)
+        if db < sb:
+            return b.trunc(v, ty)
+        if db > sb:
+            return b.sext(v, ty) if is_signed(src) else b.zext(v, ty)
+        return v
+
+    # -- operations
+
+    def intrinsic(self, name: str, ty, *args):
+        return self.b.call(intrinsic(self.b.module, name, ty, len(args)), list(args))
+
+    def _unary(self, op: str, x, dtype: str):
+        b = self.b
+        if dtype in FLOAT_TYPES:
+            ty = x.type
+            if op == "neg":
+                return b.fneg(x)
+            if op in ("abs", "sqrt", "floor", "ceil"):
+                return self.intrinsic({"abs": "llvm.fabs"}.get(op, f"llvm.{op}"), ty, x)
+            if op == "round":
+                return self.intrinsic("llvm.rint", ty, x)
+            if op in mathlib.FUNCTIONS:
+                return mathlib.emit(b, op, x)
+            if op == "recip":
+                return b.fdiv(ir.Constant(ty, 1.0), x)
+            if op == "sign":
+                one = ir.Constant(ty, 1.0)
+                pos = b.fcmp_ordered(">", x, ir.Constant(ty, 0.0))
+                neg = b.fcmp_ordered("<", x, ir.Constant(ty, 0.0))
+                return b.select(pos, one, b.select(neg, ir.Constant(ty, -1.0), x))
+            if op == "isnan":
+                return b.fcmp_unordered("uno", x, x)
+            if op == "isinf":
+                return b.fcmp_ordered("==", self.intrinsic("llvm.fabs", ty, x), ir.Constant(ty, math.inf))
+        elif dtype == "bool":
+            if op == "not":
+                return b.xor(x, ir.Constant(I1, 1))
+            if op in ("abs",):
+                return x
+        else:
+            zero = ir.Constant(x.type, 0)
+            if op == "neg":
+                return b.sub(zero, x)
+            if op == "abs":
+                return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x) if is_signed(dtype) else x
+            if op == "sign":
+                one = ir.Constant(x.type, 1)
+                if not is_signed(dtype):
+                    return b.zext(b.icmp_unsigned("!=", x, zero), x.type)
+                return b.select(b.icmp_signed(">", x, zero), one,
+                                b.select(b.icmp_signed("<", x, zero), ir.Constant(x.type, -1), zero))
+            if op == "bitnot":
+                return b.xor(x, ir.Constant(x.type, -1))
+            if op == "recip":
+                return self._int_div(ir.Constant(x.type, 1), x, dtype)
+            if op in ("floor", "ceil", "round"):
+                return x
+            if op in ("isnan", "isinf"):
+                return ir.Constant(I1, 0)
+        raise UnsupportedTargetError(
+            f"{self.target}: kernel {self.kname}: op {op} on {dtype} is not lowered by the "
+            f"{self.target} target")
+
+    def _int_div(self, a, x, dtype: str):
+        """C division; x == 0 gives 0 and INT_MIN / -1 wraps instead of trapping."""
+        b = self.b
+        zero, one = ir.Constant(a.type, 0), ir.Constant(a.type, 1)
+        if not is_signed(dtype):
+            safe = b.select(b.icmp_unsigned("==", x, zero), one, x)
+            return b.select(b.icmp_unsigned("==", x, zero), zero, b.udiv(a, safe))
+        m1 = ir.Constant(a.type, -1)
+        bad = b.or_(b.icmp_signed("==", x, zero), b.icmp_signed("==", x, m1))
+        q = b.sdiv(a, b.select(bad, one, x))
+        q = b.select(b.icmp_signed("==", x, m1), b.sub(zero, a), q)
+        return b.select(b.icmp_signed("==", x, zero), zero, q)
+
+    def _int_floor(self, op: str, a, x, dtype: str, pure: bool):
+        """Python // and % (x == 0 gives 0)."""
+        b = self.b
+        zero, one = ir.Constant(a.type, 0), ir.Constant(a.type, 1)
+        if not is_signed(dtype):
+            safe = b.select(b.icmp_unsigned("==", x, zero), one, x)
+            r = b.udiv(a, safe) if op == "floordiv" else b.urem(a, safe)
+            return b.select(b.icmp_unsigned("==", x, zero), zero, r)
+        if isinstance(x, ir.Constant) and x.constant > 0:
+            q, r = b.sdiv(a, x), b.srem(a, x)
+            fix = b.icmp_signed("<", r, zero)
+            if op == "floordiv":
+                return b.sub(q, b.zext(fix, a.type))
+            return b.select(fix, b.add(r, x), r)
+        m1 = ir.Constant(a.type, -1)
+        bad = b.or_(b.icmp_signed("==", x, zero), b.icmp_signed("==", x, m1))
+        safe = b.select(bad, one, x)
+        q, r = b.sdiv(a, safe), b.srem(a, safe)
+        fix = b.and_(b.icmp_signed("!=", r, zero),
+                     b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", safe, zero)))
+        if op == "floordiv":
+            q = b.sub(q, b.zext(fix, a.type))
+            q = b.select(b.icmp_signed("==", x, m1), b.sub(zero, a), q)
+        else:
+            q = b.select(fix, b.add(r, safe), r)
+            q = b.select(b.icmp_signed("==", x, m1), zero, q)
+        return b.select(b.icmp_signed("==", x, zero), zero, q)
+
+    def _binary(self, op: str, a, x, dtype: str, pure: bool):
+        b = self.b
+        if dtype in FLOAT_TYPES:
+            return self._float_binary(op, a, x)
+        if dtype == "bool" and op in ("and", "or", "xor", "bitand", "bitor", "bitxor", "max", "min",
+                                      "eq", "ne"):
+            if op in ("eq", "ne"):
+                return b.icmp_unsigned("==" if op == "eq" else "!=", a, x)
+            f = {"and": b.and_, "bitand": b.and_, "min": b.and_, "or": b.or_, "bitor": b.or_,
+                 "max": b.or_, "xor": b.xor, "bitxor": b.xor}[op]
+            return f(a, x)
+        flags = ("nsw",) if pure else ()
+        if op == "add":
+            return b.add(a, x, flags=flags)
+        if op == "sub":
+            return b.sub(a, x, flags=flags)
+        if op == "mul":
+            return b.mul(a, x, flags=flags)
+        if op == "div":
+            return self._int_div(a, x, dtype)
+        if op in ("floordiv", "mod"):
+            return self._int_floor(op, a, x, dtype, pure)
+        if op == "fmod":
+            return b.srem(a, x) if is_signed(dtype) else b.urem(a, x)
+        cmp = b.icmp_signed if is_signed(dtype) else b.icmp_unsigned
+        if op in ("max", "min"):
+            return b.select(cmp(">" if op == "max" else "<", a, x), a, x)
+        rel = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+        if op in rel:
+            return cmp(rel[op], a, x)
+        if op in ("and", "bitand"):
+            return b.and_(a, x)
+        if op in ("or", "bitor"):
+            return b.or_(a, x)
+        if op in ("xor", "bitxor"):
+            return b.xor(a, x)
+        if op in ("shl", "shr"):
+            w = ir.Constant(a.type, dt.bits(dtype))
+            amt = b.select(b.icmp_unsigned("<", x, w), x, ir.Constant(a.type, 0))
+            r = b.shl(a, amt) if op == "shl" else (b.ashr(a, amt) if is_signed(dtype) else b.lshr(a, amt))
+            return b.select(b.icmp_unsigned("<", x, w), r, ir.Constant(a.type, 0))
+        if op == "pow":
+            return self._int_pow(a, x, dtype)
+        raise UnsupportedTargetError(
+            f"{self.target}: kernel {self.kname}: op {op} on {dtype} is not lowered by the "
+            f"{self.target} target")
+
+    def _int_pow(self, a, x, dtype):
+        """Exact (wrapping) square-and-multiply for exponents >= 0, as NumPy's f64 pow is exact
+        in that range; negative exponents (0, +-1 or a cast inf) take the f64 pow, rounded."""
+        b = self.b
+        zero, one = ir.Constant(a.type, 0), ir.Constant(a.type, 1)
+        # exponents past 63 overflow unless |a| <= 1, where only their parity matters
+        big = b.icmp_unsigned(">", x, ir.Constant(a.type, 63))
+        e = b.select(big, b.or_(ir.Constant(a.type, 62), b.and_(x, one)), x)
+        acc, sq = one, a
+        for bit in range(6):
+            on = b.icmp_unsigned("!=", b.and_(e, ir.Constant(a.type, 1 << bit)), zero)
+            acc = b.select(on, b.mul(acc, sq), acc)
+            sq = b.mul(sq, sq)
+        if not is_signed(dtype):
+            return acc
+        fa = self.cast(a, dtype, "f64")
+        fx = self.cast(x, dtype, "f64")
+        p = self.intrinsic("llvm.rint", ir.DoubleType(), self._float_binary("pow", fa, fx))
+        return b.select(b.icmp_signed("<", x, zero), self.cast(p, "f64", dtype), acc)
+
+    def _float_binary(self, op: str, a, x):
+        b = self.b
+        ty = a.type
+        if op == "add":
+            return b.fadd(a, x, flags=CONTRACT)
+        if op == "sub":
+            return b.fsub(a, x, flags=CONTRACT)
+        if op == "mul":
+            return b.fmul(a, x, flags=CONTRACT)
+        if op == "div":
+            return b.fdiv(a, x)
+        if op in ("max", "min"):
+            return float_minmax(b, op, a, x)
+        rel = {"eq": "==", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+        if op in rel:
+            return b.fcmp_ordered(rel[op], a, x)
+        if op == "ne":
+            return b.fcmp_unordered("!=", a, x)
+        if op == "floordiv":
+            return self.intrinsic("llvm.floor", ty, b.fdiv(a, x))
+        if op in ("fmod", "mod"):
+            r = mathlib.emit_binary(b, "fmod", a, x)
+            if op == "fmod":
+                return r
+            # Python/NumPy mod: the remainder takes the divisor's sign
+            zero = ir.Constant(ty, 0.0)
+            fix = b.and_(b.fcmp_ordered("!=", r, zero),
+                         b.icmp_unsigned("!=", b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", x, zero)))
+            return b.select(fix, b.fadd(r, x), r)
+        if op == "pow":
+            return self._pow(a, x)
+        if op == "atan2":
+            return mathlib.emit_binary(b, "atan2", a, x)
+        raise UnsupportedTargetError(
+            f"{self.target}: kernel {self.kname}: op {op} on floats is not lowered by the "
+            f"{self.target} target")
+
+    def _pow(self, a, x):
+        """a**x: small constant integer exponents multiply; everything else is mathlib's pow."""
+        b = self.b
+        if isinstance(x, ir.Constant) and x.constant in (1.0, 2.0, 3.0):
+            out = a
+            for _ in range(int(x.constant) - 1):
+                out = b.fmul(out, a)
+            return out
+        return mathlib.emit_binary(b, "pow", a, x)
+
+
+def float_minmax(b: ir.IRBuilder, kind: str, a, x):
+    """max(a, x) (min for kind "min") that propagates NaN, as compares and a select.
+
+    llvm.maximum also orders -0 below +0, and its x86 lowering (blends on the sign bit plus
+    NaN fix-ups) is several times longer than vmaxps and kept pooling windows from being
+    vectorized; signed zeros compare equal at any tolerance, so they may come out either way."""
+    rel = ">" if kind == "max" else "<"
+    if isinstance(a, ir.Constant) and not isinstance(x, ir.Constant):
+        a, x = x, a   # the constant second
+    if isinstance(x, ir.Constant) and isinstance(x.constant, float) and not math.isnan(x.constant):
+        # relu: a NaN ``a`` fails the compare and is kept
+        return b.select(b.fcmp_ordered("<" if kind == "max" else ">", a, x), x, a)
+    take_a = b.or_(b.fcmp_ordered(rel, a, x), b.fcmp_unordered("uno", a, a))
+    return b.select(take_a, a, x)
+

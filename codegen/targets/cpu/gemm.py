@@ -1,0 +1,117 @@
+"""What a GEMM kernel is: the ``Contraction`` record a kernel carries, and B's packed layout.
+
+contraction.py decides which kernels are contractions and fills in the record; microkernel.py
+and amxkernel.py emit the kernels from it. B, when it is a build-time constant, is packed here
+(``pack_b``) as ``[batch][N blocks][K][PACK]``, zero-padded along N. ``PACK`` is 16 lanes for
+every target, so that all cpu artifacts of a model share one weights archive (the packager
+stores equal archives once); a target with narrower vectors loads a block in several vectors,
+a wider one (AVX-512) takes several blocks per tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.codegen.errors import UnsupportedTargetError
+
+PACK = 16                    # f32 lanes per packed column block, the same for every target
+
+
+@dataclass
+class Contraction:
+    """How a kernel runs as a GEMM (Kernel.gemm when Kernel.strategy == "gemm")."""
+    a: Expr                   # the read of A (unguarded), over batch, M and K vars
+    packed: str               # B: packed weights, a run-time packed buffer, or (direct) B itself
+    data: np.ndarray | None   # build-time packed data [batch points, N blocks, K, PACK], or None
+    batch: list[str]          # output dims walked outside the GEMM
+    m: list[str]              # output dims flattened into GEMM rows (output layout order)
+    n: list[str]              # output dims flattened into GEMM columns (output layout order)
+    k: list[str]              # reduction dims (loop order)
+    n_size: Expr              # sizes, symbolic where B is read at run time
+    k_size: Expr
+    blocks: Expr              # N blocks of PACK columns
+    vl: int                   # f32 lanes per vector register
+    tb: int                   # blocks per tile
+    mr: int                   # rows per tile
+    fma: bool
+    group: int = 1            # M tiles per workgroup unit (they share each K chunk)
+    kc: int = 1               # K chunk, in steps of the outermost K dim
+    b_direct: Expr | None = None   # B read in place: N dims flattened at unit stride
+    b_masked: bool = False    # in place with a ragged N: the last columns load under a mask
+    n_inner: bool = False     # units walk N tiles fastest (A stays cached, B is re-read)
+    amx: bool = False         # bf16x6 tile products (amx.py): mr, group, tb as its blocks
+    k_steps: int = 0          # AMX: K in steps of 32, zero-padded
+    run_dims: int = 0         # AMX: the innermost K dims, A's unit-stride run
+    run_group: int = 1        # AMX: runs per vector of A (amx.k_order)
+
+    @property
+    def ntiles(self) -> Expr:
+        return ex.ceildiv(self.blocks, ex.const(self.tb))
+
+
+# ---------------------------------------------------------------- B packed at build time
+
+
+def pack_b(data: np.ndarray, layout, rb: Expr, aff_b: dict, dims: list[str],
+           extents: dict[str, int], n_dims: list[str], k_dims: list[str]) -> np.ndarray:
+    """B evaluated at every (batch, n, k) point, as [batch, N blocks, K, PACK] (N zero-padded)."""
+    perm = _permutation(data, layout, aff_b, dims, extents)
+    if perm is not None:   # B's dims are the loop vars themselves: a transpose, no gather
+        kept = [s for s in data.shape if s != 1]
+        return _blocked(np.transpose(data.reshape(kept), perm).astype(np.float32), dims,
+                        extents, n_dims, k_dims)
+    flat = np.zeros([extents[v] for v in dims], dtype=np.int64)
+    strides = np.cumprod([1, *data.shape[::-1]])[:-1][::-1]
+    grids = {v: np.arange(extents[v], dtype=np.int64).reshape(
+        [-1 if i == j else 1 for j in range(len(dims))]) for i, v in enumerate(dims)}
+    for axis, d in enumerate(layout):
+        coeffs, c0 = aff_b[d]
+        ix = np.full([1] * len(dims), c0.value, dtype=np.int64)
+        for v, c in coeffs.items():
+            if v in grids:   # (a dim of size 1 is at 0)
+                ix = ix + c * grids[v]
+        if ix.size and (ix.min() < 0 or ix.max() >= data.shape[axis]):   # (affine: never data)
+            raise UnsupportedTargetError(f"cpu: packing B: dim {d} read at {int(ix.min())}.."
+                                         f"{int(ix.max())}, outside its size {data.shape[axis]}")
+        flat = flat + ix * int(strides[axis])
+    return _blocked(data.reshape(-1)[flat].astype(np.float32), dims, extents, n_dims, k_dims)
+
+
+def _permutation(data, layout, aff_b: dict, dims: list[str], extents: dict[str, int]):
+    """The axes of ``data`` (its size-1 axes left out) in ``dims`` order when each of B's dims
+    is indexed by one of the loop vars ``dims`` over its whole extent (a weight read as it
+    lies), else None."""
+    axis_of, kept = {}, 0
+    for axis, d in enumerate(layout):
+        coeffs, c0 = aff_b[d]
+        if not (c0.is_const and c0.value == 0):
+            return None
+        if data.shape[axis] == 1 and not any(v in extents for v in coeffs):
+            continue   # a size-1 axis read at 0 (a 1x1 kernel's window)
+        if len(coeffs) != 1 or data.shape[axis] == 1:
+            return None
+        (v, c), = coeffs.items()
+        if c != 1 or v not in extents or v in axis_of or extents[v] != data.shape[axis]:
+            return None
+        axis_of[v] = kept
+        kept += 1
+    if sorted(axis_of) != sorted(dims):
+        return None
+    return [axis_of[v] for v in dims]
+
+
+def _blocked(vals: np.ndarray, dims, extents, n_dims, k_dims) -> np.ndarray:
+    """B's values at the (batch, n, k) points as [batch, N blocks, K, PACK], N zero-padded."""
+    nb = len(dims) - len(n_dims) - len(k_dims)
+    bsz = int(np.prod([extents[v] for v in dims[:nb]], dtype=np.int64))
+    nsz = int(np.prod([extents[v] for v in n_dims], dtype=np.int64))
+    ksz = int(np.prod([extents[v] for v in k_dims], dtype=np.int64))
+    vals = vals.reshape(bsz, nsz, ksz)
+    blocks = -(-nsz // PACK)
+    padded = np.zeros((bsz, blocks * PACK, ksz), dtype=np.float32)
+    padded[:, :nsz] = vals
+    return np.ascontiguousarray(padded.reshape(bsz, blocks, PACK, ksz).transpose(0, 1, 3, 2))

@@ -1,0 +1,71 @@
+"""Every target mlpack knows, in one list: what `mlpack build` makes, what `--target` accepts
+and refuses, what its help says, and the platforms of spec/media.py (a test holds them equal).
+
+Adding a target is one folder in codegen/targets and one entry here.
+"""
+
+from __future__ import annotations
+
+from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.targets.base import DEFAULT, OPT_IN, PLANNED, Target
+from mlpack.codegen.targets.cpu.target import TARGETS as CPU
+
+_CPU_COMPILER = "mlpack.codegen.targets.cpu.compile:compile_artifact"
+_CPU_SUMMARY = {
+    "x86_64-v2": "x86-64 with SSE4.2 and POPCNT",
+    "x86_64-v3": "x86-64 with AVX2, FMA and BMI",
+    "x86_64-v4": "x86-64 with AVX-512",
+    "x86_64-v4-amx": "x86-64 v4 with Intel AMX tiles (on shared machines their speed swings by "
+                     "the minute)",
+    "aarch64": "ARMv8 with NEON",
+    "riscv64": "RV64GC with the vector extension 1.0",
+}
+
+
+def _cpu(name: str, platform: dict, status: str = DEFAULT) -> Target:
+    return Target(name, "cpu", platform, _CPU_SUMMARY[name], status, ("fp32",), CPU[name].features,
+                  _CPU_COMPILER, parallel=True)
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    Target("portable", "portable", None, "the IR for the runtime's interpreters; runs anywhere, "
+           "always built", compiler="mlpack.codegen.targets.portable.compile:compile_portable"),
+    _cpu("x86_64-v2", {"os": "linux", "architecture": "amd64", "variant": "v2"}),
+    _cpu("x86_64-v3", {"os": "linux", "architecture": "amd64", "variant": "v3"}),
+    _cpu("x86_64-v4", {"os": "linux", "architecture": "amd64", "variant": "v4"}),
+    # OCI has no variant for AMX: the artifact's cpu features tell it apart from plain v4
+    _cpu("x86_64-v4-amx", {"os": "linux", "architecture": "amd64", "variant": "v4"}, OPT_IN),
+    _cpu("aarch64", {"os": "linux", "architecture": "arm64", "variant": "v8"}),
+    _cpu("riscv64", {"os": "linux", "architecture": "riscv64"}),
+    Target("cuda", "cuda", None, "NVIDIA GPUs through PTX", PLANNED),
+)}
+
+# the target every container carries, so it runs everywhere
+ALWAYS = "portable"
+
+
+def get(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise UnsupportedTargetError(f"unknown target {name!r}; targets are: {', '.join(TARGETS)}") from None
+
+
+def names(status: str | None = None) -> tuple[str, ...]:
+    """Target names in registry order; only those of ``status`` when given."""
+    return tuple(t.name for t in TARGETS.values() if status is None or t.status == status)
+
+
+def implemented() -> tuple[str, ...]:
+    return tuple(t.name for t in TARGETS.values() if t.implemented)
+
+
+def defaults() -> tuple[str, ...]:
+    """What a build without --target makes."""
+    return tuple(t.name for t in TARGETS.values() if t.implemented and t.status == DEFAULT)
+
+
+def help_text() -> str:
+    """The targets for `mlpack build --help`, one line each."""
+    mark = {DEFAULT: "", OPT_IN: " [only when named]", PLANNED: " [planned]"}
+    return "\n".join(f"{t.name}: {t.summary}{mark[t.status]}" for t in TARGETS.values())

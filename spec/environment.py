@@ -1,0 +1,67 @@
+"""Every environment variable mlpack reads, in one registry: the compiler's, the runtime's, the
+C engine's (libmlpack reads its own with getenv; they are listed here too), the build's and the
+tests'. ``mlpack --help`` and docs/errors-and-debugging.md list them from here, and a test fails
+when the source reads one that is not here, or lists one nothing reads.
+
+Python code reads them through ``get``, which refuses a name that is not registered.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    reader: str    # compiler, runtime (Python), engine (libmlpack, C), build (wheels), tests
+    meaning: str
+
+
+VARIABLES: dict[str, Variable] = {v.name: v for v in (
+    Variable("MLPACK_DEBUG", "compiler",
+             "0 quiet (default); 1 each pass's name and time, and the traceback of an internal "
+             "error in the CLI; 2 and the IR after each pass that changed it; 3 and each cpu "
+             "target's LLVM IR before optimization and its assembly after"),
+    Variable("MLPACK_DISABLE_PASSES", "compiler",
+             "passes to leave out, by name, comma-separated: the graph's (dce, cse, affine_gather, "
+             "fuse, fold_scale, sums, absorb, split_dims) and the cpu target's (channels_last, "
+             "split_concats, winograd)"),
+    Variable("MLPACK_LLD", "compiler",
+             "the ld.lld that links cpu kernel libraries (default: the one in the ziglang wheel)"),
+    Variable("MLPACK_QEMU", "compiler",
+             "0: mlpack build and validate leave other architectures' artifacts unrun instead of "
+             "validating them under qemu-user, where it is installed (packager/emulate.py)"),
+    Variable("MLPACK_BACKEND", "compiler",
+             "mlpack.backend's mode for ONNX's backend tests: interp (default) or native"),
+    Variable("MLPACK_LIBRARY", "runtime",
+             "the libmlpack.so to load (default: the one installed beside mlpack.runtime)"),
+    Variable("MLPACK_NUM_THREADS", "engine",
+             "threads of a run when the caller sets none (default: every core)"),
+    Variable("MLPACK_PROFILE", "engine",
+             "1: time every kernel dispatch of a native artifact and print where the time went "
+             "when the model is closed"),
+    Variable("MLPACK_WHEEL_ARCH", "build",
+             "the CPU the mlpack-runtime wheel is built for: x86_64 or aarch64 (default: this "
+             "host's)"),
+    Variable("MLPACK_FIXTURES", "tests",
+             "the folder of the C engine's test containers (runtime/c/tests; default "
+             "build/fixtures)"),
+    Variable("MLPACK_REAL_MODELS", "tests",
+             "the cache folder of the exported real architectures (default "
+             "benchmarks/.models/real)"),
+)}
+
+
+def get(name: str, default: str = "") -> str:
+    """The value of registered variable ``name`` ("" or ``default`` when unset)."""
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not in spec/environment.py's registry")
+    return os.environ.get(name, default)
+
+
+def listing(readers=None) -> str:
+    """One line per variable (of ``readers`` when given), for help texts."""
+    return "\n".join(f"{v.name}: {v.meaning}" for v in VARIABLES.values()
+                     if readers is None or v.reader in readers)
