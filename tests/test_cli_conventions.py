@@ -58,7 +58,8 @@ def test_app_help_lists_commands_in_order():
         result = invoke(flag)
         assert result.exit_code == 0, result.output
         assert "<bool>" not in result.stdout and "--version" in result.stdout
-        listed = re.findall(r"^  (\S+)\s{2,}", result.stdout.split("Commands:")[1], re.M)
+        commands = result.stdout.split("Commands:")[1].split("Environment")[0]
+        listed = re.findall(r"^  (\S+)\s{2,}", commands, re.M)
         assert listed == ORDER, result.stdout
 
 

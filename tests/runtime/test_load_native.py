@@ -77,7 +77,8 @@ def test_load_picks_v4_and_explains_the_others(mlp):
     assert reasons[0] == "portable: runs anywhere; slower"
     assert reasons[1] == reasons[2] == "passed over: x86-64 v4 cpu fp32 (artifact 3) ranks higher"
     assert reasons[4] == "passed over: arm64, this host is amd64"
-    assert [v.runnable for v in m.verdicts] == [True, True, True, True, False]
+    assert reasons[5] == "passed over: riscv64, this host is amd64"
+    assert [v.runnable for v in m.verdicts] == [True, True, True, True, False, False]
 
 
 def test_no_fallback_warning_when_native_runs(mlp, recwarn):
@@ -103,7 +104,7 @@ def test_inspect_host_json_lists_the_engine_verdicts(mlp):
     chosen = [v for v in doc["verdicts"] if v["chosen"]]
     assert [v["index"] for v in chosen] == [3]
     assert all(v["reason"] for v in doc["verdicts"])
-    assert sum(v["reason"].startswith("passed over: ") for v in doc["verdicts"]) == 3
+    assert sum(v["reason"].startswith("passed over: ") for v in doc["verdicts"]) == 4  # v2, v3, aarch64, riscv64
     text = cli("inspect", mlp, "--host").stdout
     assert "(selection by libmlpack" in text and "[3] chosen: x86-64 v4 cpu fp32" in text
 
