@@ -451,28 +451,42 @@ def validate_container(path: str, pairs, output: str, progress=None) -> tuple[di
     from mlpack.runtime import load
     from mlpack.spec.errors import PortableFallbackWarning
 
-    checks, passed_over = {}, {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PortableFallbackWarning)  # the build host is not the target
-        with load(path) as model:
-            for verdict in model.verdicts:
-                i = verdict.artifact.index
-                if verdict.runnable:
+    from concurrent.futures import ThreadPoolExecutor
+
+    checks, passed_over, emulated = {}, {}, {}
+    # the emulated runs (one qemu process each, minutes for a big model) go side by side, and
+    # beside the native ones
+    pool = ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="mlpack-qemu")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PortableFallbackWarning)  # the build host is not the target
+            with load(path) as model:
+                native = []
+                for verdict in model.verdicts:
+                    i = verdict.artifact.index
+                    if verdict.runnable:
+                        native.append(i)
+                        continue
+                    why = verdict.reason.removeprefix("passed over: ")
+                    emu = emulate.emulator_for(verdict.artifact, model.host.arch)
+                    missing = emulate.missing(emu) if emu else ""
+                    if emu and not missing:
+                        emulated[i] = (why, pool.submit(_validate_emulated, path, verdict, emu, pairs,
+                                                        output, progress))
+                    else:
+                        passed_over[i] = why + (f"; not run under emulation: {missing}" if missing
+                                                else "")
+                for i in native:
                     if progress:
                         progress(f"  validate {pairs[i][0]} {pairs[i][1]}")
                     checks[i] = _validate_one(model, i, pairs, output)
-                    continue
-                why = verdict.reason.removeprefix("passed over: ")
-                emu = emulate.emulator_for(verdict.artifact, model.host.arch)
-                missing = emulate.missing(emu) if emu else ""
-                try:
-                    if emu and not missing:
-                        checks[i] = _validate_emulated(path, verdict, emu, pairs, output, progress)
-                        continue
-                except emulate.NotEmulated as e:
-                    missing = str(e)
-                passed_over[i] = why + (f"; not run under emulation: {missing}" if missing
-                                        else "")
+        for i, (why, future) in sorted(emulated.items()):
+            try:
+                checks[i] = future.result()
+            except emulate.NotEmulated as e:
+                passed_over[i] = f"{why}; not run under emulation: {e}"
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     return checks, passed_over
 
 
