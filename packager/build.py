@@ -418,6 +418,11 @@ def _validate_one(model, i: int, pairs, output: str):
     return result
 
 
+# A build runs another CPU's vectors under qemu for this long at most (they run side by side):
+# a small network's take seconds there, ResNet-50's a minute, which a build should not wait for
+EMULATION_SECONDS = 10.0
+
+
 def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress):
     """Artifact ``verdict.artifact`` of another architecture under qemu-user
     (packager/emulate.py): its ValidationResult; DeadOnArrivalError as _validate_one, or
@@ -429,7 +434,8 @@ def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress):
     if progress:
         progress(f"  validate {target} {precision} under {emu.qemu}")
     try:
-        result = emulate.validate(path, verdict.artifact, verdict.reason, emu, progress)
+        result = emulate.validate(path, verdict.artifact, verdict.reason, emu, progress,
+                                  timeout=EMULATION_SECONDS)
     except emulate.NotEmulated:
         raise
     except Error as e:  # it ran and the engine failed, or the program crashed

@@ -201,21 +201,24 @@ def _remove(path: str) -> None:
 # ---------------------------------------------------------------- running and judging
 
 
-def validate(path: str, art: Artifact, reason: str, emu: Emulator, progress=None):
+def validate(path: str, art: Artifact, reason: str, emu: Emulator, progress=None,
+             timeout: float | None = None):
     """Run ``art``'s test vectors under ``emu`` and judge them as ``Model.validate`` does: a
     ``ValidationResult`` with ``emulator`` set. ``reason`` is this host's verdict on the artifact.
-    NotEmulated when it could not be run under qemu at all; another ``Error``, the engine's
-    message or the signal that killed the program, when it ran and failed."""
+    NotEmulated when it could not be run under qemu at all, or not within ``timeout`` seconds;
+    another ``Error``, the engine's message or the signal that killed the program, when it ran
+    and failed."""
     from mlpack.runtime.model import judge_vectors, vector_cases
 
     exe = program(emu, progress)
     with open_container(path, verify=False) as container:  # the caller's open verified it
         cases = vector_cases(container, art)
-    got = _run(exe, path, art, cases, emu) if cases else []
+    got = _run(exe, path, art, cases, emu, timeout) if cases else []
     return judge_vectors(art, cases, got, reason, emu.qemu)
 
 
-def _run(exe: Path, path: str, art: Artifact, cases: list, emu: Emulator) -> list[dict]:
+def _run(exe: Path, path: str, art: Artifact, cases: list, emu: Emulator,
+         timeout: float | None = None) -> list[dict]:
     """The artifact's outputs on each case, by name, from one run of the program under qemu."""
     inputs = art.config["model"]["inputs"]
     outputs = [o["name"] for o in art.config["model"]["outputs"]]
@@ -229,7 +232,11 @@ def _run(exe: Path, path: str, art: Artifact, cases: list, emu: Emulator) -> lis
         Path(tmp, "cases").write_text("\n".join(lines) + "\n")
         cmd = [*emu.command(exe), os.path.abspath(path), str(art.index), tmp]
         # in the scratch folder: qemu writes a crashed program's core file into its cwd
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise NotEmulated(f"its vectors ran over {timeout:g} s under {emu.qemu} (a build's "
+                              "limit; mlpack validate runs them to the end)") from None
         if proc.returncode == 3:  # the emulated host cannot run it either: its verdict says why
             why = proc.stdout.strip().removeprefix("passed-over ").removeprefix("passed over: ")
             raise NotEmulated(f"{emu.qemu} passes it over too: {why}")

@@ -218,3 +218,21 @@ def test_missing_says_what_is_lacking(tmp_path, monkeypatch, lacking, reason):
     if lacking == "sources":
         with pytest.raises(emulate.NotEmulated, match="C sources are not installed"):
             emulate.program(emu)
+
+
+@needs_qemu
+def test_a_run_over_the_build_limit_is_skipped_with_the_reason(mlp, tmp_path, monkeypatch):
+    """A build waits EMULATION_SECONDS at most for another CPU's vectors (ResNet-50's take a
+    minute under qemu); the artifact is then listed as not validated, saying why."""
+    path = str(mlp[0])
+    from mlpack.runtime import load
+
+    with load(path) as model:
+        verdict = model.verdicts[AARCH64]
+    with pytest.raises(emulate.NotEmulated, match=r"ran over 0.001 s under qemu-aarch64"):
+        emulate.validate(path, verdict.artifact, verdict.reason, ARM64, timeout=0.001)
+    monkeypatch.setattr(b, "EMULATION_SECONDS", 0.001)
+    report = b.build(MLP, tmp_path / "m.mlpack", targets=TARGETS)
+    arm = report.artifacts[AARCH64]
+    assert not arm.validated and "ran over 0.001 s under qemu-aarch64" in arm.reason
+    assert report.artifacts[X86].validated
