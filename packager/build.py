@@ -183,12 +183,6 @@ def _compile(proto):
                          "input shapes only (this one needs an input's value at compile time)") from None
 
 
-def _weights(graph) -> bytes:
-    from mlpack.spec.tensorfile import write_tensors
-
-    return write_tensors({c.name: c.data for c in graph.constants.values()})
-
-
 def _number(value) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None  # JSON has no inf
 
@@ -262,8 +256,8 @@ def _compile_all(graph, pairs: list[tuple[str, str]]) -> dict:
     results = {pair: _compile_one(graph, *pair) for pair in pairs if pair not in slow}
     workers = min(len(slow), os.cpu_count() or 1)
     if workers < 2 or len(graph.ops) < PARALLEL_MIN_OPS:
-        return {pair: results[pair] if pair in results else _compile_one(graph, *pair)
-                for pair in pairs}
+        results.update((pair, _compile_one(graph, *pair)) for pair in slow)
+        return {pair: results[pair] for pair in pairs}
     import multiprocessing
     import signal
     import threading
@@ -303,25 +297,23 @@ def _compile_all(graph, pairs: list[tuple[str, str]]) -> dict:
     return {pair: results[pair] for pair in pairs}
 
 
-def _archive(code: Code, graph_weights: bytes, shared: dict) -> bytes:
-    """The weights archive of ``code``: the graph's own when the target keeps its constants.
-    One bytes object per distinct archive: the writer stores equal blobs once anyway, and
-    _layer_sizes counts by identity."""
+def _archive(code: Code, shared: dict) -> bytes:
+    """The weights archive of ``code``, one bytes object per distinct archive (``shared``): the
+    writer stores equal blobs once anyway, and _layer_sizes counts by identity."""
     from mlpack.spec.tensorfile import write_tensors
 
-    archive = graph_weights if code.weights is None else write_tensors(code.weights)
+    archive = write_tensors(code.weights)
     return shared.setdefault(archive, archive)
 
 
-def compile_targets(pairs, graph, explicit, step, progress, weights: bytes) -> tuple[dict, list]:
+def compile_targets(pairs, graph, explicit, step, progress) -> tuple[dict, list]:
     """Compile every requested (target, precision): ({pair: _Native}, [(target, why skipped)]).
 
     A target that cannot lower the model is skipped, or a BuildError if it is in ``explicit``
-    (the portable one lowers every model). ``weights`` is the archive of the graph's constants,
-    which a target's may equal."""
+    (the portable one lowers every model)."""
     from mlpack.codegen.errors import UnsupportedTargetError
 
-    compiled, skipped, shared = {}, [], {weights: weights}
+    compiled, skipped, shared = {}, [], {}
     slow = [pair for pair in pairs if registry.get(pair[0]).parallel]
     label = ", ".join(dict.fromkeys(t for t, _ in slow))
     with step("lower", f"{label} {'/'.join(dict.fromkeys(p for _, p in slow))}" if slow else ""):
@@ -336,7 +328,7 @@ def compile_targets(pairs, graph, explicit, step, progress, weights: bytes) -> t
                                  ) from None
             skipped.append((target, _skip_reason(code)))
             continue
-        compiled[pair] = _Native(code, _archive(code, weights, shared), seconds)
+        compiled[pair] = _Native(code, _archive(code, shared), seconds)
         if progress and pair in slow:
             t = code.timings
             progress(f"  {target}: {seconds:.1f}s (lower {t.get('lower', 0):.1f}s, "
@@ -603,9 +595,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         vectors = tv.pack(feeds, expected, tv.reference_name(), references)
     blind = accuracy.blind_spots(references)
     _warn(BlindVectorsWarning, blind, progress)
-    with step("lower", "portable fp32"):
-        weights = _weights(graph)
-    compiled, skipped = compile_targets(pairs, graph, set(targets or ()), step, progress, weights)
+    compiled, skipped = compile_targets(pairs, graph, set(targets or ()), step, progress)
     _warn_skipped(skipped, progress)
     pairs = [pair for pair in pairs if pair in compiled]
     lower = functools.partial(_lower, pairs, name, graph, vectors, tv.reference_name())
@@ -644,7 +634,7 @@ def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progr
         progress(f"  {pair[0]}: {', '.join(passes)} misses the {pair[1]} tolerance; compiling "
                  f"without it")
     code, seconds = _compile_one(graph, *pair, disabled=passes)
-    compiled[pair] = _Native(code, _archive(code, native.weights, {}), native.seconds + seconds)
+    compiled[pair] = _Native(code, _archive(code, {}), native.seconds + seconds)
     return True
 
 

@@ -22,7 +22,7 @@ class Code:
     """One artifact's code, as a target compiled it."""
 
     layers: list[tuple[str, bytes]]           # (media type, bytes): an ELF, a portable program
-    weights: dict[str, Any] | None = None     # name -> array; None: the graph's constants
+    weights: dict[str, Any] = field(default_factory=dict)   # name -> array
     config: dict = field(default_factory=dict)     # config fields of the target: plan, cpu_features
     timings: dict[str, float] = field(default_factory=dict)  # seconds per compile step
     # graph passes of the target whose rounding differs from the direct computation (Winograd):
