@@ -1,8 +1,8 @@
 """Artifacts of another architecture, validated under qemu-user.
 
 ``mlpack validate`` and ``mlpack build`` run each artifact this host can run through libmlpack;
-an artifact this host cannot run only because it is another architecture's (aarch64 on x86-64)
-runs here instead: runtime/c/tools/mlpack_vectors.c, a small program over libmlpack, is
+an artifact this host cannot run only because it is another architecture's (aarch64 or riscv64
+on x86-64) runs here instead: runtime/c/tools/mlpack_vectors.c, a small program over libmlpack, is
 cross-compiled with zig's C compiler for that architecture and run under qemu-user with the
 architecture's glibc as its sysroot (``qemu-aarch64 -L /usr/aarch64-linux-gnu``), once per
 artifact for all of its test cases. Its outputs are judged by ``judge_vectors``, the function
@@ -15,9 +15,9 @@ packages that install them. The program is compiled once per source, compiler an
 ``$XDG_CACHE_HOME/mlpack/qemu`` (default ``~/.cache/mlpack/qemu``), named by a hash of all of
 those, so an edit to libmlpack compiles it again.
 
-Where an architecture cannot be run (no qemu, no sysroot, no zig; not a checkout, since the
-wheels install no C sources; or ``MLPACK_QEMU=0``, for models whose runs would take minutes under
-qemu), ``missing`` says why and the artifact is skipped as before, with that reason. This module
+Where an architecture cannot be run (no qemu, no sysroot, no zig, no C sources beside
+mlpack.runtime, which a checkout and the runtime wheel both have; or ``MLPACK_QEMU=0``, for
+models whose runs would take minutes under qemu), ``missing`` says why and the artifact is skipped as before, with that reason. This module
 is the compiler's, not the runtime's: it needs zig (the ``ziglang`` wheel, a dependency of the
 compiler only) and libmlpack's C sources.
 """
