@@ -121,7 +121,7 @@ def missing(emu: Emulator) -> str:
 
 
 def _sources() -> Path | None:
-    """runtime/c of the checkout the runtime is installed from; None from a wheel."""
+    """runtime/c beside mlpack.runtime (a checkout, or the runtime wheel); None without it."""
     import mlpack.runtime
 
     c = Path(mlpack.runtime.__file__).resolve().parent / "c"
