@@ -44,6 +44,7 @@ from mlpack.spec import environment
 from mlpack.spec.container import Artifact, open_container
 from mlpack.spec.errors import Error
 from mlpack.spec.ir import dtypes
+from mlpack.runtime.zig_target import zig_target
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,12 @@ class Emulator:
         return [find_qemu(self.qemu) or self.qemu, *self.cpu, "-L", self.sysroot, str(program)]
 
 
-# glibc 2.17, as the runtime wheel (runtime/setup.py): the oldest glibc libmlpack supports;
-# riscv64's glibc starts at 2.27, and qemu 7's rv64 CPU has no vector unit unless asked
+# zig targets as the runtime wheel's (runtime/zig_target.py); qemu 7's rv64 CPU has no vector
+# unit unless asked
 EMULATORS = {e.arch: e for e in (
-    Emulator("arm64", "aarch64-linux-gnu.2.17", "qemu-aarch64", "/usr/aarch64-linux-gnu",
+    Emulator("arm64", zig_target("aarch64"), "qemu-aarch64", "/usr/aarch64-linux-gnu",
              "lib/ld-linux-aarch64.so.1", ("qemu-user", "libc6-arm64-cross")),
-    Emulator("riscv64", "riscv64-linux-gnu.2.27", "qemu-riscv64", "/usr/riscv64-linux-gnu",
+    Emulator("riscv64", zig_target("riscv64"), "qemu-riscv64", "/usr/riscv64-linux-gnu",
              "lib/ld-linux-riscv64-lp64d.so.1", ("qemu-user", "libc6-riscv64-cross"),
              ("-cpu", "rv64,v=true,vlen=128,vext_spec=v1.0")),
 )}

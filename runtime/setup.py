@@ -2,7 +2,7 @@
 
 The distribution is the Python runtime (mlpack/__init__.py, spec/, this folder) and libmlpack,
 compiled from c/src by zig's C compiler (the ziglang wheel, a build requirement) for
-``{arch}-linux-gnu.2.17``: the library needs nothing newer than glibc 2.17, so the wheel is tagged
+``{arch}-linux-gnu.2.17`` (zig_target.py): the library needs nothing newer than glibc 2.17, so the wheel is tagged
 manylinux2014, and Python loads it through ctypes (no CPython ABI), so it is ``py3-none``: one
 wheel per CPU for every Python >= 3.11. MLPACK_WHEEL_ARCH (x86_64, aarch64) cross-builds for
 another CPU; by default the wheel is for this host's.
@@ -14,6 +14,7 @@ copies of them in _src/, which is where a build from the sdist finds them.
 import os
 import pathlib
 import platform
+import runpy
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,8 @@ from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
 HERE = pathlib.Path(__file__).resolve().parent
-GLIBC = "2.17"
+# zig_target.py is one of this package's modules; a build cannot import the package it builds
+zig_target = runpy.run_path(str(HERE / "zig_target.py"))["zig_target"]
 ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
@@ -71,7 +73,7 @@ class build_libmlpack(build_ext):
     def build_extension(self, ext):
         out = pathlib.Path(self.get_ext_fullpath(ext.name))
         arch = _arch()
-        zig = [sys.executable, "-m", "ziglang", "cc", "-target", f"{arch}-linux-gnu.{GLIBC}"]
+        zig = [sys.executable, "-m", "ziglang", "cc", "-target", zig_target(arch)]
         objdir = pathlib.Path(self.build_temp, f"libmlpack-{arch}")
         objdir.mkdir(parents=True, exist_ok=True)
         flags = ["-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", *(f"-I{d}" for d in ext.include_dirs)]

@@ -1,7 +1,7 @@
 """Reductions' steps in LLVM IR: the identity a reduction starts from, how one more term joins
 the running value, and when a term replaces an argmax/argmin's running best.
 
-Max and min propagate NaN (``scalar.float_minmax``); argmax and argmin keep the first NaN, as
+Max and min propagate NaN (``oprules.float_minmax``); argmax and argmin keep the first NaN, as
 NumPy does; sums and products may reassociate (``FAST_SUM``), which the fp32 tolerance allows.
 A target's schedule decides where the running value lives (a register, an output row).
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 from llvmlite import ir
 
 from mlpack.spec.ir import dtypes as dt
-from mlpack.codegen.llvm.scalar import FAST_SUM, ScalarEmitter, float_minmax
+from mlpack.codegen.llvm.oprules import float_minmax
+from mlpack.codegen.llvm.scalar import FAST_SUM, ScalarEmitter
 from mlpack.codegen.llvm.types import FLOAT_TYPES, const, is_signed
 
 

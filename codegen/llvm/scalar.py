@@ -15,7 +15,8 @@ multiply its rounded factors unrounded as the interpreter's einsum does (the cpu
 KernelLowering._term), and an epilogue sees the reduction's value rounded. (Rounding only at
 stores left the node suite's fp16 Attention/CausalConv outputs an f16 ulp past its
 tolerance.) The narrow dtypes convert through narrow.py, half floats where the target lacks
-instructions for them through halfconv.py, and transcendental functions come from mathlib.py.
+instructions for them through halfconv.py, and each op's rule is in
+oprules.py's tables (transcendental functions from mathlib.py).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from llvmlite import ir
 from mlpack.spec.ir import dtypes as dt
 from mlpack.spec.ir.expr import Expr, walk
 from mlpack.codegen.errors import UnsupportedTargetError
-from mlpack.codegen.llvm import halfconv, mathlib, narrow
+from mlpack.codegen.llvm import halfconv, narrow, oprules
 from mlpack.codegen.llvm.indexchecks import IndexChecks
 from mlpack.codegen.llvm.intrinsics import intrinsic
-from mlpack.codegen.llvm.types import (F16, F32, FLOAT_TYPES, I1, I8, I16, I64, NARROW_FLOATS,
+from mlpack.codegen.llvm.types import (F16, F32, FLOAT_TYPES, I8, I16, I64, NARROW_FLOATS,
                                        const, is_signed, itemsize, llvm_type, storage_type)
 
 
@@ -49,7 +50,6 @@ class Memory(Protocol):
 F16_EXACT = frozenset({"const", "var", "sym", "read", "cast", "select", "neg", "abs", "max",
                         "min", "floor", "ceil", "round", "sign"})
 FAST_SUM = ("reassoc", "contract")   # reductions may reassociate (fp32 rtol 1e-4 holds)
-CONTRACT = ("contract",)             # a*b+c may become an fma
 
 
 class ScalarEmitter:
@@ -303,225 +303,18 @@ class ScalarEmitter:
         return self.b.call(intrinsic(self.b.module, name, ty, len(args)), list(args))
 
     def _unary(self, op: str, x, dtype: str):
-        b = self.b
-        if dtype in FLOAT_TYPES:
-            ty = x.type
-            if op == "neg":
-                return b.fneg(x)
-            if op in ("abs", "sqrt", "floor", "ceil"):
-                return self.intrinsic({"abs": "llvm.fabs"}.get(op, f"llvm.{op}"), ty, x)
-            if op == "round":
-                return self.intrinsic("llvm.rint", ty, x)
-            if op in mathlib.FUNCTIONS:
-                return mathlib.emit(b, op, x)
-            if op == "recip":
-                return b.fdiv(ir.Constant(ty, 1.0), x)
-            if op == "sign":
-                one = ir.Constant(ty, 1.0)
-                pos = b.fcmp_ordered(">", x, ir.Constant(ty, 0.0))
-                neg = b.fcmp_ordered("<", x, ir.Constant(ty, 0.0))
-                return b.select(pos, one, b.select(neg, ir.Constant(ty, -1.0), x))
-            if op == "isnan":
-                return b.fcmp_unordered("uno", x, x)
-            if op == "isinf":
-                return b.fcmp_ordered("==", self.intrinsic("llvm.fabs", ty, x), ir.Constant(ty, math.inf))
-        elif dtype == "bool":
-            if op == "not":
-                return b.xor(x, ir.Constant(I1, 1))
-            if op in ("abs",):
-                return x
-        else:
-            zero = ir.Constant(x.type, 0)
-            if op == "neg":
-                return b.sub(zero, x)
-            if op == "abs":
-                return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x) if is_signed(dtype) else x
-            if op == "sign":
-                one = ir.Constant(x.type, 1)
-                if not is_signed(dtype):
-                    return b.zext(b.icmp_unsigned("!=", x, zero), x.type)
-                return b.select(b.icmp_signed(">", x, zero), one,
-                                b.select(b.icmp_signed("<", x, zero), ir.Constant(x.type, -1), zero))
-            if op == "bitnot":
-                return b.xor(x, ir.Constant(x.type, -1))
-            if op == "recip":
-                return self._int_div(ir.Constant(x.type, 1), x, dtype)
-            if op in ("floor", "ceil", "round"):
-                return x
-            if op in ("isnan", "isinf"):
-                return ir.Constant(I1, 0)
-        raise UnsupportedTargetError(
-            f"{self.target}: kernel {self.kname}: op {op} on {dtype} is not lowered by the "
-            f"{self.target} target")
-
-    def _int_div(self, a, x, dtype: str):
-        """C division; x == 0 gives 0 and INT_MIN / -1 wraps instead of trapping."""
-        b = self.b
-        zero, one = ir.Constant(a.type, 0), ir.Constant(a.type, 1)
-        if not is_signed(dtype):
-            safe = b.select(b.icmp_unsigned("==", x, zero), one, x)
-            return b.select(b.icmp_unsigned("==", x, zero), zero, b.udiv(a, safe))
-        m1 = ir.Constant(a.type, -1)
-        bad = b.or_(b.icmp_signed("==", x, zero), b.icmp_signed("==", x, m1))
-        q = b.sdiv(a, b.select(bad, one, x))
-        q = b.select(b.icmp_signed("==", x, m1), b.sub(zero, a), q)
-        return b.select(b.icmp_signed("==", x, zero), zero, q)
-
-    def _int_floor(self, op: str, a, x, dtype: str, pure: bool):
-        """Python // and % (x == 0 gives 0)."""
-        b = self.b
-        zero, one = ir.Constant(a.type, 0), ir.Constant(a.type, 1)
-        if not is_signed(dtype):
-            safe = b.select(b.icmp_unsigned("==", x, zero), one, x)
-            r = b.udiv(a, safe) if op == "floordiv" else b.urem(a, safe)
-            return b.select(b.icmp_unsigned("==", x, zero), zero, r)
-        if isinstance(x, ir.Constant) and x.constant > 0:
-            q, r = b.sdiv(a, x), b.srem(a, x)
-            fix = b.icmp_signed("<", r, zero)
-            if op == "floordiv":
-                return b.sub(q, b.zext(fix, a.type))
-            return b.select(fix, b.add(r, x), r)
-        m1 = ir.Constant(a.type, -1)
-        bad = b.or_(b.icmp_signed("==", x, zero), b.icmp_signed("==", x, m1))
-        safe = b.select(bad, one, x)
-        q, r = b.sdiv(a, safe), b.srem(a, safe)
-        fix = b.and_(b.icmp_signed("!=", r, zero),
-                     b.icmp_signed("!=", b.icmp_signed("<", r, zero), b.icmp_signed("<", safe, zero)))
-        if op == "floordiv":
-            q = b.sub(q, b.zext(fix, a.type))
-            q = b.select(b.icmp_signed("==", x, m1), b.sub(zero, a), q)
-        else:
-            q = b.select(fix, b.add(r, safe), r)
-            q = b.select(b.icmp_signed("==", x, m1), zero, q)
-        return b.select(b.icmp_signed("==", x, zero), zero, q)
+        v = oprules.unary(self, op, x, dtype)
+        if v is None:
+            raise self._no_rule(op, dtype)
+        return v
 
     def _binary(self, op: str, a, x, dtype: str, pure: bool):
-        b = self.b
-        if dtype in FLOAT_TYPES:
-            return self._float_binary(op, a, x)
-        if dtype == "bool" and op in ("and", "or", "xor", "bitand", "bitor", "bitxor", "max", "min",
-                                      "eq", "ne"):
-            if op in ("eq", "ne"):
-                return b.icmp_unsigned("==" if op == "eq" else "!=", a, x)
-            f = {"and": b.and_, "bitand": b.and_, "min": b.and_, "or": b.or_, "bitor": b.or_,
-                 "max": b.or_, "xor": b.xor, "bitxor": b.xor}[op]
-            return f(a, x)
-        flags = ("nsw",) if pure else ()
-        if op == "add":
-            return b.add(a, x, flags=flags)
-        if op == "sub":
-            return b.sub(a, x, flags=flags)
-        if op == "mul":
-            return b.mul(a, x, flags=flags)
-        if op == "div":
-            return self._int_div(a, x, dtype)
-        if op in ("floordiv", "mod"):
-            return self._int_floor(op, a, x, dtype, pure)
-        if op == "fmod":
-            return b.srem(a, x) if is_signed(dtype) else b.urem(a, x)
-        cmp = b.icmp_signed if is_signed(dtype) else b.icmp_unsigned
-        if op in ("max", "min"):
-            return b.select(cmp(">" if op == "max" else "<", a, x), a, x)
-        rel = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-        if op in rel:
-            return cmp(rel[op], a, x)
-        if op in ("and", "bitand"):
-            return b.and_(a, x)
-        if op in ("or", "bitor"):
-            return b.or_(a, x)
-        if op in ("xor", "bitxor"):
-            return b.xor(a, x)
-        if op in ("shl", "shr"):
-            w = ir.Constant(a.type, dt.bits(dtype))
-            amt = b.select(b.icmp_unsigned("<", x, w), x, ir.Constant(a.type, 0))
-            r = b.shl(a, amt) if op == "shl" else (b.ashr(a, amt) if is_signed(dtype) else b.lshr(a, amt))
-            return b.select(b.icmp_unsigned("<", x, w), r, ir.Constant(a.type, 0))
-        if op == "pow":
-            return self._int_pow(a, x, dtype)
-        raise UnsupportedTargetError(
+        v = oprules.binary(self, op, a, x, dtype, pure)
+        if v is None:
+            raise self._no_rule(op, dtype)
+        return v
+
+    def _no_rule(self, op: str, dtype: str) -> UnsupportedTargetError:
+        return UnsupportedTargetError(
             f"{self.target}: kernel {self.kname}: op {op} on {dtype} is not lowered by the "
             f"{self.target} target")
-
-    def _int_pow(self, a, x, dtype):
-        """Exact (wrapping) square-and-multiply for exponents >= 0, as NumPy's f64 pow is exact
-        in that range; negative exponents (0, +-1 or a cast inf) take the f64 pow, rounded."""
-        b = self.b
-        zero, one = ir.Constant(a.type, 0), ir.Constant(a.type, 1)
-        # exponents past 63 overflow unless |a| <= 1, where only their parity matters
-        big = b.icmp_unsigned(">", x, ir.Constant(a.type, 63))
-        e = b.select(big, b.or_(ir.Constant(a.type, 62), b.and_(x, one)), x)
-        acc, sq = one, a
-        for bit in range(6):
-            on = b.icmp_unsigned("!=", b.and_(e, ir.Constant(a.type, 1 << bit)), zero)
-            acc = b.select(on, b.mul(acc, sq), acc)
-            sq = b.mul(sq, sq)
-        if not is_signed(dtype):
-            return acc
-        fa = self.cast(a, dtype, "f64")
-        fx = self.cast(x, dtype, "f64")
-        p = self.intrinsic("llvm.rint", ir.DoubleType(), self._float_binary("pow", fa, fx))
-        return b.select(b.icmp_signed("<", x, zero), self.cast(p, "f64", dtype), acc)
-
-    def _float_binary(self, op: str, a, x):
-        b = self.b
-        ty = a.type
-        if op == "add":
-            return b.fadd(a, x, flags=CONTRACT)
-        if op == "sub":
-            return b.fsub(a, x, flags=CONTRACT)
-        if op == "mul":
-            return b.fmul(a, x, flags=CONTRACT)
-        if op == "div":
-            return b.fdiv(a, x)
-        if op in ("max", "min"):
-            return float_minmax(b, op, a, x)
-        rel = {"eq": "==", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-        if op in rel:
-            return b.fcmp_ordered(rel[op], a, x)
-        if op == "ne":
-            return b.fcmp_unordered("!=", a, x)
-        if op == "floordiv":
-            return self.intrinsic("llvm.floor", ty, b.fdiv(a, x))
-        if op in ("fmod", "mod"):
-            r = mathlib.emit_binary(b, "fmod", a, x)
-            if op == "fmod":
-                return r
-            # Python/NumPy mod: the remainder takes the divisor's sign
-            zero = ir.Constant(ty, 0.0)
-            fix = b.and_(b.fcmp_ordered("!=", r, zero),
-                         b.icmp_unsigned("!=", b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", x, zero)))
-            return b.select(fix, b.fadd(r, x), r)
-        if op == "pow":
-            return self._pow(a, x)
-        if op == "atan2":
-            return mathlib.emit_binary(b, "atan2", a, x)
-        raise UnsupportedTargetError(
-            f"{self.target}: kernel {self.kname}: op {op} on floats is not lowered by the "
-            f"{self.target} target")
-
-    def _pow(self, a, x):
-        """a**x: small constant integer exponents multiply; everything else is mathlib's pow."""
-        b = self.b
-        if isinstance(x, ir.Constant) and x.constant in (1.0, 2.0, 3.0):
-            out = a
-            for _ in range(int(x.constant) - 1):
-                out = b.fmul(out, a)
-            return out
-        return mathlib.emit_binary(b, "pow", a, x)
-
-
-def float_minmax(b: ir.IRBuilder, kind: str, a, x):
-    """max(a, x) (min for kind "min") that propagates NaN, as compares and a select.
-
-    llvm.maximum also orders -0 below +0, and its x86 lowering (blends on the sign bit plus
-    NaN fix-ups) is several times longer than vmaxps and kept pooling windows from being
-    vectorized; signed zeros compare equal at any tolerance, so they may come out either way."""
-    rel = ">" if kind == "max" else "<"
-    if isinstance(a, ir.Constant) and not isinstance(x, ir.Constant):
-        a, x = x, a   # the constant second
-    if isinstance(x, ir.Constant) and isinstance(x.constant, float) and not math.isnan(x.constant):
-        # relu: a NaN ``a`` fails the compare and is kept
-        return b.select(b.fcmp_ordered("<" if kind == "max" else ">", a, x), x, a)
-    take_a = b.or_(b.fcmp_ordered(rel, a, x), b.fcmp_unordered("uno", a, a))
-    return b.select(take_a, a, x)
-

@@ -2,14 +2,13 @@
 #   make -f cross.mk                 build/aarch64/libmlpack.a and build/aarch64/libmlpack.so
 #   make -f cross.mk ARCH=x86_64     the same for another zig arch (build/x86_64/...)
 #   make -f cross.mk clean-cross
-# The target pins glibc 2.28 (the oldest zig and our users commonly need): the result links
-# dynamically against glibc, which the loader needs (dlopen of the kernel library's memfd), and
-# runs on any glibc >= 2.28, e.g. under `qemu-aarch64 -L /usr/aarch64-linux-gnu` (Debian's
-# libc6-arm64-cross). Objects go to build/$(ARCH)/obj, apart from the host build.
+# The target and its glibc are runtime/zig_target.py's, as for the runtime wheel (glibc 2.17;
+# riscv64 2.27): the result links dynamically against glibc and runs on any newer one, e.g. under
+# `qemu-aarch64 -L /usr/aarch64-linux-gnu` (Debian's libc6-arm64-cross). Objects go to build/$(ARCH)/obj, apart from the host build.
 PYTHON ?= python3
 ARCH ?= aarch64
-GLIBC ?= 2.28
-XCC ?= $(PYTHON) -m ziglang cc -target $(ARCH)-linux-gnu.$(GLIBC)
+ZIG_TARGET ?= $(shell $(PYTHON) ../zig_target.py $(ARCH))
+XCC ?= $(PYTHON) -m ziglang cc -target $(ZIG_TARGET)
 XAR ?= $(PYTHON) -m ziglang ar
 CFLAGS ?= -O2
 BASE = -std=c11 -Wall -Wextra -fPIC -fvisibility=hidden -Iinclude -Isrc

@@ -67,57 +67,70 @@ def _sigmoid(x):
         return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
+def _int_floor(f):
+    """Python // and % on integers, 0 for a zero divisor."""
+    def rule(a, b, dtype):
+        b_safe = np.where(b == 0, 1, b)
+        return np.where(b == 0, 0, f(a, b_safe))
+    return rule
+
+
+def _int_pow(a, b, dtype):
+    return np.power(a.astype(np.float64), b.astype(np.float64))
+
+
+def _shift(f):
+    """Shifts by the width or more give 0 (NumPy's wrap the amount)."""
+    def rule(a, b, dtype):
+        w = dt.bits(dtype)
+        out = f(a, np.minimum(b, w - 1).astype(a.dtype))
+        return np.where(b >= w, 0, out)
+    return rule
+
+
+# One rule per op of spec/ir/expr.py's UNARY and BINARY (a NumPy function of the operands), with
+# the integer rules that differ from it in _INT_* (shifts are integer only).
+# tests/codegen/test_scalar_ops.py holds these tables, the C interpreter's and the LLVM
+# lowering's (codegen/llvm/oprules.py) equal to the IR's ops.
 _UNARY = {
     "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
     "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
     "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh, "asinh": np.arcsinh,
-    "acosh": np.arccosh, "atanh": np.arctanh, "floor": np.floor, "ceil": np.ceil,
+    "acosh": np.arccosh, "atanh": np.arctanh, "erf": _erf, "floor": np.floor, "ceil": np.ceil,
     "round": np.round, "sign": np.sign, "not": np.logical_not, "bitnot": np.invert,
     "isnan": np.isnan, "isinf": np.isinf, "recip": np.reciprocal, "sigmoid": _sigmoid,
 }
+_INT_UNARY = {"recip": lambda x: _int_div(np.ones_like(x), x)}
 _BINARY = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "floordiv": np.floor_divide,
-    "mod": np.mod, "fmod": np.fmod, "pow": np.power, "max": np.maximum, "min": np.minimum,
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+    "floordiv": np.floor_divide, "mod": np.mod, "fmod": np.fmod, "pow": np.power,
+    "max": np.maximum, "min": np.minimum,
     "and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor,
     "bitand": np.bitwise_and, "bitor": np.bitwise_or, "bitxor": np.bitwise_xor,
-    "shl": np.left_shift, "shr": np.right_shift, "eq": np.equal, "ne": np.not_equal,
-    "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-    "atan2": np.arctan2,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+    "ge": np.greater_equal, "atan2": np.arctan2,
 }
+_INT_BINARY = {   # (a, b, dtype)
+    "div": lambda a, b, dtype: _int_div(a, b), "pow": _int_pow,
+    "floordiv": _int_floor(np.floor_divide), "mod": _int_floor(np.mod),
+    "shl": _shift(np.left_shift), "shr": _shift(np.right_shift),
+}
+# ops computed in the node's dtype when the operands' promoted dtype differs from it
+_IN_RESULT_DTYPE = ("add", "sub", "mul", "max", "min", "pow", "atan2")
 
 
 def apply_op(op: str, args: list, dtype: str, arg_dtypes: list[str]):
     """Apply a scalar op elementwise to NumPy values, giving the node's dtype."""
     np_dtype = dt.to_numpy(dtype)
     with np.errstate(all="ignore"):
-        if op == "erf":
-            return _erf(args[0]).astype(np_dtype)
         if op in _UNARY:
-            x = args[0]
-            if op == "recip" and dt.is_int(arg_dtypes[0]):
-                return _int_div(np.ones_like(x), x).astype(np_dtype)
-            return np.asarray(_UNARY[op](x)).astype(np_dtype, copy=False)
-        if op == "div":
-            a, b = args
-            if dt.is_int(dtype):
-                return _int_div(a, b).astype(np_dtype)
-            return np.true_divide(a, b).astype(np_dtype, copy=False)
-        if op == "pow":
-            a, b = args
-            if dt.is_int(dtype):
-                return np.power(a.astype(np.float64), b.astype(np.float64)).astype(np_dtype)
-        if op in ("floordiv", "mod") and dt.is_int(dtype):
-            a, b = args
-            b_safe = np.where(b == 0, 1, b)
-            return np.where(b == 0, 0, _BINARY[op](a, b_safe)).astype(np_dtype)
-        if op in ("shl", "shr"):
-            a, b = args
-            w = dt.bits(dtype)
-            out = _BINARY[op](a, np.minimum(b, w - 1).astype(a.dtype))
-            return np.where(b >= w, 0, out).astype(np_dtype)
+            rule = (_INT_UNARY.get(op) if dt.is_int(arg_dtypes[0]) else None) or _UNARY[op]
+            return np.asarray(rule(args[0])).astype(np_dtype, copy=False)
+        if op in _INT_BINARY and dt.is_int(dtype):
+            return np.asarray(_INT_BINARY[op](*args, dtype)).astype(np_dtype, copy=False)
         if op in _BINARY:
             a, b = args
-            if op in ("add", "sub", "mul", "max", "min", "pow", "atan2") and dt.promote(*arg_dtypes) != dtype:
+            if op in _IN_RESULT_DTYPE and dt.promote(*arg_dtypes) != dtype:
                 a, b = a.astype(np_dtype), b.astype(np_dtype)
             return np.asarray(_BINARY[op](a, b)).astype(np_dtype, copy=False)
         if op == "select":

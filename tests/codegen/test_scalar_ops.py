@@ -1,7 +1,8 @@
 """Every scalar op of the IR (spec/ir/expr.py's UNARY and BINARY) has a rule in every backend:
-the NumPy interpreter (spec/ir/interp.py, what the IR means), the C engine's portable
-interpreter (runtime/c/src/portable.c) and the LLVM lowering (codegen/llvm/scalar.py, through
-the cpu target of this host). Each op runs elementwise on inputs inside its domain, in every
+the NumPy interpreter (spec/ir/interp.py's tables, what the IR means), the C engine's portable
+interpreter (runtime/c/src/portable.c's op enum, name table and switch) and the LLVM lowering
+(codegen/llvm/oprules.py's tables, run through the cpu target of this host). The tables are
+checked first, by name and dtype class; then each op runs elementwise on inputs inside its domain, in every
 dtype class it takes (float, signed integer, bool), on all three; the engine's results must
 match the interpreter's (floats rtol 1e-5, atol 1e-6, NaN where it gives NaN; integers and bools
 exactly). An op added to the IR without a rule in one backend fails here, and so does a new op
@@ -13,12 +14,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import re
+from pathlib import Path
+
 from mlpack.backend import host_target
+from mlpack.codegen.llvm import oprules
 from mlpack.codegen.targets import registry
 from mlpack.packager.build import artifact_spec, model_signature
 from mlpack.runtime import native
 from mlpack.spec.container import write_container
 from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir import interp
 from mlpack.spec.ir.interp import run_graph
 from mlpack.spec.tensorfile import write_tensors
 from support import parse_ir
@@ -72,6 +78,34 @@ CASES = list(_cases())
 def test_every_op_of_the_ir_is_covered():
     covered = {op for op, _, _ in CASES}
     assert covered == ex.UNARY | ex.BINARY, sorted((ex.UNARY | ex.BINARY) ^ covered)
+
+
+PORTABLE_C = Path(__file__).parents[2] / "runtime" / "c" / "src" / "portable.c"
+
+
+def test_every_op_has_a_numpy_rule():
+    assert ex.UNARY <= interp._UNARY.keys()
+    assert ex.BINARY <= interp._BINARY.keys() | interp._INT_BINARY.keys()
+    assert INT_BINARY - interp._BINARY.keys() <= interp._INT_BINARY.keys()
+
+
+def test_every_op_has_an_llvm_rule_per_dtype_class():
+    for table, ops in ((oprules.FLOAT_UNARY, FLOAT_UNARY), (oprules.INT_UNARY, INT_UNARY),
+                       (oprules.BOOL_UNARY, BOOL_UNARY), (oprules.FLOAT_BINARY, FLOAT_BINARY),
+                       (oprules.INT_BINARY, INT_BINARY),
+                       (oprules.BOOL_BINARY | oprules.INT_BINARY, BOOL_BINARY)):
+        assert ops <= table.keys(), sorted(ops - table.keys())
+
+
+def test_every_op_has_a_rule_in_the_c_interpreter():
+    src = PORTABLE_C.read_text()
+    names = re.search(r"mp_op_names\[OP_COUNT\] = \{(.*?)\};", src, re.S).group(1)
+    enum = re.search(r"enum \{\s*OP_CONST(.*?)OP_COUNT", src, re.S).group(1)
+    named = set(re.findall(r'"([^"]+)"', names))
+    for op in sorted(ex.UNARY | ex.BINARY):
+        assert op in named, f"portable.c's mp_op_names lacks {op}"
+        assert re.search(rf"\bOP_{op.upper()}\b", enum), f"portable.c's op enum lacks OP_{op.upper()}"
+        assert f"case OP_{op.upper()}:" in src, f"portable.c has no case for OP_{op.upper()}"
 
 
 def _graph(op: str, dtype: str, arity: int):

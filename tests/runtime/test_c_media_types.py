@@ -4,8 +4,9 @@ spec/media.py is the single source of the container's vocabulary; libmlpack keep
 matches on in one header, runtime/c/src/media.h. This checks that every ``MP_<NAME>`` string there
 is ``<NAME>`` of spec/media.py, that ``MP_CODE_MEDIA_TYPES`` is ``CODE_MEDIA_TYPES`` (in order: the
 engine must know every code format the spec names, to pass over the ones it cannot run with a
-reason as runtime/select.py does), and that no other engine source spells a media type or an
-annotation key as a string of its own. The last test shows each check catching a drift.
+reason as runtime/select.py does), that ``MP_DEVICES`` and ``MP_PRECISIONS`` are its word
+lists, and that no other engine source spells a media type or an annotation key as a string of
+its own. The last test shows each check catching a drift.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 _DEFINE = re.compile(r"^#define[ \t]+MP_(\w+)[ \t]+(.+?)[ \t]*$", re.M)
 _STRING = re.compile(r'^"([^"\\]*)"$')
 # a string that only the container's vocabulary has: a media type or an annotation key
+# the word lists of the selection options, as comma-separated strings
+WORD_LISTS = ("DEVICES", "PRECISIONS")
 _VOCABULARY = re.compile(r'"((?:application/vnd\.|org\.mlpack\.|org\.opencontainers\.)[^"]*)"')
 
 
@@ -61,6 +64,10 @@ def header_mismatches(text: str) -> list[str]:
             if codes != media.CODE_MEDIA_TYPES:
                 problems.append(f"MP_CODE_MEDIA_TYPES is {codes}, spec/media.py's CODE_MEDIA_TYPES is "
                                 f"{media.CODE_MEDIA_TYPES}")
+    for name in WORD_LISTS:
+        words = tuple(re.findall(r'"([^"]*)"', defines.get(name, "")))
+        if words != getattr(media, name):
+            problems.append(f"MP_{name} is {words}, spec/media.py's {name} is {getattr(media, name)}")
     return problems
 
 
@@ -100,5 +107,7 @@ def test_the_checks_catch_a_drift():
     assert any(p.startswith("MP_CODE_MEDIA_TYPES is") for p in header_mismatches(dropped))
     invented = text + '\n#define MP_CODE_SPIRV "application/vnd.mlpack.code.spirv.v1"\n'
     assert "MP_CODE_SPIRV: spec/media.py has no CODE_SPIRV" in header_mismatches(invented)
+    fewer = text.replace(', "int8"', "")
+    assert any(p.startswith("MP_PRECISIONS is") for p in header_mismatches(fewer))
     copied = {"media.h": text, "select.c": f'#define ELF {elf}\n/* {elf} in a comment is fine */\n'}
     assert other_copies(copied) == [f"select.c: {media.CODE_ELF}"]

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 import pytest
 
+from mlpack.runtime.zig_target import zig_target
 from test_example_c import EXAMPLE, MODELS, assert_matches, reference, run_example
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,7 +179,7 @@ def test_aarch64_wheel_runs_the_c_example_under_qemu(wheels, mlp_container, tmp_
         z.extractall(unpacked)
     lib = unpacked / "mlpack" / "runtime"
     exe = tmp_path / "mlpack_run_example"
-    proc = subprocess.run([sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-gnu.2.17", "-O2",
+    proc = subprocess.run([sys.executable, "-m", "ziglang", "cc", "-target", zig_target("aarch64"), "-O2",
                            str(EXAMPLE / "main.c"), "-o", str(exe), f"-I{lib / 'include'}", f"-L{lib}",
                            "-lmlpack"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr

@@ -25,7 +25,8 @@ from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.errors import UnsupportedTargetError
 from mlpack.codegen.llvm.loops import Loops, delinearize
 from mlpack.codegen.llvm.reduce import arg_better, combine, identity
-from mlpack.codegen.llvm.scalar import CONTRACT, ScalarEmitter
+from mlpack.codegen.llvm.oprules import CONTRACT
+from mlpack.codegen.llvm.scalar import ScalarEmitter
 from mlpack.codegen.llvm.types import I32, I64, NARROW_FLOATS, PTR, llvm_type, storage_type
 from mlpack.codegen.targets.cpu import checks as chk
 from mlpack.codegen.targets.cpu import depthwise, hoist, narrowconv

@@ -131,16 +131,14 @@ static const char *mp_canonical(const char *s, const char *const *words) {
 }
 
 static mlpack_status mp_model_open(mlpack_model *m, const char *path, mlpack_error **err) {
-  static const char *const devices[] = {"cpu", "cuda", "portable", NULL};
-  static const char *const precisions[] = {"fp32", "fp16", "bf16", "int8", NULL};
   mlpack_status st = mp_container_open(path, m->options.verify, &m->container, err);
   if (st) return st;
   mp_host_detect(&m->host);
   m->verdicts = calloc(m->container->artifact_count, sizeof *m->verdicts);
   if (!m->verdicts) return mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
   if ((st = mp_select(m->container, &m->host, &m->options, m->verdicts, &m->chosen, err))) return st;
-  m->options.device = mp_canonical(m->options.device, devices);
-  m->options.precision = mp_canonical(m->options.precision, precisions);
+  m->options.device = mp_canonical(m->options.device, mp_devices);
+  m->options.precision = mp_canonical(m->options.precision, mp_precisions);
   const mp_artifact *a = &m->container->artifacts[m->chosen];
   const mp_json *model = mp_json_get(a->config, "model");
   if ((st = mp_sigs_read(model, "inputs", "input", &m->inputs, &m->input_count, err))) return st;

@@ -168,10 +168,15 @@ typedef struct mp_verdict {
   char reason[256];
 } mp_verdict;
 
-/* Fill verdicts[artifact_count]; *chosen is the index picked. MLPACK_ERR_NO_ARTIFACT with a
- * message listing each artifact's reason when none is runnable. `runtime_version` is ours. */
-/* One line per artifact, "  <describe>: <reason>\n", as runtime/select.py's explain. */
+/* the devices and precisions this engine knows (media.h), NULL-terminated */
+extern const char *const mp_devices[];
+extern const char *const mp_precisions[];
+
+/* "x86-64 v3 cpu fp32 (artifact 2)": what an artifact is, in select.py's words. */
 void mp_artifact_describe(const mp_artifact *a, char *buf, size_t size);
+/* Fill verdicts[artifact_count]; *chosen is the index picked. MLPACK_ERR_NO_ARTIFACT with a
+ * message listing each artifact's reason (one line per artifact, "  <describe>: <reason>\n", as
+ * runtime/select.py's explain) when none is runnable. */
 mlpack_status mp_select(const mp_container *c, const mp_host *h, const mlpack_options *opts,
                         mp_verdict *verdicts, size_t *chosen, mlpack_error **err);
 

@@ -1,5 +1,5 @@
-/* media.h: the media types and annotation keys the engine matches on: its one copy of
- * spec/media.py's strings.
+/* media.h: the media types, annotation keys, devices and precisions the engine matches on: its
+ * one copy of spec/media.py's strings.
  *
  * Each MP_<NAME> here is spec/media.py's <NAME>, spelled the same; tests/runtime/
  * test_c_media_types.py checks every one against it (and MP_CODE_MEDIA_TYPES against
@@ -38,5 +38,10 @@
 #define MP_ANN_CUDA_SM "org.mlpack.cuda.sm"
 #define MP_ANN_MAX_ABS_ERROR "org.mlpack.accuracy.max_abs_error"
 #define MP_ANN_MIN_RUNTIME "org.mlpack.min_runtime"
+
+/* the words of the selection options and the configs' artifact fields: spec/media.py's
+ * DEVICES and PRECISIONS, in its order (select.c's mp_devices and mp_precisions) */
+#define MP_DEVICES "cpu", "cuda", "portable"
+#define MP_PRECISIONS "fp32", "fp16", "bf16", "int8"
 
 #endif /* MLPACK_MEDIA_H */

@@ -515,10 +515,11 @@ static int64_t mp_int_binary(int op, int64_t a, int64_t b, int dt) {
 static mp_val mp_binary(const mp_node *n, mp_val a, int adt, mp_val b, int bdt) {
   mp_val r;
   int op = n->op;
-  if (MP_IS_LOGICAL(op)) {
-    int x = mp_truth(a, adt), y = mp_truth(b, bdt);
-    r.i = op == OP_AND ? (x && y) : op == OP_OR ? (x || y) : (x != y);
-    return r;
+  switch (op) {
+  case OP_AND: r.i = mp_truth(a, adt) && mp_truth(b, bdt); return r;
+  case OP_OR: r.i = mp_truth(a, adt) || mp_truth(b, bdt); return r;
+  case OP_XOR: r.i = mp_truth(a, adt) != mp_truth(b, bdt); return r;
+  default: break;
   }
   int c = n->cdt;
   a = mp_convert(a, adt, c);

@@ -16,9 +16,10 @@
 
 #include "engine.h"
 #include "executor.h"
+#include "media.h"
 
-static const char *const mp_devices[] = {"cpu", "cuda", "portable", NULL};
-static const char *const mp_precisions[] = {"fp32", "fp16", "bf16", "int8", NULL};
+const char *const mp_devices[] = {MP_DEVICES, NULL};
+const char *const mp_precisions[] = {MP_PRECISIONS, NULL};
 /* default preference: the reference first, then the closest to it */
 static const char *const mp_precision_preference[] = {"fp32", "bf16", "fp16", "int8", NULL};
 
@@ -26,6 +27,15 @@ static int mp_in_list(const char *s, const char *const *list) {
   for (int i = 0; list[i]; i++)
     if (!strcmp(s, list[i])) return i;
   return -1;
+}
+
+/* "a, b, c" */
+static const char *mp_join(const char *const *list, char *buf, size_t n) {
+  size_t used = 0;
+  buf[0] = 0;
+  for (int i = 0; list[i] && used < n; i++)
+    used += (size_t)snprintf(buf + used, n - used, "%s%s", i ? ", " : "", list[i]);
+  return buf;
 }
 
 static int mp_precision_speed(const char *p) {
@@ -217,10 +227,13 @@ static int mp_policy_fault(const mp_artifact *a, const mlpack_options *o, int ha
 }
 
 static mlpack_status mp_check_policy(const mlpack_options *o, mlpack_error **err) {
+  char words[128];
   if (o->device && mp_in_list(o->device, mp_devices) < 0)
-    return mp_fail(err, MLPACK_ERR_ARGUMENT, "device '%.60s' is not one of cpu, cuda, portable", o->device);
+    return mp_fail(err, MLPACK_ERR_ARGUMENT, "device '%.60s' is not one of %s", o->device,
+                   mp_join(mp_devices, words, sizeof words));
   if (o->precision && mp_in_list(o->precision, mp_precisions) < 0)
-    return mp_fail(err, MLPACK_ERR_ARGUMENT, "precision '%.60s' is not one of fp32, fp16, bf16, int8", o->precision);
+    return mp_fail(err, MLPACK_ERR_ARGUMENT, "precision '%.60s' is not one of %s", o->precision,
+                   mp_join(mp_precisions, words, sizeof words));
   if (isnan(o->accuracy_budget))
     return mp_fail(err, MLPACK_ERR_ARGUMENT, "accuracy budget nan is not a non-negative number");
   return MLPACK_OK;
