@@ -15,6 +15,11 @@ none refused), then for every output and artifact this host runs it prints:
 * ``defect/base``: the ONNX Runtime outputs with their largest channel (the last dim) scaled by
   1 + 1e-3, a planted defect: what the tolerance must refuse.
 
+With ``--precision fp16`` (or bf16) it measures that precision instead: each model is built
+for this host's cpu target in that precision, judging off, and each artifact's worst
+``max_error``, ``rel_l2`` and top-1 agreement are printed as they are (the 16-bit tolerances'
+floors come from these: the weights' rounding, not ONNX Runtime's, sets them).
+
 spec/SPEC.md ("Accuracy") records the numbers and the constants chosen from them.
 """
 
@@ -113,6 +118,34 @@ def measure_model(path: str, folder: str) -> list[dict]:
     return rows
 
 
+def measure_precision(path: str, folder: str, precision: str) -> list[dict]:
+    """One row: this host's cpu artifact of ``path`` in ``precision``, measured, not judged."""
+    from mlpack.backend import host_target
+    from mlpack.packager import build as b
+
+    out = os.path.join(folder, Path(path).stem + ".mlpack")
+    saved = accuracy.TOLERANCES[precision]
+    accuracy.TOLERANCES[precision] = accuracy.Tolerance(precision, 1e300, 1e300)  # measure only
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = b.build(path, out, targets=[host_target()], precisions=[precision])
+    finally:
+        accuracy.TOLERANCES[precision] = saved
+    os.unlink(out)
+    return [{"model": Path(path).stem, "target": a.target, "precision": precision,
+             "max_error": a.max_error, "rel_l2": a.rel_l2, "top1": a.top1,
+             "base_max": a.baseline_max_error}
+            for a in report.artifacts if a.precision == precision and a.validated]
+
+
+def _print_precision(rows: list[dict]) -> None:
+    for r in rows:
+        top1 = "-" if r["top1"] is None else f"{r['top1']:.0%}"
+        print(f"{r['model'][:22]:22} {r['target']:10} {r['precision']:5} max {r['max_error']:9.2e} "
+              f"rel L2 {r['rel_l2']:9.2e} top-1 {top1:>4}  (ONNX Runtime fp32 {r['base_max']:.2e})")
+
+
 def _print(rows: list[dict]) -> None:
     head = f"{'model':22} {'output':14} {'base':>9} {'art/base':>9} {'worst':>10} {'noopt':>7} " \
            f"{'defect max':>11} {'defect L2':>10}"
@@ -129,6 +162,8 @@ def main(argv=None) -> None:
     parser.add_argument("--bench", action="append", default=[],
                         help="a benchmark-set model by name (default: all, when no --model)")
     parser.add_argument("--json", help="write the rows here too")
+    parser.add_argument("--precision", default="fp32",
+                        help="fp32 (the ratios above), or fp16/bf16: their errors as they are")
     args = parser.parse_args(argv)
     paths = list(args.model)
     if not paths or args.bench:
@@ -138,8 +173,12 @@ def main(argv=None) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for path in paths:
-            new = measure_model(path, folder)
-            _print(new)
+            if args.precision == "fp32":
+                new = measure_model(path, folder)
+                _print(new)
+            else:
+                new = measure_precision(path, folder, args.precision)
+                _print_precision(new)
             rows += new
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

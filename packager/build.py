@@ -138,8 +138,8 @@ def plan_artifacts(targets=None, precisions=None) -> list[tuple[str, str]]:
     portable fp32 artifact is always among them (the spec promises that every container runs
     somewhere)."""
     names = _pick(targets, registry.names(), registry.implemented(), "target", registry.defaults())
-    wanted = _pick(precisions, precision_modules.names(), precision_modules.implemented(),
-                   "precision")
+    wanted = _pick(precision_modules.expand(precisions), precision_modules.names(),
+                   precision_modules.implemented(), "precision", precision_modules.defaults())
     pairs = [(t, p) for t in names for p in wanted if p in registry.get(t).precisions]
     for t in targets or ():
         if not any(n == t for n, _ in pairs):

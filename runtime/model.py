@@ -580,7 +580,7 @@ def load(path, *, device=None, precision=None, accuracy_budget=None, strict=Fals
     """Open ``path``, select the artifact this host runs best, and make it ready to run.
 
     ``device`` (cpu, cuda, portable) and ``precision`` (fp32, fp16, bf16, int8) restrict the
-    choice; ``accuracy_budget`` picks the fastest artifact whose recorded max_abs_error is within
+    choice; ``accuracy_budget`` picks the fastest artifact whose recorded max_error is within
     it; ``strict`` forbids the portable fallback; ``host`` overrides detection (for "what would
     that machine pick"). Raises a FormatError subclass for a broken container and
     NoRunnableArtifactError when nothing fits.

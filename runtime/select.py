@@ -73,11 +73,12 @@ def cuda_sm(art: Artifact) -> int | None:
         return None
 
 
-def max_abs_error(art: Artifact) -> float | None:
-    """The recorded error against the fp32 reference; None when the artifact records none."""
-    text = art.annotations.get(media.ANN_MAX_ABS_ERROR)
+def max_error(art: Artifact) -> float | None:
+    """The recorded error against the float64 reference on the output's own scale (max |y - ref|
+    / max |ref|, worst over the outputs); None when the artifact records none."""
+    text = art.annotations.get(media.ANN_MAX_ERROR)
     try:
-        value = json.loads(text) if text is not None else art.config["accuracy"].get("max_abs_error")
+        value = json.loads(text) if text is not None else art.config["accuracy"].get("max_error")
     except ValueError:
         return None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -194,11 +195,11 @@ def _policy_fault(art: Artifact, device, precision, budget) -> str | None:
     if precision is not None and art.precision != precision:
         return f"precision {precision!r} was requested"
     if budget is not None:
-        err = max_abs_error(art)
+        err = max_error(art)
         if err is None:
             return f"records no measured error, so it cannot meet the accuracy budget {budget:g}"
         if err > budget:
-            return f"max_abs_error {err:g} exceeds the accuracy budget {budget:g}"
+            return f"max_error {err:g} exceeds the accuracy budget {budget:g}"
     return None
 
 
@@ -233,7 +234,7 @@ def _chosen_reason(art: Artifact, device, budget, others: int) -> str:
         return "chosen: the portable artifact was requested"
     if budget is not None:
         return (f"chosen: {describe(art)} is the fastest artifact within the accuracy budget "
-                f"{budget:g} (max_abs_error {max_abs_error(art):g})")
+                f"{budget:g} (max_error {max_error(art):g})")
     if art.device == "portable":
         return "chosen: portable: runs anywhere; slower (no native artifact fits)"
     if others == 0:
@@ -260,7 +261,7 @@ def select_artifact(container, host: Host, *, device=None, precision=None, accur
     """The artifact of ``container`` to run on ``host``, and a verdict for every artifact.
 
     ``device``/``precision`` restrict the choice; ``accuracy_budget`` picks the fastest artifact
-    whose recorded ``max_abs_error`` is within it. ``code_types`` is the set of code media types
+    whose recorded ``max_error`` is within it. ``code_types`` is the set of code media types
     the caller can execute (None: any known one, which is what ``mlpack inspect --host`` shows).
     Raises NoRunnableArtifactError naming each artifact and why it was passed over.
     """

@@ -139,6 +139,8 @@ def _derived_annotations(spec: ArtifactSpec) -> dict[str, str]:
         media.ANN_CUDA_SM: None if art.get("cuda_sm") is None else str(art["cuda_sm"]),
         media.ANN_MAX_ABS_ERROR: (None if acc.get("max_abs_error") is None
                                   else json.dumps(float(acc["max_abs_error"]))),
+        media.ANN_MAX_ERROR: (None if acc.get("max_error") is None
+                              else json.dumps(float(acc["max_error"]))),
         media.ANN_MIN_RUNTIME: spec.config.get("min_runtime"),
     }
     out = {k: v for k, v in found.items() if v is not None}

@@ -50,6 +50,9 @@ ANN_PRECISION = "org.mlpack.precision"  # fp32 | fp16 | bf16 | int8
 ANN_CPU_FEATURES = "org.mlpack.cpu.features"  # comma-separated, e.g. "avx2,fma"
 ANN_CUDA_SM = "org.mlpack.cuda.sm"  # minimum compute capability as digits, e.g. "80"
 ANN_MAX_ABS_ERROR = "org.mlpack.accuracy.max_abs_error"  # vs. the fp32 reference, a JSON number
+# the worst max |y - ref| / max |ref| over the outputs (spec/accuracy.py), a JSON number: what an
+# accuracy budget is compared with
+ANN_MAX_ERROR = "org.mlpack.accuracy.max_error"
 ANN_MIN_RUNTIME = "org.mlpack.min_runtime"  # oldest runtime version that runs it, e.g. "0.1.0"
 
 # ---------------------------------------------------------------- vocabulary

@@ -3,7 +3,8 @@ before a target compiles it (fp32 is the identity), verified like any pass, with
 its artifacts are judged by (spec/accuracy.py) and the targets that build it (the registry in
 codegen/targets/registry.py lists each target's precisions).
 
-A precision module has ``NAME``, ``SUMMARY``, ``IMPLEMENTED`` and ``rewrite(graph) -> graph``.
+A precision module has ``NAME``, ``SUMMARY``, ``IMPLEMENTED``, ``DEFAULT`` (built when a build
+names no precision) and ``rewrite(graph) -> graph``.
 A name of the spec's vocabulary (spec/media.py's PRECISIONS) with no module yet is planned: it
 is listed, and refused by name when asked for.
 """
@@ -18,14 +19,16 @@ from mlpack.spec import accuracy, media
 from mlpack.spec.ir.graph import Graph
 from mlpack.spec.ir.verify import verify
 
-MODULES = {"fp32": "mlpack.codegen.precisions.fp32"}
+MODULES = {"fp32": "mlpack.codegen.precisions.fp32", "fp16": "mlpack.codegen.precisions.fp16",
+           "bf16": "mlpack.codegen.precisions.bf16"}
 
 
 def _planned(name: str) -> SimpleNamespace:
     def rewrite(graph):
         raise UnsupportedTargetError(f"precision {name} is not implemented yet (planned)")
 
-    return SimpleNamespace(NAME=name, SUMMARY="planned", IMPLEMENTED=False, rewrite=rewrite)
+    return SimpleNamespace(NAME=name, SUMMARY="planned", IMPLEMENTED=False, DEFAULT=False,
+                           rewrite=rewrite)
 
 
 def get(name: str) -> ModuleType | SimpleNamespace:
@@ -43,6 +46,23 @@ def names() -> tuple[str, ...]:
 
 def implemented() -> tuple[str, ...]:
     return tuple(n for n in names() if get(n).IMPLEMENTED)
+
+
+def defaults() -> tuple[str, ...]:
+    """What a build makes when it names no precision."""
+    return tuple(n for n in implemented() if get(n).DEFAULT)
+
+
+def expand(asked) -> list[str]:
+    """``--precision`` values as names: each may list several (``fp32,bf16``); ``all`` is every
+    implemented precision."""
+    out: list[str] = []
+    for item in asked or ():
+        for name in (n.strip() for n in item.split(",")):
+            for n in (implemented() if name == "all" else (name,) if name else ()):
+                if n not in out:
+                    out.append(n)
+    return out
 
 
 def tolerance(name: str) -> accuracy.Tolerance:

@@ -4,6 +4,7 @@ fp32's tolerance (spec/accuracy.py: 32 times ONNX Runtime's own error)."""
 NAME = "fp32"
 SUMMARY = "IEEE single precision, as the model was exported"
 IMPLEMENTED = True
+DEFAULT = True
 
 
 def rewrite(graph):

@@ -23,7 +23,7 @@ _CPU_SUMMARY = {
 
 
 def _cpu(name: str, platform: dict, status: str = DEFAULT) -> Target:
-    return Target(name, "cpu", platform, _CPU_SUMMARY[name], status, ("fp32",), CPU[name].features,
+    return Target(name, "cpu", platform, _CPU_SUMMARY[name], status, ("fp32", "fp16", "bf16"), CPU[name].features,
                   _CPU_COMPILER, parallel=True)
 
 

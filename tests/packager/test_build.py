@@ -224,8 +224,9 @@ def test_failed_build_keeps_an_existing_output(tmp_path):
     ({"targets": ["cuda"]}, "target cuda is not implemented yet (planned); available: portable, "
                             "x86_64-v2, x86_64-v3, x86_64-v4, x86_64-v4-amx, aarch64"),
     ({"targets": ["aarch64", "cuda"]}, "target cuda is not implemented yet"),
-    ({"precisions": ["int8"]}, "precision int8 is not implemented yet (planned); available: fp32"),
-    ({"precisions": ["fp16"]}, "precision fp16 is not implemented yet"),
+    ({"precisions": ["int8"]}, "precision int8 is not implemented yet (planned); available: fp32, "
+                               "fp16, bf16"),
+    ({"precisions": ["fp32,int8"]}, "precision int8 is not implemented yet"),
     ({"targets": ["riscv"]}, "unknown target 'riscv'"),
     ({"precisions": ["fp64"]}, "unknown precision 'fp64'"),
 ])

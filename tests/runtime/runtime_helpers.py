@@ -71,7 +71,7 @@ def artifact(g, device="portable", precision="fp32", target="portable", features
     out_order = out_order or {}
     inputs = [_sig(g, p.name) for p in g.inputs]
     outputs = [_sig(g, p.name, out_order.get(p.name)) for p in g.outputs]
-    accuracy = {"reference": "test", "max_abs_error": err, "max_rel_error": err,
+    accuracy = {"reference": "test", "max_error": err, "max_abs_error": err, "max_rel_error": err,
                 "rtol": acc.get("rtol", 1e-5), "atol": acc.get("atol", 1e-6)}
     config = c.make_config(g.name, inputs, outputs, device=device, precision=precision,
                            target=target, accuracy=accuracy, cpu_features=features, cuda_sm=cuda_sm,

@@ -102,7 +102,7 @@ def test_accuracy_budget_picks_the_fastest_within_it(full):
     assert chosen == 5 and "fastest artifact within the accuracy budget 0.01" in v[5].reason
     chosen, v = _select(full, ARM, accuracy_budget=1e-3)
     assert chosen == 4
-    assert v[5].reason == "passed over: max_abs_error 0.002 exceeds the accuracy budget 0.001"
+    assert v[5].reason == "passed over: max_error 0.002 exceeds the accuracy budget 0.001"
     chosen, _ = _select(full, GPU, accuracy_budget=1e-3)
     assert chosen == 7  # cuda fp16 (error 1e-3) is within 1e-3 and faster than cuda fp32
     with pytest.raises(Error, match="accuracy budget -1"):

@@ -36,6 +36,7 @@ import weakref
 
 import numpy as np
 
+from mlpack.spec.ir import dtypes
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.targets.cpu import amx, depthwise
@@ -60,6 +61,7 @@ CACHE_REUSE_BYTES = 1 << 20  # an operand this small stays in L2 while the other
 LINE_BYTES = 64              # a cache line
 SWAP_MIN_N = 256             # pixels an NCHW 1x1 convolution needs to read x in place as B
 PACK_MIN_M = 128             # rows a run-time pack of B must feed to repay its copy
+NARROW_B = ("bf16", "f16")   # 16-bit constants a build-time B panel may keep (precisions/)
 
 
 # ---------------------------------------------------------------- classification
@@ -152,10 +154,15 @@ def classify(k: Kernel, g, bufs: dict[str, Buffer], t: CpuTarget | None = None) 
     if k.reduce != "sum" or k.acc_dtype != "f32" or k.strategy == "gemm":
         return None
     body = k.body
-    if body.op != "mul" or any(a.op != "read" or a.dtype != "f32" for a in body.args):
+    if body.op != "mul":
+        return None
+    out = bufs[k.out]
+    narrow = [_widened(a, g) for a in body.args]
+    if any(narrow):
+        return _narrow_view(k, g, out, body.args, narrow)
+    if any(a.op != "read" or a.dtype != "f32" for a in body.args):
         return None
     r1, r2 = body.args
-    out = bufs[k.out]
     for ra, rb in ((r1, r2), (r2, r1)):
         if not (rb.arg[0] in g.constants and rb.arg[2] is None):
             continue
@@ -170,6 +177,46 @@ def classify(k: Kernel, g, bufs: dict[str, Buffer], t: CpuTarget | None = None) 
         info["mode"] = "const"
         return _swapped(k, out, info, bufs, t) or info
     return _runtime(k, out, r1, r2, bufs, t)
+
+
+def _widened(e: Expr, g) -> Expr | None:
+    """The 16-bit constant that ``e`` reads widened to f32 (codegen/precisions/weights16.py's
+    ``cast<f32>(W[...])``), or None."""
+    if e.op != "cast" or e.dtype != "f32":
+        return None
+    r = e.args[0]
+    if r.op == "read" and r.dtype in NARROW_B and r.arg[0] in g.constants and r.arg[2] is None:
+        return r
+    return None
+
+
+def _narrow_view(k: Kernel, g, out: Buffer, args, narrow) -> dict | None:
+    """The GEMM view of a product of an f32 read and a 16-bit constant: that constant as B,
+    packed at build time in its own dtype (the micro-kernel widens each vector it loads); None
+    when it cannot be (the kernel then runs as a loop nest, widening each element)."""
+    hits = [i for i, r in enumerate(narrow) if r is not None]
+    if len(hits) != 1 or len(args) != 2:
+        return None
+    rb, ra = narrow[hits[0]], args[1 - hits[0]]
+    if ra.op != "read" or ra.dtype != "f32":
+        return None
+    info = _split(k, out, ra, rb)
+    if info is None or any(not c0.is_const for _, c0 in info["aff_b"].values()):
+        return None
+    if any(not _extent(v, out, k.rdims).is_const for v in info["batch"] + info["n"] + info["k"]):
+        return None
+    if info["n_size"].value < MIN_N or info["k_size"].value < 1:
+        return None
+    info["mode"] = "const"
+    return info
+
+
+def _panel_dtype(dtype: str, t: CpuTarget) -> str:
+    """The dtype a build-time B panel of a ``dtype`` constant is packed in: its own where the
+    micro-kernel can widen it (bf16 everywhere, by shifts; f16 with F16C or on arm64), else f32."""
+    if dtype == "f16" and not (t.arch == "arm64" or "f16c" in t.features):
+        return "f32"
+    return dtype
 
 
 def _masks(t: CpuTarget | None) -> bool:
@@ -353,7 +400,8 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             continue
         ob = bufs[k.out]
         tiles = None
-        if t.amx and info["mode"] == "const":   # (then every K extent is a constant)
+        if t.amx and info["mode"] == "const" and info["b"].dtype == "f32":   # (then every K
+            # extent is a constant)
             tiles = amx.plan(info, bufs, {v: _extent(v, ob, k.rdims).value for v in info["k"]},
                              ob.contiguous_dim())
         hit = _unguard(k, info, bufs, f"{k.out}#a", tiles and tiles[0])
@@ -373,12 +421,13 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             const = g.constants[rb.arg[0]]
             dims = info["batch"] + info["n"] + info["k"]
             extents = {v: _extent(v, ob, k.rdims).value for v in dims}
-            key = (rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]))
+            pdt = _panel_dtype(rb.dtype, t)
+            key = (rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]), pdt)
             name, data = _weights_pack(
                 key, f"{rb.arg[0]}#pack{len(packs)}" if packs else f"{rb.arg[0]}#pack",
-                ("b", "nb", "k", "l"), "f32", lambda: pack_b(
+                ("b", "nb", "k", "l"), pdt, lambda: pack_b(
                     const.data, const.layout, rb, info["aff_b"], dims, extents, info["n"],
-                    info["k"]), bufs, packs, cache)
+                    info["k"]).astype(dtypes.to_numpy(pdt)), bufs, packs, cache)
         elif info["mode"] == "pack":
             data = None
             name = fresh_name(f"{k.out}#b", bufs)

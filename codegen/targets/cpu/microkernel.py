@@ -21,7 +21,7 @@ from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.llvm.intrinsics import declare, intrinsic, masked_load, splat
 from mlpack.codegen.llvm.loops import delinearize
-from mlpack.codegen.llvm.types import F32, I32, I64, i64
+from mlpack.codegen.llvm.types import F32, I16, I32, I64, i64
 from mlpack.codegen.targets.cpu.gemm import PACK, Contraction
 from mlpack.codegen.targets.cpu.indexing import affine, is_one
 from mlpack.codegen.targets.cpu.kernel import Buffer
@@ -40,6 +40,10 @@ class GemmEmitter:
         self.c: Contraction = L.k.gemm
         self.wg, self.count = wg, count
         self.vty = ir.VectorType(F32, self.c.vl)
+        # a build-time panel of 16-bit weights (precisions/weights16.py) is read in its dtype
+        # and widened per vector: half the bytes through the caches for two more instructions
+        self.bdt = L.E.buffers[self.c.packed].dtype
+        self.bety = {"f32": F32, "bf16": I16, "f16": ir.HalfType()}[self.bdt]
 
     # small integer helpers (operands i64)
     def add(self, x, y):
@@ -181,7 +185,7 @@ class GemmEmitter:
                     at = self.add(bbase, b.mul(blk, i64(PACK)))
                 else:
                     at = b.mul(self.add(b.mul(bi, blocks), blk), panel_size)
-                panels.append(b.gep(packed, [at], inbounds=True, source_etype=F32))
+                panels.append(b.gep(packed, [at], inbounds=True, source_etype=self.bety))
             # one K chunk (a short K, a 1x1 convolution's): each tile starts from zero in its
             # registers and goes to the buffer once, instead of through it per chunk
             single = self._single_chunk()
@@ -242,17 +246,20 @@ class GemmEmitter:
         for j in range(c.tb):
             for q in range(per_block):
                 p = b.gep(panels[j], [self.add(kp, i64(q * c.vl))], inbounds=True,
-                          source_etype=F32)
+                          source_etype=self.bety)
                 if self.bmasks is not None:
                     bv.append(self._masked_load(p, self.bmasks[j * per_block + q]))
-                else:
+                elif self.bdt == "f32":
                     bv.append(b.load(p, typ=self.vty, align=4))
+                else:
+                    bv.append(self._widen(b.load(p, typ=ir.VectorType(self.bety, c.vl), align=2)))
         if self.stream_b:   # B is read once: fetch its panels PREFETCH_ROWS K steps ahead
             pf = declare(b.module, "llvm.prefetch.p0", ir.FunctionType(
                 ir.VoidType(), [ir.PointerType(), I32, I32, I32]))
             read, to_l1, data = ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)
             for j in range(c.tb):   # (no inbounds: the last steps' addresses pass the panel)
-                ahead = b.gep(panels[j], [self.add(kp, i64(PREFETCH_ROWS * PACK))], source_etype=F32)
+                ahead = b.gep(panels[j], [self.add(kp, i64(PREFETCH_ROWS * PACK))],
+                              source_etype=self.bety)
                 b.call(pf, [ahead, read, to_l1, data])
         fma = intrinsic(b.module, "llvm.fma", self.vty, 3) if c.fma else None
         nv = len(bv)
@@ -267,6 +274,14 @@ class GemmEmitter:
                 else:
                     new = b.fadd(cur, b.fmul(a_lanes, bv[q]))
                 b.store(new, acc)
+
+    def _widen(self, v):
+        """A vector of bf16 (i16 bits) or f16 panel values as f32: bf16 is f32's top half."""
+        b, n = self.b, self.c.vl
+        if self.bdt == "f16":
+            return b.fpext(v, self.vty)
+        wide = b.zext(v, ir.VectorType(I32, n))
+        return b.bitcast(b.shl(wide, ir.Constant(ir.VectorType(I32, n), [16] * n)), self.vty)
 
     def _masked_load(self, ptr, mask):
         vty = self.vty

@@ -867,18 +867,18 @@ static mlpack_status mp_artifact_fields(mp_reader *r, mp_artifact *a, const mp_j
   if (!mr || !*mr) mr = "0";
   a->min_runtime_text = mr;
   mp_parse_runtime_version(mr, a->min_runtime);
-  a->max_abs_error = -1;
-  const char *err_text = mp_json_get_string(ann, MP_ANN_MAX_ABS_ERROR);
+  a->max_error = -1;
+  const char *err_text = mp_json_get_string(ann, MP_ANN_MAX_ERROR);
   if (err_text) {
     mp_json_doc *d;
     if (mp_json_parse(err_text, strlen(err_text), "annotation", &d, NULL) == MLPACK_OK) {
       const mp_json *v = mp_json_root(d);
-      if (v->kind == MP_JSON_NUMBER) a->max_abs_error = v->number;
+      if (v->kind == MP_JSON_NUMBER) a->max_error = v->number;
       mp_json_free(d);
     }
   } else {
-    const mp_json *v = mp_json_get(acc, "max_abs_error");
-    if (v && v->kind == MP_JSON_NUMBER) a->max_abs_error = v->number;
+    const mp_json *v = mp_json_get(acc, "max_error");
+    if (v && v->kind == MP_JSON_NUMBER) a->max_error = v->number;
   }
   return MLPACK_OK;
 }

@@ -215,12 +215,12 @@ static int mp_policy_fault(const mp_artifact *a, const mlpack_options *o, int ha
     snprintf(why, n, "precision '%s' was requested", o->precision);
     return 1;
   }
-  if (has_budget && a->max_abs_error < 0) {
+  if (has_budget && a->max_error < 0) {
     snprintf(why, n, "records no measured error, so it cannot meet the accuracy budget %g", o->accuracy_budget);
     return 1;
   }
-  if (has_budget && a->max_abs_error > o->accuracy_budget) {
-    snprintf(why, n, "max_abs_error %g exceeds the accuracy budget %g", a->max_abs_error, o->accuracy_budget);
+  if (has_budget && a->max_error > o->accuracy_budget) {
+    snprintf(why, n, "max_error %g exceeds the accuracy budget %g", a->max_error, o->accuracy_budget);
     return 1;
   }
   return 0;
@@ -273,8 +273,8 @@ static void mp_chosen_reason(const mp_artifact *a, const mlpack_options *o, int 
   if (o->device && !strcmp(o->device, "portable"))
     snprintf(out, n, "chosen: the portable artifact was requested");
   else if (has_budget)
-    snprintf(out, n, "chosen: %.150s is the fastest artifact within the accuracy budget %g (max_abs_error %g)", d,
-             o->accuracy_budget, a->max_abs_error);
+    snprintf(out, n, "chosen: %.150s is the fastest artifact within the accuracy budget %g (max_error %g)", d,
+             o->accuracy_budget, a->max_error);
   else if (!strcmp(a->device, "portable"))
     snprintf(out, n, "chosen: portable: runs anywhere; slower (no native artifact fits)");
   else if (others == 0)

@@ -22,7 +22,7 @@ static mp_artifact art(const char *device, const char *precision, const char *ar
   a.cpu_features = features ? features : "";
   a.min_runtime_text = "0.1.0";
   a.min_runtime[1] = 1;
-  a.max_abs_error = err;
+  a.max_error = err;
   a.code_media_type = !strcmp(device, "portable") ? MP_PROGRAM_PORTABLE
                       : !strcmp(device, "cuda")   ? MP_CODE_PTX
                                                   : MP_CODE_ELF;
@@ -149,16 +149,16 @@ static void test_budget(void) {
   mlpack_error *err;
   /* within 0.01 every artifact qualifies: the fastest is the most specific (v4) */
   CHECK(pick(&avx512, NULL, NULL, 0.01, 0, &c, &err) == MLPACK_OK && c == A_V4, "budget 0.01: %zu", c);
-  CHECK_CONTAINS(v[A_V4].reason, "is the fastest artifact within the accuracy budget 0.01 (max_abs_error 0)");
+  CHECK_CONTAINS(v[A_V4].reason, "is the fastest artifact within the accuracy budget 0.01 (max_error 0)");
   /* on arm, fp16 is faster than fp32 at the same specificity */
   CHECK(pick(&arm, NULL, NULL, 0.01, 0, &c, &err) == MLPACK_OK && c == A_ARM16, "arm budget: %zu", c);
   CHECK(pick(&arm, NULL, NULL, 0.0005, 0, &c, &err) == MLPACK_OK && c == A_ARM, "arm tight budget: %zu", c);
-  CHECK_CONTAINS(v[A_ARM16].reason, "passed over: max_abs_error 0.001 exceeds the accuracy budget 0.0005");
-  arts[A_ARM].max_abs_error = -1;
+  CHECK_CONTAINS(v[A_ARM16].reason, "passed over: max_error 0.001 exceeds the accuracy budget 0.0005");
+  arts[A_ARM].max_error = -1;
   CHECK(pick(&arm, "cpu", NULL, 0.0005, 0, &c, &err) == MLPACK_ERR_NO_ARTIFACT, "no error recorded");
   CHECK_CONTAINS(v[A_ARM].reason, "records no measured error, so it cannot meet the accuracy budget 0.0005");
   mlpack_error_free(err);
-  arts[A_ARM].max_abs_error = 0;
+  arts[A_ARM].max_error = 0;
 }
 
 static void test_no_artifact(void) {

@@ -1,0 +1,119 @@
+"""fp16 and bf16 artifacts beside fp32 ones (codegen/precisions/): built for every cpu target,
+validated on this host (x86-64 levels it has) or under qemu (aarch64, riscv64) against the
+float64 reference within their precision's tolerance, their weights in half the bytes, and
+loaded and run by precision like any artifact.
+
+The 16-bit weights are packed into the GEMM panels as they are and widened by the micro-kernel
+per vector (SSE, AVX2 and AVX-512 lanes on x86, NEON, RVV), so each target's validation is a
+test of that code on a real model against ONNX Runtime's fp32 result as well: the vectors'
+baseline.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from support import emulated
+
+import mlpack
+from mlpack.packager.build import build
+from mlpack.runtime import detect_host, engine
+from mlpack.spec import accuracy, media
+from mlpack.spec.container import open_container
+
+ort = pytest.importorskip("onnxruntime")
+
+MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
+MLP = os.path.join(MODELS, "mlp.onnx")
+BERT = os.path.join(MODELS, "bert_block.onnx")
+CPU = ["x86_64-v2", "x86_64-v3", "x86_64-v4", "aarch64", "riscv64"]
+
+
+def _runs_here(target: str) -> bool:
+    host = detect_host()
+    p = media.platform_for(target) or {}
+    level = int(p.get("variant", "v0")[1:]) if p.get("architecture") == "amd64" else 0
+    return engine.available() and p.get("architecture") == host.arch and level <= host.x86_level
+
+
+@pytest.fixture(scope="module")
+def mlp16(tmp_path_factory):
+    path = tmp_path_factory.mktemp("p") / "mlp.mlpack"
+    return path, build(MLP, path, targets=CPU, precisions=["fp32,fp16", "bf16"])
+
+
+def test_every_cpu_target_builds_each_precision_and_validates_where_it_can(mlp16):
+    _, report = mlp16
+    made = [(a.target, a.precision) for a in report.artifacts]
+    assert made == [("portable", "fp32")] + [(t, p) for t in CPU for p in ("fp32", "fp16", "bf16")]
+    for a in report.artifacts:
+        where = f"{a.target} {a.precision}"
+        if _runs_here(a.target) or emulated(a.target):
+            assert a.validated, f"{where}: {a.reason}"
+        if not a.validated:
+            continue
+        tol = accuracy.TOLERANCES[a.precision]
+        assert a.max_error <= tol.allowed(a.baseline_max_error), where
+        if a.precision != "fp32":   # the weights' rounding shows, and stays within its type's
+            assert 1e-5 < a.max_error < (2 ** -6 if a.precision == "bf16" else 2 ** -9), where
+        assert a.top1 == 1.0, where
+
+
+def test_16_bit_artifacts_carry_half_the_weight_bytes(mlp16):
+    path, _ = mlp16
+    c = open_container(str(path))
+    sizes = {}
+    for art in c.artifacts:
+        weights = [layer.size for layer in art.layers if layer.media_type == media.WEIGHTS]
+        sizes[art.config["artifact"]["target"], art.precision] = weights[0]
+    for t in CPU:
+        fp32 = sizes[t, "fp32"]
+        assert sizes[t, "bf16"] < 0.51 * fp32, t
+        # f16 panels where the micro-kernel can widen them (F16C, arm64), else f32 panels
+        native_f16 = t in ("x86_64-v3", "x86_64-v4", "aarch64")
+        assert (sizes[t, "fp16"] < 0.51 * fp32) == native_f16, t
+
+
+@pytest.mark.skipif(not engine.available(), reason="libmlpack is not built")
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_load_by_precision_runs_it_within_its_tolerance_of_onnxruntime(mlp16, precision):
+    path, _ = mlp16
+    x = np.random.default_rng(7).standard_normal((3, 784)).astype(np.float32)
+    want = ort.InferenceSession(MLP, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    fp32 = mlpack.load(str(path), precision="fp32").run({"x": x})["y"]
+    model = mlpack.load(str(path), precision=precision)
+    assert model.artifact.precision == precision and model.artifact.device == "cpu"
+    got = model.run({"x": x})["y"]
+    err = np.abs(got - want).max() / np.abs(want).max()
+    err32 = np.abs(fp32 - want).max() / np.abs(want).max()
+    assert err32 < 1e-5 < err < accuracy.TOLERANCES[precision].floor
+    assert (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_bert_block_in_bf16_is_validated(tmp_path):
+    target = {4: "x86_64-v4", 3: "x86_64-v3"}.get(detect_host().x86_level, "x86_64-v2")
+    report = build(BERT, tmp_path / "bert.mlpack", targets=[target], precisions=["bf16"])
+    (a,) = [a for a in report.artifacts if a.precision == "bf16"]
+    if _runs_here(target):
+        assert a.validated, a.reason
+        assert a.max_error < 2 ** -6
+
+
+@pytest.mark.skipif(not engine.available(), reason="libmlpack is not built")
+def test_an_accuracy_budget_picks_a_16_bit_artifact_only_within_it(mlp16):
+    path, report = mlp16
+    errors = {(a.target, a.precision): a.max_error for a in report.artifacts if a.validated}
+    with mlpack.load(str(path)) as m:   # no budget: fp32, the most accurate
+        assert m.artifact.precision == "fp32"
+        host = m.artifact.target
+    worst16 = max(errors[host, "fp16"], errors[host, "bf16"])
+    with mlpack.load(str(path), accuracy_budget=errors[host, "fp32"] * 2) as m:
+        assert m.artifact.precision == "fp32"
+        reasons = {v.artifact.precision: v.reason for v in m.verdicts
+                   if v.artifact.config["artifact"]["target"] == host}
+        assert "exceeds the accuracy budget" in reasons["bf16"]
+    with mlpack.load(str(path), accuracy_budget=worst16 * 2) as m:
+        assert m.artifact.precision in ("fp16", "bf16") and m.artifact.target == host
+        assert "fastest artifact within the accuracy budget" in m.artifact.reason
