@@ -156,15 +156,21 @@ def ort_session(model, threads: int):
                          f"{' '.join(str(e).split())}") from None
 
 
-def load_mlpack(path, threads: int):
-    """``mlpack.load(path, threads=threads)``, the portable-fallback warning silenced (the
-    result says which artifact ran)."""
+def load_mlpack(path, threads: int, precision: str | None = None):
+    """``mlpack.load(path, threads=threads, precision=precision)``, the portable-fallback warning
+    silenced (the result says which artifact ran)."""
     from mlpack.runtime import load
     from mlpack.spec.errors import PortableFallbackWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PortableFallbackWarning)
-        return load(path, threads=threads)
+        return load(path, threads=threads, precision=precision)
+
+
+# How far a variant's outputs may be from ONNX Runtime's fp32 ones here: a check that it computes
+# the model (a wrong kernel is off by the outputs' whole scale), not of its accuracy, which the
+# build and `mlpack validate` judge against the float64 reference
+VARIANT_RTOL = {"fp16": 0.05, "bf16": 0.2}
 
 
 def _ort_feeds(model_proto, feeds: dict) -> dict:
@@ -174,8 +180,10 @@ def _ort_feeds(model_proto, feeds: dict) -> dict:
     return fill(model_proto, feeds)
 
 
-def compare_outputs(got: dict, want: dict, rtol: float = RTOL, atol: float = ATOL) -> dict:
-    """mlpack's outputs against ONNX Runtime's, by name: match, worst errors, what differs."""
+def compare_outputs(got: dict, want: dict, rtol: float = RTOL, atol: float = ATOL,
+                    scaled: bool = False) -> dict:
+    """mlpack's outputs against ONNX Runtime's, by name: match, worst errors, what differs.
+    ``scaled``: ``atol`` is relative to each output's largest magnitude (a variant's check)."""
     worst_abs = worst_rel = 0.0
     problems = []
     for name, a in got.items():
@@ -191,15 +199,18 @@ def compare_outputs(got: dict, want: dict, rtol: float = RTOL, atol: float = ATO
                 problems.append(f"output {name!r}: values differ")
             continue
         x, y = a.astype(np.float64), b.astype(np.float64)
+        a_tol = atol
+        if scaled and np.isfinite(y).any():
+            a_tol = atol * max(float(np.max(np.abs(y[np.isfinite(y)]))), 1e-30)
         diff = np.abs(x - y)
         if diff.size:
             worst_abs = max(worst_abs, float(np.nanmax(diff)) if not np.isnan(diff).all() else 0.0)
-            rel = diff / np.maximum(np.abs(y), atol)
+            rel = diff / np.maximum(np.abs(y), a_tol)
             worst_rel = max(worst_rel, float(np.nanmax(rel)) if not np.isnan(rel).all() else 0.0)
-        if not np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True):
-            bad = int((~np.isclose(x, y, rtol=rtol, atol=atol, equal_nan=True)).sum())
+        if not np.allclose(x, y, rtol=rtol, atol=a_tol, equal_nan=True):
+            bad = int((~np.isclose(x, y, rtol=rtol, atol=a_tol, equal_nan=True)).sum())
             problems.append(f"output {name!r}: {bad} of {a.size} values outside rtol {rtol:g} "
-                            f"atol {atol:g} (max abs err {float(np.nanmax(diff)):.3g})")
+                            f"atol {a_tol:g} (max abs err {float(np.nanmax(diff)):.3g})")
     return {"match": not problems, "max_abs_error": worst_abs, "max_rel_error": worst_rel,
             "rtol": rtol, "atol": atol, "detail": "; ".join(problems)}
 
@@ -359,6 +370,7 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
                 threads=(1, 2), repeat: int = 20, min_seconds: float = 2.0,
                 max_seconds: float = 30.0, dims: dict | None = None, seed: int = 0,
                 rss: bool = True, build_seconds: float | None = None, refresh_peak: bool = False,
+                precision: str | None = None,
                 progress: Callable[[str], None] | None = None) -> dict:
     """One model's numbers (see the module docstring) as a JSON-ready dict.
 
@@ -368,7 +380,8 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
     count; ``dims``/``seed``: random inputs instead of the test vectors; ``rss``: measure peak
     memory in child processes; ``build_seconds``: recorded as given; ``refresh_peak``: measure
     the matmul peak again before each thread count (a suite does, so that the best of many
-    measurements stands for the peak of a machine that other work keeps busy)."""
+    measurements stands for the peak of a machine that other work keeps busy); ``precision``:
+    the artifact of that precision (None: the one ``mlpack.load`` picks)."""
     say = progress or (lambda line: None)
     container = os.fspath(container)
     proto = None
@@ -377,7 +390,7 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
 
         proto = load_model(onnx_path)
     threads = list(threads)
-    with load_mlpack(container, threads[0]) as first:
+    with load_mlpack(container, threads[0], precision) as first:
         feeds, source = model_inputs(first, dims, seed)
         artifact = _artifact_doc(first)
         out_names = [o.name for o in first.outputs]
@@ -397,7 +410,7 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
     for t in threads:
         say(f"{result['model']}: timing at {t} thread{'s' * (t != 1)}")
         peak = matmul_peak(t, refresh=refresh_peak) if flops else None
-        with load_mlpack(container, t) as model:
+        with load_mlpack(container, t, precision) as model:
             fns = {"mlpack": lambda: model.run(feeds)}
             session = None
             if proto is not None:
@@ -413,13 +426,16 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
             row["ort"] = _per_runtime(timings["ort"], flops, peak)
             row["ratio"] = timings["ort"].median_s / timings["mlpack"].median_s
             ort_outs = dict(zip([o.name for o in session.get_outputs()], outs["ort"]))
-            checks.append(compare_outputs({k: outs["mlpack"][k] for k in out_names}, ort_outs))
+            tol = VARIANT_RTOL.get(artifact["precision"])
+            checks.append(compare_outputs({k: outs["mlpack"][k] for k in out_names}, ort_outs,
+                                          *((tol, tol, True) if tol else ())))
         result["threads"].append(row)
     if checks:
+        tol = VARIANT_RTOL.get(artifact["precision"])
         worst = {"match": all(c["match"] for c in checks),
                  "max_abs_error": max(c["max_abs_error"] for c in checks),
                  "max_rel_error": max(c["max_rel_error"] for c in checks),
-                 "rtol": RTOL, "atol": ATOL,
+                 "rtol": tol or RTOL, "atol": tol or ATOL,
                  "detail": "; ".join(dict.fromkeys(c["detail"] for c in checks if c["detail"]))}
         result["outputs"] = worst
     if rss:

@@ -33,6 +33,7 @@ name, never skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -355,10 +356,29 @@ def artifact_spec(name: str, target: str, precision: str, code: Code, weights: b
     config = make_config(name, *sig, device=t.device, precision=precision, target=target,
                          cpu_features=code.config.get("cpu_features", ()), plan=code.config.get("plan"),
                          accuracy=_accuracy(reference, precision, check), min_runtime=media.MIN_RUNTIME)
+    if check is not None and check.seconds is not None:
+        config["latency"] = {"seconds": check.seconds, "threads": 1, "runs": TIMED_RUNS,
+                             "inputs": "test case 0", "host": _host_name()}
     layers = [Layer(mt, data) for mt, data in code.layers] + [Layer(media.WEIGHTS, weights)]
     if vectors is not None:
         layers.append(Layer(media.TESTVECTORS, vectors))
     return ArtifactSpec(config, layers, t.platform and dict(t.platform))
+
+
+def _host_name() -> str:
+    """The build host as a latency's record names it: its CPU and the level it runs."""
+    from mlpack.runtime import detect_host
+
+    host = detect_host()
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith(("model name", "Model name"))), "")
+    except OSError:
+        pass
+    level = f" x86-64 v{host.x86_level}" if host.x86_level else ""
+    return f"{cpu or host.arch}{level} ({host.os}/{host.arch})"
 
 
 def _lower(pairs, name, graph, vectors, reference, checks, compiled) -> list[ArtifactSpec]:
@@ -483,9 +503,39 @@ def validate_container(path: str, pairs, output: str, progress=None) -> tuple[di
                 checks[i] = future.result()
             except emulate.NotEmulated as e:
                 passed_over[i] = f"{why}; not run under emulation: {e}"
+        _time_precisions(path, pairs, native, checks, progress)   # (qemu done: a quiet host)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     return checks, passed_over
+
+
+TIMED_RUNS = 5   # runs of the first test case timed per artifact, at one thread (the median counts)
+
+
+def _time_precisions(path: str, pairs, native: list[int], checks: dict, progress) -> None:
+    """Time the native artifacts of each target built in several precisions (one thread, the
+    first test case), so that selection under an accuracy budget ranks them by what was
+    measured rather than by their precision's name (spec/SPEC.md section 5): a variant with
+    16-bit weights can be slower than fp32 where the arithmetic, not the memory, bounds a run."""
+    from mlpack.runtime import load
+    from mlpack.spec.errors import PortableFallbackWarning
+
+    precisions: dict[str, set] = {}
+    for i in native:
+        precisions.setdefault(pairs[i][0], set()).add(pairs[i][1])
+    timed = [i for i in native if len(precisions[pairs[i][0]]) > 1
+             and registry.get(pairs[i][0]).device != "portable"]
+    if not timed:
+        return
+    if progress:
+        progress(f"  time {len(timed)} artifacts of several precisions (1 thread)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PortableFallbackWarning)
+        model = load(path, threads=1)
+    with model:
+        for i in timed:
+            seconds = model.validate(i, timed_runs=TIMED_RUNS).seconds
+            checks[i] = dataclasses.replace(checks[i], seconds=seconds)
 
 
 # ---------------------------------------------------------------- the driver

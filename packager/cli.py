@@ -787,6 +787,10 @@ def bench_cmd(
     seed: int = typer.Option(0, "--seed", metavar="N",
                              help="seed of the random inputs (with --dim)"),
     no_rss: bool = typer.Option(False, "--no-rss", help="skip measuring peak memory"),
+    precision: list[str] = typer.Option(
+        [], "--precision", "-p", metavar="PRECISION",
+        help="time the artifact of this precision; several (or 'all': every precision the "
+             "container has) side by side, a row each"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON document"),
 ) -> None:
     """Time a container on this host (median latency per thread count, peak memory); with
@@ -799,8 +803,9 @@ def bench_cmd(
     counts = _thread_counts(threads)
     if repeat < 1:
         raise InputError(f"--repeat {repeat}: at least 1")
-    with _open(file):  # a broken or foreign file is a FormatError here, before any timing
-        pass
+    with _open(file) as box:  # a broken or foreign file is a FormatError here, before any timing
+        have = list(dict.fromkeys(a.precision for a in box.artifacts))
+    wanted = _bench_precisions(precision, have, file)
     dims = _key_int(dim, "--dim")
     progress = _progress(json_out)
     build_seconds = None
@@ -809,31 +814,54 @@ def bench_cmd(
 
         load_model(_existing(compare, "ONNX model"))  # a clear error for a file that is not ONNX
         build_seconds = _bench_build_seconds(compare, progress)
-    result = bench.bench_model(file, onnx_path=compare, threads=counts, repeat=repeat,
-                               min_seconds=min_seconds, max_seconds=max_seconds, dims=dims,
-                               seed=seed, rss=not no_rss, build_seconds=build_seconds,
-                               progress=progress)
+    results = []
+    for p in wanted:
+        stem = file.stem if len(wanted) == 1 else f"{file.stem} {p}"
+        results.append(bench.bench_model(
+            file, onnx_path=compare, name=stem, threads=counts, repeat=repeat,
+            min_seconds=min_seconds, max_seconds=max_seconds, dims=dims, seed=seed,
+            rss=not no_rss, build_seconds=build_seconds, precision=p, progress=progress))
     words = ["mlpack bench", str(file)] + (["--compare", str(compare)] if compare else [])
     words += ["--threads", ",".join(map(str, counts)), "--repeat", str(repeat)]
+    words += [f"--precision {p}" for p in precision]
     words += [f"--dim {d}" for d in dim] + (["--json"] if json_out else [])
-    doc = bench.document([result], " ".join(words))
+    doc = bench.document(results, " ".join(words))
     if json_out:
         typer.echo(json.dumps(doc, indent=1))
     else:
-        a = result["artifact"]
-        typer.echo(f"model:      {result['model']}: artifact {a['index']} ({a['target']} "
-                   f"{a['precision']}, {a['device']})")
+        for result in results:
+            a = result["artifact"]
+            typer.echo(f"model:      {result['model']}: artifact {a['index']} ({a['target']} "
+                       f"{a['precision']}, {a['device']})")
+        result = results[0]
         shapes = ", ".join(f"{k}{v['shape']}" for k, v in result["inputs"].items())
         typer.echo(f"inputs:     {shapes} from {result['input_source']}")
         if result["flops"]:
             typer.echo(f"flops:      {bench.si(result['flops'])}FLOP per run (Conv, Gemm, "
                        "MatMul, Einsum)")
-        for line in bench.table_lines([result]) + [""] + bench.summary_lines(doc):
+        for line in bench.table_lines(results) + [""] + bench.summary_lines(doc):
             typer.echo(line)
-    bad = bench.mismatches([result])
+    bad = bench.mismatches(results)
     if bad:
         raise OutputsDisagree(f"mlpack and ONNX Runtime disagree beyond rtol {bench.RTOL:g}, "
                               f"atol {bench.ATOL:g}: {bad[0]}")
+
+
+def _bench_precisions(asked: list[str], have: list[str], file) -> list:
+    """The precisions ``mlpack bench`` times, each a row: [None] (load's choice) when none was
+    asked for; ``all``: every precision of the container."""
+    from mlpack.codegen import precisions
+
+    if not asked:
+        return [None]
+    names = [n for item in asked for n in item.split(",") if n.strip()]
+    if "all" in names:
+        return have
+    wanted = precisions.expand(names)
+    for p in wanted:
+        if p not in have:
+            raise InputError(f"{file}: no artifact of precision {p} (it has {', '.join(have)})")
+    return wanted
 
 
 def _print_version(value: bool) -> None:

@@ -6,8 +6,9 @@ One algorithm, in three steps, written flat so the C engine can port it line for
    required CPU features, CUDA present with a high enough compute capability, ``min_runtime``
    newer than this runtime, and (when the caller says which code it can execute) a code format
    without a loader. Then drop what the caller excluded: device, precision, accuracy budget.
-2. **Rank** the rest. With an accuracy budget: the fastest (most specific target, then the
-   narrowest precision). Without: the preferred precision (fp32, the reference, first), then the
+2. **Rank** the rest. With an accuracy budget: the fastest (most specific target, then among
+   its precisions the one measured fastest at build time, ``latency``; where the build could not
+   time them, the narrowest precision). Without: the preferred precision (fp32, the reference, first), then the
    most specific target: cuda > highest CPU level > baseline CPU > portable.
 3. **Explain**: every artifact gets a ``Verdict`` whose reason is a sentence a user can act on.
 
@@ -81,7 +82,21 @@ def max_error(art: Artifact) -> float | None:
         value = json.loads(text) if text is not None else art.config["accuracy"].get("max_error")
     except ValueError:
         return None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    return float(value) if ok else None
+
+
+def latency(art: Artifact) -> float | None:
+    """Seconds per run measured on the build host (config ``latency``, one thread); None when
+    the build did not time this artifact."""
+    text = art.annotations.get(media.ANN_LATENCY)
+    try:
+        value = (json.loads(text) if text is not None
+                 else (art.config.get("latency") or {}).get("seconds"))
+    except (ValueError, AttributeError):
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    return float(value) if ok else None
 
 
 def min_runtime(art: Artifact) -> str:
@@ -219,8 +234,11 @@ def check_policy(device, precision, budget) -> None:
 
 def rank_key(art: Artifact, budget) -> tuple:
     """Sort key, larger is better (see the module docstring)."""
-    if budget is not None:
-        return (specificity(art), PRECISION_SPEED.get(art.precision, 0), -art.index)
+    if budget is not None:   # the measured fastest (build-time latency), else the narrowest
+        seconds = latency(art)
+        speed = ((1, -int(seconds * 1e9)) if seconds is not None
+                 else (0, PRECISION_SPEED.get(art.precision, 0)))
+        return (specificity(art), *speed, -art.index)
     pref = (PRECISION_PREFERENCE.index(art.precision) if art.precision in PRECISION_PREFERENCE
             else len(PRECISION_PREFERENCE))
     return (-pref, specificity(art), -art.index)

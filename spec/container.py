@@ -141,6 +141,9 @@ def _derived_annotations(spec: ArtifactSpec) -> dict[str, str]:
                                   else json.dumps(float(acc["max_abs_error"]))),
         media.ANN_MAX_ERROR: (None if acc.get("max_error") is None
                               else json.dumps(float(acc["max_error"]))),
+        media.ANN_LATENCY: (None if not isinstance(spec.config.get("latency"), dict)
+                            or spec.config["latency"].get("seconds") is None
+                            else json.dumps(float(spec.config["latency"]["seconds"]))),
         media.ANN_MIN_RUNTIME: spec.config.get("min_runtime"),
     }
     out = {k: v for k, v in found.items() if v is not None}

@@ -53,6 +53,9 @@ ANN_MAX_ABS_ERROR = "org.mlpack.accuracy.max_abs_error"  # vs. the fp32 referenc
 # the worst max |y - ref| / max |ref| over the outputs (spec/accuracy.py), a JSON number: what an
 # accuracy budget is compared with
 ANN_MAX_ERROR = "org.mlpack.accuracy.max_error"
+# median seconds of a run, one thread, on the build host (config "latency"), a JSON number: how
+# selection ranks a target's precisions under an accuracy budget
+ANN_LATENCY = "org.mlpack.latency.seconds"
 ANN_MIN_RUNTIME = "org.mlpack.min_runtime"  # oldest runtime version that runs it, e.g. "0.1.0"
 
 # ---------------------------------------------------------------- vocabulary

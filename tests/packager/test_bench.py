@@ -65,6 +65,30 @@ def test_bench_without_compare_times_mlpack_alone(container):
     assert "mlpack ms" in result.stdout and "ORT/mlpack" in result.stdout
 
 
+def test_bench_times_each_precision_side_by_side(tmp_path):
+    from mlpack.backend import host_target
+
+    out = tmp_path / "mlp16.mlpack"
+    built = support.cli("build", MLP, "-o", out, "-t", host_target(), "-p", "all", "--quiet")
+    assert built.exit_code == 0, built.output
+    result = support.cli("bench", out, "--compare", MLP, *FAST, "--no-rss", "-p", "all", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    got = [(m["model"], m["artifact"]["precision"], m["artifact"]["target"]) for m in doc["models"]]
+    assert got == [(f"mlp16 {p}", p, host_target()) for p in ("fp32", "fp16", "bf16")]
+    for m in doc["models"]:   # a variant is checked against ONNX Runtime within its own rtol
+        assert m["outputs"]["match"] is True and m["threads"][0]["mlpack"]["median_s"] > 0
+    assert [m["outputs"]["rtol"] for m in doc["models"]] == [1e-3, 0.05, 0.2]
+    support.assert_user_error(support.cli("bench", container_of_fp32(tmp_path), "-p", "bf16"),
+                              "no artifact of precision bf16 (it has fp32)")
+
+
+def container_of_fp32(tmp_path):
+    out = tmp_path / "mlp32.mlpack"
+    assert support.cli("build", MLP, "-o", out, "-t", "x86_64-v2", "--quiet").exit_code == 0
+    return out
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["absent.mlpack"], "absent.mlpack: no such file"),
     ([MLP], "not a tar archive"),  # an ONNX file where the container should be

@@ -67,7 +67,8 @@ def vector_layer(g, cases, out_order) -> bytes:
 
 
 def artifact(g, device="portable", precision="fp32", target="portable", features=(), cuda_sm=None,
-             err=0.0, out_order=None, cases=None, code=None, platform=None, **acc) -> c.ArtifactSpec:
+             err=0.0, out_order=None, cases=None, code=None, platform=None, latency=None,
+             **acc) -> c.ArtifactSpec:
     out_order = out_order or {}
     inputs = [_sig(g, p.name) for p in g.inputs]
     outputs = [_sig(g, p.name, out_order.get(p.name)) for p in g.outputs]
@@ -76,6 +77,8 @@ def artifact(g, device="portable", precision="fp32", target="portable", features
     config = c.make_config(g.name, inputs, outputs, device=device, precision=precision,
                            target=target, accuracy=accuracy, cpu_features=features, cuda_sm=cuda_sm,
                            min_runtime=acc.get("min_runtime", media.MIN_RUNTIME))
+    if latency is not None:   # seconds per run, as a build that timed it records
+        config["latency"] = {"seconds": latency, "threads": 1}
     if code is None:
         code = (c.Layer(media.PROGRAM_PORTABLE, dumps_program(g)) if device == "portable"
                 else c.Layer(media.CODE_PTX if device == "cuda" else media.CODE_ELF,

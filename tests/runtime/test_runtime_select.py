@@ -109,6 +109,24 @@ def test_accuracy_budget_picks_the_fastest_within_it(full):
         _select(full, GPU, accuracy_budget=-1)
 
 
+def test_under_a_budget_a_measured_latency_outranks_the_precisions_name(tmp_path, tiny):
+    def box(fp32_s, fp16_s):
+        specs = [artifact(tiny),
+                 artifact(tiny, "cpu", target="aarch64", features=("neon",), latency=fp32_s),
+                 artifact(tiny, "cpu", "fp16", target="aarch64", features=("neon",), err=2e-3,
+                          latency=fp16_s)]
+        return write(tmp_path / f"t{fp32_s}-{fp16_s}.mlpack", tiny, specs)
+    with open_container(box(None, None)) as c:     # not timed: fp16 is guessed faster
+        assert select_artifact(c, ARM, accuracy_budget=1e-2)[0].index == 2
+    with open_container(box(1e-3, 2e-3)) as c:     # timed: fp32 was faster on the build host
+        winner, v = select_artifact(c, ARM, accuracy_budget=1e-2)
+        assert winner.index == 1 and "fastest artifact within the accuracy budget" in v[1].reason
+    with open_container(box(1e-3, 0.5e-3)) as c:
+        assert select_artifact(c, ARM, accuracy_budget=1e-2)[0].index == 2
+    with open_container(box(1e-3, 2e-3)) as c:     # no budget: fp32 first, timed or not
+        assert select_artifact(c, ARM)[0].index == 1
+
+
 def test_min_runtime_and_unknown_platforms_are_passed_over(tmp_path, tiny):
     specs = [artifact(tiny, min_runtime="0.1.0"),
              artifact(tiny, "cpu", target="x86_64-v2", min_runtime="99.0.0"),

@@ -824,6 +824,25 @@ static void mp_parse_runtime_version(const char *s, int v[3]) {
 }
 
 /* Selection fields: annotations first (made for this), the config otherwise (runtime/select.py). */
+/* A non-negative number the annotation `key` holds as JSON text, else field `field` of the config
+ * object `obj` (NULL: none); -1 when neither records one. */
+static double mp_recorded_number(const mp_json *ann, const char *key, const mp_json *obj, const char *field) {
+  double out = -1;
+  const char *text = mp_json_get_string(ann, key);
+  if (text) {
+    mp_json_doc *d;
+    if (mp_json_parse(text, strlen(text), "annotation", &d, NULL) == MLPACK_OK) {
+      const mp_json *v = mp_json_root(d);
+      if (v->kind == MP_JSON_NUMBER && v->number >= 0) out = v->number;
+      mp_json_free(d);
+    }
+  } else if (obj && obj->kind == MP_JSON_OBJECT) {
+    const mp_json *v = mp_json_get(obj, field);
+    if (v && v->kind == MP_JSON_NUMBER && v->number >= 0) out = v->number;
+  }
+  return out;
+}
+
 static mlpack_status mp_artifact_fields(mp_reader *r, mp_artifact *a, const mp_json *ann, mp_json_doc *doc) {
   const mp_json *art = mp_json_get(a->config, "artifact"), *acc = mp_json_get(a->config, "accuracy");
   a->device = mp_json_get_string(art, "device");
@@ -867,19 +886,8 @@ static mlpack_status mp_artifact_fields(mp_reader *r, mp_artifact *a, const mp_j
   if (!mr || !*mr) mr = "0";
   a->min_runtime_text = mr;
   mp_parse_runtime_version(mr, a->min_runtime);
-  a->max_error = -1;
-  const char *err_text = mp_json_get_string(ann, MP_ANN_MAX_ERROR);
-  if (err_text) {
-    mp_json_doc *d;
-    if (mp_json_parse(err_text, strlen(err_text), "annotation", &d, NULL) == MLPACK_OK) {
-      const mp_json *v = mp_json_root(d);
-      if (v->kind == MP_JSON_NUMBER) a->max_error = v->number;
-      mp_json_free(d);
-    }
-  } else {
-    const mp_json *v = mp_json_get(acc, "max_error");
-    if (v && v->kind == MP_JSON_NUMBER) a->max_error = v->number;
-  }
+  a->max_error = mp_recorded_number(ann, MP_ANN_MAX_ERROR, acc, "max_error");
+  a->latency = mp_recorded_number(ann, MP_ANN_LATENCY, mp_json_get(a->config, "latency"), "seconds");
   return MLPACK_OK;
 }
 

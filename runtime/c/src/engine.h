@@ -95,6 +95,7 @@ typedef struct mp_artifact {
   int cuda_sm;                                    /* 0 when not cuda */
   int min_runtime[3];                             /* MAJOR.MINOR.PATCH */
   double max_error;                               /* recorded max |y-r|/max |r|; -1 if absent */
+  double latency;                                 /* seconds per run measured at build; -1 if absent */
   const char *code_media_type;                    /* NULL when no layer is code we know */
   const char *min_runtime_text;                   /* as written; min_runtime[0] = -1 if unparsable */
   int has_platform;                               /* the descriptor has an OCI platform */

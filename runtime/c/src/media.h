@@ -38,6 +38,7 @@
 #define MP_ANN_CUDA_SM "org.mlpack.cuda.sm"
 #define MP_ANN_MAX_ABS_ERROR "org.mlpack.accuracy.max_abs_error"
 #define MP_ANN_MAX_ERROR "org.mlpack.accuracy.max_error"
+#define MP_ANN_LATENCY "org.mlpack.latency.seconds"
 #define MP_ANN_MIN_RUNTIME "org.mlpack.min_runtime"
 
 /* the words of the selection options and the configs' artifact fields: spec/media.py's

@@ -241,25 +241,30 @@ static mlpack_status mp_check_policy(const mlpack_options *o, mlpack_error **err
 
 /* ---------------------------------------------------------------- step 2 */
 
-static void mp_rank_key(const mp_artifact *a, int has_budget, long key[5]) {
+/* Larger is better. Under a budget: the most specific target, then a measured artifact before an
+ * unmeasured one, the measured by their build-time latency (ns, lower first) and the unmeasured by
+ * their precision's name (narrower first); without one, the preferred precision first. */
+#define MP_KEY 6
+static void mp_rank_key(const mp_artifact *a, int has_budget, long long key[MP_KEY]) {
   long s[3];
   mp_specificity(a, s);
   if (has_budget) {
     key[0] = s[0]; key[1] = s[1]; key[2] = s[2];
-    key[3] = mp_precision_speed(a->precision);
+    key[3] = a->latency >= 0;
+    key[4] = a->latency >= 0 ? -(long long)(a->latency * 1e9) : mp_precision_speed(a->precision);
   } else {
     int pref = mp_in_list(a->precision, mp_precision_preference);
     key[0] = -(pref < 0 ? 4 : pref);
-    key[1] = s[0]; key[2] = s[1]; key[3] = s[2];
+    key[1] = s[0]; key[2] = s[1]; key[3] = s[2]; key[4] = 0;
   }
-  key[4] = -(long)a->index;
+  key[5] = -(long long)a->index;
 }
 
 static int mp_ranks_above(const mp_artifact *a, const mp_artifact *b, int has_budget) {
-  long ka[5], kb[5];
+  long long ka[MP_KEY], kb[MP_KEY];
   mp_rank_key(a, has_budget, ka);
   mp_rank_key(b, has_budget, kb);
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < MP_KEY; i++)
     if (ka[i] != kb[i]) return ka[i] > kb[i];
   return 0;
 }

@@ -23,6 +23,7 @@ static mp_artifact art(const char *device, const char *precision, const char *ar
   a.min_runtime_text = "0.1.0";
   a.min_runtime[1] = 1;
   a.max_error = err;
+  a.latency = -1;
   a.code_media_type = !strcmp(device, "portable") ? MP_PROGRAM_PORTABLE
                       : !strcmp(device, "cuda")   ? MP_CODE_PTX
                                                   : MP_CODE_ELF;
@@ -154,6 +155,16 @@ static void test_budget(void) {
   CHECK(pick(&arm, NULL, NULL, 0.01, 0, &c, &err) == MLPACK_OK && c == A_ARM16, "arm budget: %zu", c);
   CHECK(pick(&arm, NULL, NULL, 0.0005, 0, &c, &err) == MLPACK_OK && c == A_ARM, "arm tight budget: %zu", c);
   CHECK_CONTAINS(v[A_ARM16].reason, "passed over: max_error 0.001 exceeds the accuracy budget 0.0005");
+  /* measured at build time, the faster of one target's precisions wins, whatever its name */
+  const char *features16 = arts[A_ARM16].cpu_features;
+  arts[A_ARM16].cpu_features = arts[A_ARM].cpu_features;   /* the same target */
+  arts[A_ARM].latency = 1e-3;
+  arts[A_ARM16].latency = 2e-3;
+  CHECK(pick(&arm, NULL, NULL, 0.01, 0, &c, &err) == MLPACK_OK && c == A_ARM, "measured: %zu", c);
+  arts[A_ARM16].latency = 0.5e-3;
+  CHECK(pick(&arm, NULL, NULL, 0.01, 0, &c, &err) == MLPACK_OK && c == A_ARM16, "measured: %zu", c);
+  arts[A_ARM].latency = arts[A_ARM16].latency = -1;
+  arts[A_ARM16].cpu_features = features16;
   arts[A_ARM].max_error = -1;
   CHECK(pick(&arm, "cpu", NULL, 0.0005, 0, &c, &err) == MLPACK_ERR_NO_ARTIFACT, "no error recorded");
   CHECK_CONTAINS(v[A_ARM].reason, "records no measured error, so it cannot meet the accuracy budget 0.0005");
