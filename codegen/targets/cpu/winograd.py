@@ -39,6 +39,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from mlpack.spec.ir import dtypes
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Constant, Graph, TensorType, tensors_read
@@ -128,13 +129,22 @@ def rewrite(g: Graph, keep=(), parents=None) -> tuple[Graph, int]:
 # ---------------------------------------------------------------- matching
 
 
+def _unwidened(e: Expr, g: Graph) -> Expr:
+    """The 16-bit weights' read under its widening cast (codegen/precisions/weights16.py), else
+    ``e``: Winograd folds them like f32 ones, and keeps Wt in their dtype."""
+    if (e.op == "cast" and e.dtype == "f32" and e.args[0].op == "read"
+            and e.args[0].dtype in ("bf16", "f16") and e.args[0].arg[0] in g.constants):
+        return e.args[0]
+    return e
+
+
 def _match(op: Comprehension, g: Graph, bufs) -> dict | None:
     """The window of ``op`` Winograd can take: (A read, W read, out var h, window var kh, A's
     dim, the index's constant, W's dim), or None."""
     if op.reduce != "sum" or op.type.dtype != "f32" or op.body.op != "mul":
         return None
-    reads = op.body.args
-    if any(r.op != "read" or r.dtype != "f32" for r in reads):
+    reads = [_unwidened(r, g) for r in op.body.args]
+    if any(r.op != "read" or (r.dtype != "f32" and r.arg[0] not in g.constants) for r in reads):
         return None
     ws = [r for r in reads if r.arg[0] in g.constants]
     if len(ws) != 1 or ws[0].arg[2] is not None:
@@ -273,8 +283,9 @@ def _transforms(op: Comprehension, hit: dict, g: Graph, types, constants) -> dic
     data = np.tensordot(G, np.moveaxis(wc.data.astype(np.float64), axis, 0), axes=(1, 0))
     wt_layout = (p,) + tuple(d for d in wc.layout if d != hit["d_kh"])
     wt_dims = {p: ex.const(POINTS), **{d: wc.type.dims[d] for d in wt_layout[1:]}}
-    constants[wt_name] = Constant(wt_name, TensorType("f32", wt_dims), wt_layout,
-                                  np.ascontiguousarray(data.astype(np.float32)))
+    wdt = wc.type.dtype   # 16-bit weights stay 16-bit (rounded once more, from float64)
+    constants[wt_name] = Constant(wt_name, TensorType(wdt, wt_dims), wt_layout,
+                                  np.ascontiguousarray(data.astype(dtypes.to_numpy(wdt))))
     types[wt_name] = constants[wt_name].type
 
     # the gemm: op with h -> t, kh gone, and the point p as a batch dim
@@ -283,7 +294,7 @@ def _transforms(op: Comprehension, hit: dict, g: Graph, types, constants) -> dic
     for d in shift:
         z_read[d] = ex.simplify_size(a_index[d] - shift[d]) if shift[d] else a_index[d]
     m_body = ex.mul(ex.read(z_name, z_read, "f32"),
-                    ex.read(wt_name, {p: ex.var(p), **w_index}, "f32"))
+                    ex.cast(ex.read(wt_name, {p: ex.var(p), **w_index}, wdt), "f32"))
     m_dims = {p: ex.const(POINTS)}
     for d, s in op.type.dims.items():
         m_dims[t if d == h else d] = ex.const(tiles) if d == h else s

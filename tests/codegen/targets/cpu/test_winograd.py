@@ -141,6 +141,25 @@ def test_rewrite_leaves_the_shared_graph_alone_and_disable_passes_switches_it_of
     assert compile_cpu(g, "x86_64-v4").winograd == 0
 
 
+@pytest.mark.parametrize("precision, dtype", [("bf16", "bf16"), ("fp16", "f16")])
+def test_16_bit_weights_are_folded_too_and_stay_16_bit(precision, dtype):
+    """A precision's 16-bit weights (codegen/precisions/weights16.py) take Winograd like f32
+    ones: Wt is folded from them in float64 and kept in their dtype, read widened."""
+    from mlpack.codegen import precisions
+    from mlpack.spec.ir.interp import run_graph
+
+    m, feeds = chain()
+    g16 = precisions.apply(precision, compile_onnx(m))
+    g2, n = winograd.rewrite(g16)
+    assert n == 2
+    wts = [c for name, c in g2.constants.items() if "#wt" in name]
+    assert len(wts) == 2 and all(c.type.dtype == dtype for c in wts)
+    want, got = run_graph(g16, feeds)["y"], run_graph(g2, feeds)["y"]
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < (2 ** -6 if precision == "bf16" else 2 ** -9), err   # Wt's rounding, no more
+    assert compile_cpu(g16, "x86_64-v4").winograd == 2
+
+
 def test_a_build_whose_winograd_artifact_misses_its_vectors_compiles_it_direct(tmp_path, monkeypatch):
     """With a wrong output transform the x86_64-v4 artifact fails its vectors; the build then
     compiles it without Winograd, and the container validates."""
