@@ -118,8 +118,9 @@ def measure_model(path: str, folder: str) -> list[dict]:
     return rows
 
 
-def measure_precision(path: str, folder: str, precision: str) -> list[dict]:
-    """One row: this host's cpu artifact of ``path`` in ``precision``, measured, not judged."""
+def measure_precision(path: str, folder: str, precision: str, target: str | None = None) -> list[dict]:
+    """One row: the cpu artifact of ``path`` for ``target`` (default: this host's) in
+    ``precision``, measured, not judged."""
     from mlpack.backend import host_target
     from mlpack.packager import build as b
 
@@ -129,7 +130,7 @@ def measure_precision(path: str, folder: str, precision: str) -> list[dict]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            report = b.build(path, out, targets=[host_target()], precisions=[precision])
+            report = b.build(path, out, targets=[target or host_target()], precisions=[precision])
     finally:
         accuracy.TOLERANCES[precision] = saved
     os.unlink(out)
@@ -164,6 +165,7 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="write the rows here too")
     parser.add_argument("--precision", default="fp32",
                         help="fp32 (the ratios above), or fp16/bf16: their errors as they are")
+    parser.add_argument("--target", help="with --precision: the cpu target (default: this host's)")
     args = parser.parse_args(argv)
     paths = list(args.model)
     if not paths or args.bench:
@@ -177,7 +179,7 @@ def main(argv=None) -> None:
                 new = measure_model(path, folder)
                 _print(new)
             else:
-                new = measure_precision(path, folder, args.precision)
+                new = measure_precision(path, folder, args.precision, args.target)
                 _print_precision(new)
             rows += new
     if args.json:

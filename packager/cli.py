@@ -341,11 +341,13 @@ def _build_help() -> str:
     from mlpack.codegen.targets import registry
 
     listed = "\n\n".join(f"  {line}" for line in registry.help_text().splitlines())
-    made = ", ".join(precisions.implemented())
+    made = ", ".join(p + (" (the default)" if p in precisions.defaults() else "")
+                     for p in precisions.implemented())
     planned = ", ".join(p for p in precisions.names() if p not in precisions.implemented())
     return ("Compile a model into one container, with reference test vectors, validated before "
             "writing.\n\nTargets (--target, repeatable; by default every one not marked):\n\n"
-            f"{listed}\n\nPrecisions (--precision): {made}" + (f"; planned: {planned}" if planned else "")
+            f"{listed}\n\nPrecisions (--precision, repeatable or comma-separated, or all): {made}"
+            + (f"; planned: {planned}" if planned else "")
             + ".\n\nA cpu target that cannot lower an op of the model is skipped with a warning, "
             "unless named with --target.")
 
@@ -360,7 +362,8 @@ def build_cmd(
                                           "marked in the list above)"),
     precision: list[str] = typer.Option(
         [], "--precision", "-p", metavar="PRECISION",
-        help="precision to build, repeatable (default: all implemented)"),
+        help="precision to build, repeatable or comma-separated; all: every implemented one "
+             "(default: fp32)"),
     inputs: list[Path] = typer.Option(
         [], "--inputs", metavar="FILE.npz",
         help="test inputs, an array per input; repeat for more cases"),

@@ -70,6 +70,7 @@ PLATFORMS = {
     "x86_64-v4": {"os": "linux", "architecture": "amd64", "variant": "v4"},
     # v4 plus AMX: OCI has no variant for it; the artifact's cpu features tell it apart
     "x86_64-v4-amx": {"os": "linux", "architecture": "amd64", "variant": "v4"},
+    "x86_64-v4-bf16": {"os": "linux", "architecture": "amd64", "variant": "v4"},
     "aarch64": {"os": "linux", "architecture": "arm64", "variant": "v8"},
     "riscv64": {"os": "linux", "architecture": "riscv64"},
 }

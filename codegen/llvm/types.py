@@ -15,6 +15,23 @@ from mlpack.codegen.errors import UnsupportedTargetError
 from mlpack.codegen.llvm import narrow
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+
+
+class BFloatType(ir.Type):
+    """LLVM's ``bfloat`` (llvmlite has no class for it): the element of the bf16 vectors that
+    x86's vdpbf16ps takes. Registers elsewhere hold bf16 as i16 bits or widened to f32."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, BFloatType)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+BF16 = BFloatType()
 PTR = ir.PointerType()
 F32, F16, F64 = ir.FloatType(), ir.HalfType(), ir.DoubleType()
 FLOAT_TYPES = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.FloatType(),

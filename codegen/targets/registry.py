@@ -17,13 +17,16 @@ _CPU_SUMMARY = {
     "x86_64-v4": "x86-64 with AVX-512",
     "x86_64-v4-amx": "x86-64 v4 with Intel AMX tiles (on shared machines their speed swings by "
                      "the minute)",
+    "x86_64-v4-bf16": "x86-64 v4 with AVX512_BF16: bf16 artifacts multiply bf16 pairs "
+                      "(vdpbf16ps); builds bf16 only",
     "aarch64": "ARMv8 with NEON",
     "riscv64": "RV64GC with the vector extension 1.0",
 }
 
 
-def _cpu(name: str, platform: dict, status: str = DEFAULT) -> Target:
-    return Target(name, "cpu", platform, _CPU_SUMMARY[name], status, ("fp32", "fp16", "bf16"), CPU[name].features,
+def _cpu(name: str, platform: dict, status: str = DEFAULT,
+         precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")) -> Target:
+    return Target(name, "cpu", platform, _CPU_SUMMARY[name], status, precisions, CPU[name].features,
                   _CPU_COMPILER, parallel=True)
 
 
@@ -35,6 +38,10 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _cpu("x86_64-v4", {"os": "linux", "architecture": "amd64", "variant": "v4"}),
     # OCI has no variant for AMX: the artifact's cpu features tell it apart from plain v4
     _cpu("x86_64-v4-amx", {"os": "linux", "architecture": "amd64", "variant": "v4"}, OPT_IN),
+    # its bf16 artifact rounds the activations as well as the weights (bf16dot.py); a build of
+    # fp32 alone (the default) makes nothing for it
+    _cpu("x86_64-v4-bf16", {"os": "linux", "architecture": "amd64", "variant": "v4"},
+         precisions=("bf16",)),
     _cpu("aarch64", {"os": "linux", "architecture": "arm64", "variant": "v8"}),
     _cpu("riscv64", {"os": "linux", "architecture": "riscv64"}),
     Target("cuda", "cuda", None, "NVIDIA GPUs through PTX", PLANNED),

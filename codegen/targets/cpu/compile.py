@@ -12,7 +12,7 @@ from mlpack.codegen.passes.pipeline import run_passes
 from mlpack.codegen.targets.base import Code
 from mlpack.spec.ir.graph import Graph
 from mlpack.spec.ir.verify import verify
-from mlpack.codegen.targets.cpu import checks, contraction, layout, narrowconv, winograd
+from mlpack.codegen.targets.cpu import bf16dot, checks, contraction, layout, narrowconv, winograd
 from mlpack.codegen.targets.cpu.concat import split_concats
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
 from mlpack.codegen.targets.cpu.link import link_shared
@@ -32,6 +32,8 @@ class CpuArtifact:
     kernel_names: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     winograd: int = 0   # convolutions computed with Winograd's algorithm (winograd.py)
+    # passes whose rounding differs from the direct computation (Code.inexact_passes)
+    inexact: tuple[str, ...] = ()
 
 
 @dataclass
@@ -40,11 +42,13 @@ class _Rewritten:
     aliases: dict = field(default_factory=dict)   # tensor -> (concatenation, offset): concat.py
     parents: dict = field(default_factory=dict)   # the concatenations' buffers, no op writes them
     winograd: int = 0                             # convolutions on Winograd's algorithm
+    bf16_products: int = 0                        # contractions of bf16 pairs (bf16dot.py)
 
 
-def target_passes(state: _Rewritten) -> list:
+def target_passes(state: _Rewritten, t=None) -> list:
     """The cpu target's graph rewrites, in order, as named passes (codegen/passes/pipeline.py
-    runs them: timed, verified, printed at MLPACK_DEBUG=2, MLPACK_DISABLE_PASSES=name)."""
+    runs them: timed, verified, printed at MLPACK_DEBUG=2, MLPACK_DISABLE_PASSES=name). The
+    last runs on targets with AVX512_BF16 only (None: every pass)."""
 
     def concatenations(g: Graph) -> Graph:
         g, state.aliases, state.parents = split_concats(g)
@@ -54,8 +58,15 @@ def target_passes(state: _Rewritten) -> list:
         g, state.winograd = winograd.rewrite(g, state.aliases, state.parents)
         return g
 
-    return [("channels_last", layout.channels_last), ("split_concats", concatenations),
-            ("winograd", winograd_convolutions)]
+    def bf16_products(g: Graph) -> Graph:
+        g, state.bf16_products = bf16dot.round_activations(g, state.parents)
+        return g
+
+    passes = [("channels_last", layout.channels_last), ("split_concats", concatenations),
+              ("winograd", winograd_convolutions)]
+    if t is None or bf16dot.FEATURE in t.features:
+        passes.append(("bf16_products", bf16_products))
+    return passes
 
 
 def schedule_kernels(graph: Graph, t, disabled=frozenset()):
@@ -67,13 +78,13 @@ def schedule_kernels(graph: Graph, t, disabled=frozenset()):
     def check(g: Graph) -> None:   # a concatenation's buffer is written in place by its arms
         verify(g, external={name: g.types[name] for name in state.parents})
 
-    graph = run_passes(graph, target_passes(state), where=f"cpu {t.name}", disabled=disabled,
+    graph = run_passes(graph, target_passes(state, t), where=f"cpu {t.name}", disabled=disabled,
                        check=check)
     bufs = tensor_buffers(graph)
     bufs.update(state.parents)
     kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=state.aliases), bufs, t,
                                 source)
-    return graph, kernels, bufs, state.aliases, state.winograd
+    return graph, kernels, bufs, state.aliases, state
 
 
 def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
@@ -87,7 +98,7 @@ def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     reject_procedures(graph)
-    graph, kernels, bufs, aliases, rewritten = schedule_kernels(graph, t, disabled)
+    graph, kernels, bufs, aliases, state = schedule_kernels(graph, t, disabled)
     copies, owners = output_copies(graph, bufs, len(kernels))
     narrowconv.unpack_ports(graph, bufs, owners)
     kernels += copies
@@ -106,8 +117,10 @@ def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     times["link"] = time.perf_counter() - t2
     debug.log(f"cpu {target}: {len(kernels)} kernels, lower {times['lower']:.2f}s, "
               f"llvm {times['llvm']:.2f}s, link {times['link']:.2f}s")
+    inexact = (("winograd",) if state.winograd else ()) + \
+        (("bf16_products",) if state.bf16_products else ())
     return CpuArtifact(elf, plan, weights, t.name, list(t.features),
-                       [k.name for k in kernels], times, rewritten)
+                       [k.name for k in kernels], times, state.winograd, inexact)
 
 
 def compile_artifact(graph: Graph, target: str, precision: str, disabled=frozenset()) -> Code:
@@ -119,5 +132,4 @@ def compile_artifact(graph: Graph, target: str, precision: str, disabled=frozens
     t = get_target(target)
     config = {"plan": code.plan,
               "cpu_features": media.config_cpu_features(code.features, t.arch)}
-    return Code([(media.CODE_ELF, code.elf)], code.weights, config, code.timings,
-                ("winograd",) if code.winograd else ())
+    return Code([(media.CODE_ELF, code.elf)], code.weights, config, code.timings, code.inexact)

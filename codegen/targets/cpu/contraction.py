@@ -40,7 +40,7 @@ from mlpack.spec.ir import dtypes
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.targets.cpu import amx, depthwise
-from mlpack.codegen.targets.cpu.gemm import PACK, Contraction, pack_b
+from mlpack.codegen.targets.cpu.gemm import BF16_FEATURE, PACK, Contraction, pack_b, pack_pairs
 from mlpack.codegen.targets.cpu.indexing import affine, index_range, is_one, read_step
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, fresh_name,
@@ -159,7 +159,7 @@ def classify(k: Kernel, g, bufs: dict[str, Buffer], t: CpuTarget | None = None) 
     out = bufs[k.out]
     narrow = [_widened(a, g) for a in body.args]
     if any(narrow):
-        return _narrow_view(k, g, out, body.args, narrow)
+        return _narrow_view(k, g, out, body.args, narrow, bufs, t)
     if any(a.op != "read" or a.dtype != "f32" for a in body.args):
         return None
     r1, r2 = body.args
@@ -190,15 +190,20 @@ def _widened(e: Expr, g) -> Expr | None:
     return None
 
 
-def _narrow_view(k: Kernel, g, out: Buffer, args, narrow) -> dict | None:
+def _narrow_view(k: Kernel, g, out: Buffer, args, narrow, bufs, t) -> dict | None:
     """The GEMM view of a product of an f32 read and a 16-bit constant: that constant as B,
     packed at build time in its own dtype (the micro-kernel widens each vector it loads); None
-    when it cannot be (the kernel then runs as a loop nest, widening each element)."""
+    when it cannot be (the kernel then runs as a loop nest, widening each element). A bf16 A
+    (bf16dot.py's rounded activations) multiplies in bf16 pairs where ``_pair_dim`` finds a K
+    dim to pair, else is widened per element like B."""
     hits = [i for i, r in enumerate(narrow) if r is not None]
     if len(hits) != 1 or len(args) != 2:
         return None
     rb, ra = narrow[hits[0]], args[1 - hits[0]]
-    if ra.op != "read" or ra.dtype != "f32":
+    if ra.op == "cast" and ra.dtype == "f32" and ra.args[0].op == "read" \
+            and ra.args[0].dtype == "bf16" and rb.dtype == "bf16":
+        ra = ra.args[0]
+    elif ra.op != "read" or ra.dtype != "f32":
         return None
     info = _split(k, out, ra, rb)
     if info is None or any(not c0.is_const for _, c0 in info["aff_b"].values()):
@@ -208,7 +213,26 @@ def _narrow_view(k: Kernel, g, out: Buffer, args, narrow) -> dict | None:
     if info["n_size"].value < MIN_N or info["k_size"].value < 1:
         return None
     info["mode"] = "const"
+    info["pair"] = _pair_dim(info, k, bufs, t) if ra.dtype == "bf16" else None
+    if info["pair"] is not None:   # the paired dim innermost of the short ones (chunking aside)
+        ks = info["k"]
+        info["k"] = ks[:1] + [v for v in ks[1:] if v != info["pair"]] + \
+            ([info["pair"]] if info["pair"] in ks[1:] else [])
     return info
+
+
+def _pair_dim(info: dict, k: Kernel, bufs, t) -> str | None:
+    """The K dim vdpbf16ps pairs: one that A reads at unit stride, of even constant extent, on a
+    target with AVX512_BF16 and 16-lane vectors; None where there is none."""
+    if t is None or BF16_FEATURE not in t.features or t.vector_bits != 512:
+        return None
+    a = bufs[info["a"].arg[0]]
+    for v in info["k"]:
+        ext = k.rdims[v]
+        step = read_step(info["aff_a"], a, v)
+        if ext.is_const and ext.value % 2 == 0 and step.is_const and step.value == 1:
+            return v
+    return None
 
 
 def _panel_dtype(dtype: str, t: CpuTarget) -> str:
@@ -375,12 +399,14 @@ def _pack_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str) -> K
 
 
 def _k_chunk(t_tb: int, info: dict, rdims: dict) -> int:
-    """Steps of the outermost K dim per chunk: a chunk's slice of the B panel fits L1."""
+    """Steps of the outermost K dim per chunk: a chunk's slice of the B panel fits L1 (even when
+    that dim is paired, bf16dot.py)."""
     steps = max(1, L1_PANEL_BYTES // (t_tb * PACK * 4))
     inner = ex.product([rdims[r] for r in info["k"][1:]])
-    if not inner.is_const:
-        return 1
-    return max(1, steps // max(1, inner.value))
+    kc = 1 if not inner.is_const else max(1, steps // max(1, inner.value))
+    if info.get("pair") is not None and info["pair"] == info["k"][0]:
+        kc += kc % 2
+    return kc
 
 
 def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
@@ -422,12 +448,21 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             dims = info["batch"] + info["n"] + info["k"]
             extents = {v: _extent(v, ob, k.rdims).value for v in dims}
             pdt = _panel_dtype(rb.dtype, t)
-            key = (rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]), pdt)
+            pair = info.get("pair")
+            key = (rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]), pdt,
+                   pair)
+
+            def make():
+                panel = pack_b(const.data, const.layout, rb, info["aff_b"], dims, extents,
+                               info["n"], info["k"])
+                if pair is not None:
+                    panel = pack_pairs(panel, [extents[v] for v in info["k"]],
+                                               info["k"].index(pair))
+                return panel.astype(dtypes.to_numpy(pdt))
+            axes = ("b", "nb", "k", "l", "e") if pair is not None else ("b", "nb", "k", "l")
             name, data = _weights_pack(
                 key, f"{rb.arg[0]}#pack{len(packs)}" if packs else f"{rb.arg[0]}#pack",
-                ("b", "nb", "k", "l"), pdt, lambda: pack_b(
-                    const.data, const.layout, rb, info["aff_b"], dims, extents, info["n"],
-                    info["k"]).astype(dtypes.to_numpy(pdt)), bufs, packs, cache)
+                axes, pdt, make, bufs, packs, cache)
         elif info["mode"] == "pack":
             data = None
             name = fresh_name(f"{k.out}#b", bufs)
@@ -440,7 +475,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                              info["n_size"], info["k_size"], blocks, vl, tb, mr,
                              t.fma, _group(info["m_size"], mr), _k_chunk(tb, info, k.rdims),
                              direct, direct is not None and info["n_size"].value % PACK != 0,
-                             _n_inner(bufs[ra.arg[0]], bufs[name]))
+                             _n_inner(bufs[ra.arg[0]], bufs[name]), pair=info.get("pair"))
         k.strategy = "gemm"
         k.reads = _gemm_reads(k, ra, name)
         out.extend(pre)

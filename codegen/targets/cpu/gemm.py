@@ -19,6 +19,7 @@ from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.errors import UnsupportedTargetError
 
 PACK = 16                    # f32 lanes per packed column block, the same for every target
+BF16_FEATURE = "avx512bf16"  # the LLVM feature of vdpbf16ps (bf16 pairs: bf16dot.py)
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Contraction:
     k_steps: int = 0          # AMX: K in steps of 32, zero-padded
     run_dims: int = 0         # AMX: the innermost K dims, A's unit-stride run
     run_group: int = 1        # AMX: runs per vector of A (amx.k_order)
+    pair: str | None = None   # bf16 pairs (bf16dot.py): the K dim they pair, A read as bf16
 
     @property
     def ntiles(self) -> Expr:
@@ -115,3 +117,16 @@ def _blocked(vals: np.ndarray, dims, extents, n_dims, k_dims) -> np.ndarray:
     padded = np.zeros((bsz, blocks * PACK, ksz), dtype=np.float32)
     padded[:, :nsz] = vals
     return np.ascontiguousarray(padded.reshape(bsz, blocks, PACK, ksz).transpose(0, 1, 3, 2))
+
+
+def pack_pairs(panel: np.ndarray, extents: list[int], pair: int) -> np.ndarray:
+    """A packed B panel [batch points, N blocks, K, PACK] (K flat over the K dims of
+    ``extents``, loop order) as vdpbf16ps reads it: K dim number ``pair`` (even extent) split into
+    pairs, each pair of K adjacent per column: [batch, blocks, K / 2, PACK, 2], in bf16."""
+    b, nb, _, lanes = panel.shape
+    shape = list(extents)
+    shape[pair:pair + 1] = [shape[pair] // 2, 2]
+    x = panel.reshape(b, nb, *shape, lanes)
+    axis = 2 + pair + 1                        # the pair's axis of two
+    x = np.moveaxis(x, axis, -1)               # [b, nb, ..., e/2, ..., lanes, 2]
+    return np.ascontiguousarray(x.reshape(b, nb, -1, lanes, 2))

@@ -21,7 +21,8 @@ from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.llvm.intrinsics import declare, intrinsic, masked_load, splat
 from mlpack.codegen.llvm.loops import delinearize
-from mlpack.codegen.llvm.types import F32, I16, I32, I64, i64
+from mlpack.codegen.llvm import halfconv
+from mlpack.codegen.llvm.types import BF16, F32, I16, I32, I64, i64
 from mlpack.codegen.targets.cpu.gemm import PACK, Contraction
 from mlpack.codegen.targets.cpu.indexing import affine, is_one
 from mlpack.codegen.targets.cpu.kernel import Buffer
@@ -43,7 +44,11 @@ class GemmEmitter:
         # a build-time panel of 16-bit weights (precisions/weights16.py) is read in its dtype
         # and widened per vector: half the bytes through the caches for two more instructions
         self.bdt = L.E.buffers[self.c.packed].dtype
-        self.bety = {"f32": F32, "bf16": I16, "f16": ir.HalfType()}[self.bdt]
+        self.bety = {"bf16": I16, "f16": ir.HalfType()}.get(self.bdt, F32)   # (AMX: amxkernel.py)
+        # A in bf16 (bf16dot.py's rounded activations): paired with B for vdpbf16ps along
+        # c.pair, else widened per element
+        self.adt = L.E.buffers[self.c.a.arg[0]].dtype
+        self.aety = I16 if self.adt == "bf16" else F32
 
     # small integer helpers (operands i64)
     def add(self, x, y):
@@ -205,7 +210,7 @@ class GemmEmitter:
                     for r in range(c.mr):
                         m = self.umin(self.add(m0, i64(r)), last)
                         rows.append(b.gep(A, [self.row_offset(base, m, S, osz)], inbounds=True,
-                                          source_etype=F32))
+                                          source_etype=self.aety))
                     for r in range(c.mr):
                         for q in range(nv):
                             b.store(zero_vec if single else b.load(cvec(g, r, q), align=4),
@@ -233,12 +238,23 @@ class GemmEmitter:
             r = c.k[depth]
             ext = self.kext[r]
             lo, hi = span if depth == 0 else (i64(0), ext)
+            if r == c.pair:   # two K steps at once: i runs over the pairs' first elements
+                half = lambda v: b.lshr(v, i64(1))  # noqa: E731 (the extents are even)
+                with L.loops.loop(half(lo), half(hi), f"k.{r}", unroll=False) as i2:
+                    i = b.shl(i2, i64(1))
+                    self._k_loop(depth + 1, self.add(off, self.mul(S[r], i)) if r in S else off,
+                                 self.add(self.mul(kflat, half(ext)), i2), boff, rows, panels,
+                                 accs, S, span)
+                return
             with L.loops.loop(lo, hi, f"k.{r}", unroll=False) as i:
                 nb = boff
                 if self.SB is not None and r in self.SB:
                     nb = self.add(boff, self.mul(self.SB[r], i))
                 self._k_loop(depth + 1, self.add(off, self.mul(S[r], i)) if r in S else off,
                              self.add(self.mul(kflat, ext), i), nb, rows, panels, accs, S, span)
+            return
+        if c.pair is not None:
+            self._dot_step(kflat, off, rows, panels, accs)
             return
         per_block = PACK // c.vl
         bv = []
@@ -264,7 +280,10 @@ class GemmEmitter:
         fma = intrinsic(b.module, "llvm.fma", self.vty, 3) if c.fma else None
         nv = len(bv)
         for r, row in enumerate(rows):
-            a = b.load(b.gep(row, [off], inbounds=True, source_etype=F32), typ=F32, align=4)
+            a = b.load(b.gep(row, [off], inbounds=True, source_etype=self.aety), typ=self.aety,
+                       align=4 if self.adt == "f32" else 2)
+            if self.adt == "bf16":
+                a = halfconv.bf16_to_f32(b, a)
             a_lanes = splat(b, a, self.vty)
             for q in range(nv):
                 acc = accs[r * nv + q]
@@ -274,6 +293,32 @@ class GemmEmitter:
                 else:
                     new = b.fadd(cur, b.fmul(a_lanes, bv[q]))
                 b.store(new, acc)
+
+    def _dot_step(self, kpair, off, rows, panels, accs) -> None:
+        """One step of two K (``kpair``: the flat index of the pair): per row, A's pair of bf16
+        (adjacent along c.pair) broadcast to every lane; per B vector, 16 columns x the pair;
+        acc += a0 * b0 + a1 * b1 in f32 (vdpbf16ps)."""
+        c, b = self.c, self.b
+        pairs = ir.VectorType(BF16, 2 * c.vl)
+        kp = b.mul(kpair, i64(2 * PACK))
+        bv = [b.load(b.gep(panels[j], [kp], inbounds=True, source_etype=I16), typ=pairs, align=4)
+              for j in range(c.tb)]
+        if self.stream_b:
+            pf = declare(b.module, "llvm.prefetch.p0", ir.FunctionType(
+                ir.VoidType(), [ir.PointerType(), I32, I32, I32]))
+            for j in range(c.tb):
+                ahead = b.gep(panels[j], [self.add(kp, i64(PREFETCH_ROWS * 2 * PACK))],
+                              source_etype=I16)
+                b.call(pf, [ahead, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        dot = declare(b.module, "llvm.x86.avx512bf16.dpbf16ps.512",
+                      ir.FunctionType(self.vty, [self.vty, pairs, pairs]))
+        ity = ir.VectorType(I32, c.vl)
+        for r, row in enumerate(rows):
+            a = b.load(b.gep(row, [off], inbounds=True, source_etype=I16), typ=I32, align=2)
+            a_pairs = b.bitcast(splat(b, a, ity), pairs)
+            for q in range(len(bv)):
+                acc = accs[r * len(bv) + q]
+                b.store(b.call(dot, [b.load(acc), a_pairs, bv[q]]), acc)
 
     def _widen(self, v):
         """A vector of bf16 (i16 bits) or f16 panel values as f32: bf16 is f32's top half."""

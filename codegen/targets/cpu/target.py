@@ -18,6 +18,9 @@ _X86_V4 = _X86_V3 + ("avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl")
 # v4 plus Intel AMX (Sapphire Rapids on): fp32 contractions run as bf16x6 tile products
 # (amx.py); the split into bf16 parts rounds with integer ops, so avx512bf16 is not needed
 _X86_V4_AMX = _X86_V4 + ("amx-tile", "amx-bf16")
+# v4 plus AVX512_BF16 (Intel Cooper Lake and Sapphire Rapids on, AMD Zen 4 on): bf16 artifacts
+# multiply bf16 pairs with vdpbf16ps (bf16dot.py)
+_X86_V4_BF16 = _X86_V4 + ("avx512bf16",)
 _RV64GCV = ("m", "a", "f", "d", "c", "v")
 
 
@@ -53,6 +56,8 @@ TARGETS: dict[str, CpuTarget] = {t.name: t for t in (
     CpuTarget("x86_64-v4", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4, "amd64",
               "Advanced Micro Devices X86-64", 512, vector_registers=32),
     CpuTarget("x86_64-v4-amx", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4_AMX, "amd64",
+              "Advanced Micro Devices X86-64", 512, vector_registers=32),
+    CpuTarget("x86_64-v4-bf16", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4_BF16, "amd64",
               "Advanced Micro Devices X86-64", 512, vector_registers=32),
     CpuTarget("aarch64", "aarch64-unknown-linux-gnu", "generic", ("fp-armv8", "neon"), "arm64",
               "AArch64", 128, vector_registers=32),

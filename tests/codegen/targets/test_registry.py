@@ -36,7 +36,10 @@ def test_defaults_and_refusals_come_from_the_registry():
         b.plan_artifacts(["cuda"])
     with pytest.raises(b.BuildError, match=r"unknown target 'x86'; targets are: portable, x86_64-v2"):
         b.plan_artifacts(["x86"])
-    assert b.plan_artifacts() == [(t, "fp32") for t in registry.defaults()]
+    # (x86_64-v4-bf16 is a default target of the bf16 precision only)
+    assert b.plan_artifacts() == [(t, "fp32") for t in registry.defaults()
+                                  if "fp32" in registry.get(t).precisions]
+    assert ("x86_64-v4-bf16", "bf16") in b.plan_artifacts(precisions=["all"])
 
 
 def test_build_help_lists_every_target_and_precision():
@@ -46,7 +49,8 @@ def test_build_help_lists_every_target_and_precision():
     for t in registry.TARGETS.values():
         assert f"{t.name}: " in text, t.name
     assert "x86_64-v4-amx: " in text and "[only when named]" in text and "cuda: " in text
-    assert "Precisions (--precision): fp32; planned: fp16, bf16, int8." in text
+    assert ("Precisions (--precision, repeatable or comma-separated, or all): fp32 (the "
+            "default), fp16, bf16; planned: int8.") in text
 
 
 def test_a_target_added_to_the_registry_alone_is_built_and_validated(tmp_path, monkeypatch):
