@@ -92,6 +92,9 @@ class ArtifactReport:
     seconds: float | None = None  # compiling this target's code (None: portable, nothing to do)
     reason: str = ""  # why it was not validated here
     emulator: str = ""  # the qemu-user program it was validated under; "" when this host ran it
+    # inexact passes (winograd, bf16_products) left out because the first build of it missed
+    # its precision's tolerance
+    dropped_passes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -222,6 +225,7 @@ class _Native:
     code: Code
     weights: bytes
     seconds: float
+    dropped: tuple[str, ...] = ()   # inexact passes left out after the first try missed
 
 
 def _skip_reason(error: Exception) -> str:
@@ -666,9 +670,11 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         artifacts = lower(checks, compiled)
         write_container(output, name, artifacts)
     seconds = {t: n.seconds for (t, _), n in compiled.items() if registry.get(t).parallel}
+    reports = _reports(pairs, artifacts, checks, passed_over, seconds)
+    for report, pair in zip(reports, pairs):
+        report.dropped_passes = compiled[pair].dropped
     return BuildReport(output, name, os.path.getsize(output), tv.reference_name(), len(feeds),
-                       _reports(pairs, artifacts, checks, passed_over, seconds),
-                       _layer_sizes(artifacts), step.timings, seconds, skipped, blind)
+                       reports, _layer_sizes(artifacts), step.timings, seconds, skipped, blind)
 
 
 def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progress) -> bool:
@@ -684,7 +690,7 @@ def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progr
         progress(f"  {pair[0]}: {', '.join(passes)} misses the {pair[1]} tolerance; compiling "
                  f"without it")
     code, seconds = _compile_one(graph, *pair, disabled=passes)
-    compiled[pair] = _Native(code, _archive(code, {}), native.seconds + seconds)
+    compiled[pair] = _Native(code, _archive(code, {}), native.seconds + seconds, passes)
     return True
 
 

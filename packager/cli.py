@@ -401,7 +401,7 @@ def build_cmd(
                f"{len(report.artifacts)} artifact{'s' * (len(report.artifacts) != 1)}, "
                f"{report.cases} test case{'s' * (report.cases != 1)} ({report.reference})")
     for a in report.artifacts:
-        typer.echo(f"  {a.target} {a.precision}: {_artifact_state(a)}")
+        typer.echo(f"  {a.target} {a.precision}: {_artifact_state(a)}{_dropped(a)}")
 
 
 def _artifact_state(a) -> str:
@@ -412,6 +412,14 @@ def _artifact_state(a) -> str:
                 f"{_err(a.max_error)} (ONNX Runtime {_err(a.baseline_max_error)}), rel L2 "
                 f"{_err(a.rel_l2)}" + (f", top-1 {a.top1:.0%}" if a.top1 is not None else ""))
     return f"{built}not validated: {a.reason or 'not runnable here'}"
+
+
+def _dropped(a) -> str:
+    """The clause for an artifact compiled again without its inexact passes, or ""."""
+    if not a.dropped_passes:
+        return ""
+    return (f" (compiled without {', '.join(a.dropped_passes)}: with it the artifact missed "
+            f"the {a.precision} tolerance)")
 
 
 # ---- inspect

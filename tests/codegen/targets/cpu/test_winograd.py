@@ -174,6 +174,8 @@ def test_a_build_whose_winograd_artifact_misses_its_vectors_compiles_it_direct(t
                for line in lines)
     (art,) = [a for a in report.artifacts if a.target == "x86_64-v4"]
     assert art.validated and art.max_abs_error < 1e-4
+    assert art.dropped_passes == ("winograd",)   # the report says so, not only the progress line
+    assert all(a.dropped_passes == () for a in report.artifacts if a is not art)
     with mlpack.load(tmp_path / "m.mlpack") as loaded:
         got = loaded.run(feeds)["y"]
     np.testing.assert_allclose(got, oracle_outputs(m, feeds)[0], rtol=RTOL, atol=ATOL)
