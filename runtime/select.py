@@ -6,9 +6,9 @@ One algorithm, in three steps, written flat so the C engine can port it line for
    required CPU features, CUDA present with a high enough compute capability, ``min_runtime``
    newer than this runtime, and (when the caller says which code it can execute) a code format
    without a loader. Then drop what the caller excluded: device, precision, accuracy budget.
-2. **Rank** the rest. With an accuracy budget: the fastest (most specific target, then among
-   its precisions the one measured fastest at build time, ``latency``; where the build could not
-   time them, the narrowest precision). Without: the preferred precision (fp32, the reference, first), then the
+2. **Rank** the rest. With an accuracy budget: the fastest: of a device, the artifact measured
+   fastest at build time (``latency``: the build timed them all on one host), and where none was
+   timed, the most specific target and then the narrowest precision. Without: the preferred precision (fp32, the reference, first), then the
    most specific target: cuda > highest CPU level > baseline CPU > portable.
 3. **Explain**: every artifact gets a ``Verdict`` whose reason is a sentence a user can act on.
 
@@ -235,11 +235,11 @@ def check_policy(device, precision, budget) -> None:
 
 def rank_key(art: Artifact, budget) -> tuple:
     """Sort key, larger is better (see the module docstring)."""
-    if budget is not None:   # the measured fastest (build-time latency), else the narrowest
-        seconds = latency(art)
-        speed = ((1, -int(seconds * 1e9)) if seconds is not None
-                 else (0, PRECISION_SPEED.get(art.precision, 0)))
-        return (specificity(art), *speed, -art.index)
+    if budget is not None:   # the measured fastest (build-time latency), else the most specific
+        seconds = latency(art)   # target and the narrowest precision
+        device, *rest = specificity(art)
+        measured = (1, -int(seconds * 1e9)) if seconds is not None else (0, 0)
+        return (device, *measured, *rest, PRECISION_SPEED.get(art.precision, 0), -art.index)
     pref = (PRECISION_PREFERENCE.index(art.precision) if art.precision in PRECISION_PREFERENCE
             else len(PRECISION_PREFERENCE))
     return (-pref, specificity(art), -art.index)

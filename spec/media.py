@@ -72,6 +72,7 @@ PLATFORMS = {
     "x86_64-v4-amx": {"os": "linux", "architecture": "amd64", "variant": "v4"},
     "x86_64-v4-bf16": {"os": "linux", "architecture": "amd64", "variant": "v4"},
     "aarch64": {"os": "linux", "architecture": "arm64", "variant": "v8"},
+    "aarch64-bf16": {"os": "linux", "architecture": "arm64", "variant": "v8"},
     "riscv64": {"os": "linux", "architecture": "riscv64"},
 }
 

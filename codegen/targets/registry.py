@@ -20,6 +20,8 @@ _CPU_SUMMARY = {
     "x86_64-v4-bf16": "x86-64 v4 with AVX512_BF16: bf16 artifacts multiply bf16 pairs "
                       "(vdpbf16ps); builds bf16 only",
     "aarch64": "ARMv8 with NEON",
+    "aarch64-bf16": "ARMv8 with NEON and BF16: bf16 artifacts multiply bf16 pairs (BFDOT); "
+                    "builds bf16 only",
     "riscv64": "RV64GC with the vector extension 1.0",
 }
 
@@ -43,6 +45,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _cpu("x86_64-v4-bf16", {"os": "linux", "architecture": "amd64", "variant": "v4"},
          precisions=("bf16",)),
     _cpu("aarch64", {"os": "linux", "architecture": "arm64", "variant": "v8"}),
+    _cpu("aarch64-bf16", {"os": "linux", "architecture": "arm64", "variant": "v8"},
+         precisions=("bf16",)),
     _cpu("riscv64", {"os": "linux", "architecture": "riscv64"}),
     Target("cuda", "cuda", None, "NVIDIA GPUs through PTX", PLANNED),
 )}

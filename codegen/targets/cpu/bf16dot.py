@@ -1,6 +1,8 @@
-"""bf16 products on AVX512_BF16 (``vdpbf16ps``): the x86_64-v4-bf16 target's bf16 artifacts.
+"""bf16 products: the bf16 artifacts of x86_64-v4-bf16 (AVX512_BF16's ``vdpbf16ps``) and
+aarch64-bf16 (FEAT_BF16's ``BFDOT``).
 
-``vdpbf16ps acc, a, b`` adds to each of 16 f32 lanes the products of two bf16 pairs, so a GEMM
+``vdpbf16ps acc, a, b`` adds to each of 16 f32 lanes the products of two bf16 pairs (BFDOT the
+same on 4 lanes), so a GEMM
 whose A and B are both bf16 does two K steps per instruction, half the fp32 micro-kernel's
 (accumulation stays f32). The bf16 precision already stores the weights (B) in bf16
 (codegen/precisions/weights16.py); this target pass, ``round_activations``, rounds the other
@@ -20,12 +22,10 @@ from dataclasses import replace
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph, TensorType
-from mlpack.codegen.targets.cpu.gemm import BF16_FEATURE
 from mlpack.codegen.targets.cpu.indexing import affine
 from mlpack.codegen.targets.cpu.kernels import fresh_name
 from mlpack.codegen.targets.cpu.plan import tensor_buffers
 
-FEATURE = BF16_FEATURE
 
 
 def _weight(e: Expr, g: Graph) -> bool:

@@ -14,6 +14,7 @@ from mlpack.spec.ir.graph import Graph
 from mlpack.spec.ir.verify import verify
 from mlpack.codegen.targets.cpu import bf16dot, checks, contraction, layout, narrowconv, winograd
 from mlpack.codegen.targets.cpu.concat import split_concats
+from mlpack.codegen.targets.cpu.gemm import bf16_dot
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
 from mlpack.codegen.targets.cpu.link import link_shared
 from mlpack.codegen.targets.cpu.module import build_module, optimize_and_emit, target_machine
@@ -48,7 +49,7 @@ class _Rewritten:
 def target_passes(state: _Rewritten, t=None) -> list:
     """The cpu target's graph rewrites, in order, as named passes (codegen/passes/pipeline.py
     runs them: timed, verified, printed at MLPACK_DEBUG=2, MLPACK_DISABLE_PASSES=name). The
-    last runs on targets with AVX512_BF16 only (None: every pass)."""
+    last runs on targets that multiply bf16 pairs only (gemm.bf16_dot; None: every pass)."""
 
     def concatenations(g: Graph) -> Graph:
         g, state.aliases, state.parents = split_concats(g)
@@ -64,7 +65,7 @@ def target_passes(state: _Rewritten, t=None) -> list:
 
     passes = [("channels_last", layout.channels_last), ("split_concats", concatenations),
               ("winograd", winograd_convolutions)]
-    if t is None or bf16dot.FEATURE in t.features:
+    if t is None or bf16_dot(t):
         passes.append(("bf16_products", bf16_products))
     return passes
 

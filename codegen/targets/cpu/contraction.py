@@ -40,7 +40,7 @@ from mlpack.spec.ir import dtypes
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.targets.cpu import amx, depthwise
-from mlpack.codegen.targets.cpu.gemm import BF16_FEATURE, PACK, Contraction, pack_b, pack_pairs
+from mlpack.codegen.targets.cpu.gemm import PACK, Contraction, bf16_dot, pack_b, pack_pairs
 from mlpack.codegen.targets.cpu.indexing import affine, index_range, is_one, read_step
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, fresh_name,
@@ -222,9 +222,9 @@ def _narrow_view(k: Kernel, g, out: Buffer, args, narrow, bufs, t) -> dict | Non
 
 
 def _pair_dim(info: dict, k: Kernel, bufs, t) -> str | None:
-    """The K dim vdpbf16ps pairs: one that A reads at unit stride, of even constant extent, on a
-    target with AVX512_BF16 and 16-lane vectors; None where there is none."""
-    if t is None or BF16_FEATURE not in t.features or t.vector_bits != 512:
+    """The K dim the bf16 pair products pair: one that A reads at unit stride, of even constant
+    extent, on a target that has them (gemm.bf16_dot); None where there is none."""
+    if t is None or not bf16_dot(t):
         return None
     a = bufs[info["a"].arg[0]]
     for v in info["k"]:
@@ -475,7 +475,8 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                              info["n_size"], info["k_size"], blocks, vl, tb, mr,
                              t.fma, _group(info["m_size"], mr), _k_chunk(tb, info, k.rdims),
                              direct, direct is not None and info["n_size"].value % PACK != 0,
-                             _n_inner(bufs[ra.arg[0]], bufs[name]), pair=info.get("pair"))
+                             _n_inner(bufs[ra.arg[0]], bufs[name]), pair=info.get("pair"),
+                             dot=bf16_dot(t) if info.get("pair") else None)
         k.strategy = "gemm"
         k.reads = _gemm_reads(k, ra, name)
         out.extend(pre)

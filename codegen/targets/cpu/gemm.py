@@ -19,7 +19,19 @@ from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.errors import UnsupportedTargetError
 
 PACK = 16                    # f32 lanes per packed column block, the same for every target
-BF16_FEATURE = "avx512bf16"  # the LLVM feature of vdpbf16ps (bf16 pairs: bf16dot.py)
+# bf16 pairs (bf16dot.py): per LLVM feature, the instruction's intrinsic and its f32 lanes;
+# each adds a0*b0 + a1*b1 of adjacent bf16 pairs to every f32 lane (x86 vdpbf16ps, arm BFDOT)
+BF16_DOT = {"avx512bf16": ("llvm.x86.avx512bf16.dpbf16ps.512", 16),
+            "bf16": ("llvm.aarch64.neon.bfdot.v4f32.v8bf16", 4)}
+
+
+def bf16_dot(t) -> str | None:
+    """The bf16 pair-product intrinsic cpu target ``t`` multiplies with, or None: its feature
+    present, at the target's vector width."""
+    for feature, (name, lanes) in BF16_DOT.items():
+        if feature in t.features and t.vector_bits == 32 * lanes:
+            return name
+    return None
 
 
 @dataclass
@@ -49,6 +61,7 @@ class Contraction:
     run_dims: int = 0         # AMX: the innermost K dims, A's unit-stride run
     run_group: int = 1        # AMX: runs per vector of A (amx.k_order)
     pair: str | None = None   # bf16 pairs (bf16dot.py): the K dim they pair, A read as bf16
+    dot: str | None = None    # ... and the pair-product intrinsic (BF16_DOT)
 
     @property
     def ntiles(self) -> Expr:

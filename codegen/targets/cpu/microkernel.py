@@ -296,13 +296,14 @@ class GemmEmitter:
 
     def _dot_step(self, kpair, off, rows, panels, accs) -> None:
         """One step of two K (``kpair``: the flat index of the pair): per row, A's pair of bf16
-        (adjacent along c.pair) broadcast to every lane; per B vector, 16 columns x the pair;
-        acc += a0 * b0 + a1 * b1 in f32 (vdpbf16ps)."""
+        (adjacent along c.pair) broadcast to every lane; per B vector, vl columns x the pair;
+        acc += a0 * b0 + a1 * b1 in f32 (c.dot: vdpbf16ps, BFDOT)."""
         c, b = self.c, self.b
         pairs = ir.VectorType(BF16, 2 * c.vl)
         kp = b.mul(kpair, i64(2 * PACK))
-        bv = [b.load(b.gep(panels[j], [kp], inbounds=True, source_etype=I16), typ=pairs, align=4)
-              for j in range(c.tb)]
+        bv = [b.load(b.gep(panels[j], [self.add(kp, i64(2 * c.vl * q))], inbounds=True,
+                           source_etype=I16), typ=pairs, align=4)
+              for j in range(c.tb) for q in range(PACK // c.vl)]
         if self.stream_b:
             pf = declare(b.module, "llvm.prefetch.p0", ir.FunctionType(
                 ir.VoidType(), [ir.PointerType(), I32, I32, I32]))
@@ -310,8 +311,7 @@ class GemmEmitter:
                 ahead = b.gep(panels[j], [self.add(kp, i64(PREFETCH_ROWS * 2 * PACK))],
                               source_etype=I16)
                 b.call(pf, [ahead, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
-        dot = declare(b.module, "llvm.x86.avx512bf16.dpbf16ps.512",
-                      ir.FunctionType(self.vty, [self.vty, pairs, pairs]))
+        dot = declare(b.module, c.dot, ir.FunctionType(self.vty, [self.vty, pairs, pairs]))
         ity = ir.VectorType(I32, c.vl)
         for r, row in enumerate(rows):
             a = b.load(b.gep(row, [off], inbounds=True, source_etype=I16), typ=I32, align=2)

@@ -22,6 +22,8 @@ _X86_V4_AMX = _X86_V4 + ("amx-tile", "amx-bf16")
 # multiply bf16 pairs with vdpbf16ps (bf16dot.py)
 _X86_V4_BF16 = _X86_V4 + ("avx512bf16",)
 _RV64GCV = ("m", "a", "f", "d", "c", "v")
+# ARMv8 with FEAT_BF16 (Neoverse V1/N2 on, Graviton 3 on, Apple M2 on): BFDOT (bf16dot.py)
+_ARM_BF16 = ("fp-armv8", "neon", "bf16")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ TARGETS: dict[str, CpuTarget] = {t.name: t for t in (
     CpuTarget("x86_64-v4-bf16", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4_BF16, "amd64",
               "Advanced Micro Devices X86-64", 512, vector_registers=32),
     CpuTarget("aarch64", "aarch64-unknown-linux-gnu", "generic", ("fp-armv8", "neon"), "arm64",
+              "AArch64", 128, vector_registers=32),
+    CpuTarget("aarch64-bf16", "aarch64-unknown-linux-gnu", "generic", _ARM_BF16, "arm64",
               "AArch64", 128, vector_registers=32),
     # RV64GC with the vector extension 1.0, whose registers are at least 128 bits (zvl128b):
     # fixed-width 128-bit vectors lower to it on every V 1.0 core. The float ABI is lp64d (the

@@ -242,23 +242,27 @@ static mlpack_status mp_check_policy(const mlpack_options *o, mlpack_error **err
 
 /* ---------------------------------------------------------------- step 2 */
 
-/* Larger is better. Under a budget: the most specific target, then a measured artifact before an
- * unmeasured one, the measured by their build-time latency (ns, lower first) and the unmeasured by
- * their precision's name (narrower first); without one, the preferred precision first. */
-#define MP_KEY 6
+/* Larger is better. Under a budget: the device (cuda, cpu, portable), then a measured artifact
+ * before an unmeasured one, the measured by their build-time latency (ns, lower first: the build
+ * timed them on one host), the unmeasured by target specificity and their precision's name
+ * (narrower first); without a budget, the preferred precision first, then specificity. */
+#define MP_KEY 7
 static void mp_rank_key(const mp_artifact *a, int has_budget, long long key[MP_KEY]) {
   long s[3];
   mp_specificity(a, s);
   if (has_budget) {
-    key[0] = s[0]; key[1] = s[1]; key[2] = s[2];
-    key[3] = a->latency >= 0;
-    key[4] = a->latency >= 0 ? -(long long)(a->latency * 1e9) : mp_precision_speed(a->precision);
+    int measured = a->latency >= 0;
+    key[0] = s[0];
+    key[1] = measured;
+    key[2] = measured ? -(long long)(a->latency * 1e9) : 0;
+    key[3] = s[1]; key[4] = s[2];
+    key[5] = mp_precision_speed(a->precision);
   } else {
     int pref = mp_in_list(a->precision, mp_precision_preference);
     key[0] = -(pref < 0 ? 4 : pref);
-    key[1] = s[0]; key[2] = s[1]; key[3] = s[2]; key[4] = 0;
+    key[1] = s[0]; key[2] = s[1]; key[3] = s[2]; key[4] = key[5] = 0;
   }
-  key[5] = -(long long)a->index;
+  key[6] = -(long long)a->index;
 }
 
 static int mp_ranks_above(const mp_artifact *a, const mp_artifact *b, int has_budget) {

@@ -1,4 +1,5 @@
-"""bf16 products on AVX512_BF16 (codegen/targets/cpu/bf16dot.py), the x86_64-v4-bf16 target.
+"""bf16 products (codegen/targets/cpu/bf16dot.py): the x86_64-v4-bf16 (AVX512_BF16) and
+aarch64-bf16 (BFDOT) targets.
 
 The B panel's pair layout is checked element by element; the pass rounds the f32 operand of
 every contraction with bf16 weights (one shared copy per tensor) and of nothing else; the
@@ -92,19 +93,22 @@ def test_the_pass_rounds_each_contractions_activation_once():
     assert bf16dot.round_activations(compile_onnx(m)) == (compile_onnx(m), 0)
 
 
+@pytest.mark.parametrize("target, dot", [(TARGET, "llvm.x86.avx512bf16.dpbf16ps.512"),
+                                         ("aarch64-bf16", "llvm.aarch64.neon.bfdot.v4f32.v8bf16")])
 @pytest.mark.parametrize("case", list(CASES))
-def test_contractions_multiply_bf16_pairs(case):
+def test_contractions_multiply_bf16_pairs(case, target, dot):
     m, _ = CASES[case]()
     g = precisions.apply("bf16", compile_onnx(m))
-    _, kernels, bufs, _, state = schedule_kernels(g, get_target(TARGET))
+    _, kernels, bufs, _, state = schedule_kernels(g, get_target(target))
     gemms = [k for k in kernels if k.strategy == "gemm"]
     paired = [k for k in gemms if k.gemm.pair is not None]
     # every rounded activation is paired, along a dim A reads at unit stride
     assert state.bf16_products == len(paired) >= 1
-    assert all(bufs[k.gemm.a.arg[0]].dtype == "bf16" for k in paired)
+    assert all(bufs[k.gemm.a.arg[0]].dtype == "bf16" and k.gemm.dot == dot for k in paired)
     assert all(bufs[k.gemm.a.arg[0]].dtype == "f32" for k in gemms if k.gemm.pair is None)
-    # the plain v4 target reads the same bf16 weights without pairing
-    _, kernels, _, _, state = schedule_kernels(g, get_target("x86_64-v4"))
+    # the plain level reads the same bf16 weights without pairing
+    plain = "x86_64-v4" if target == TARGET else "aarch64"
+    _, kernels, _, _, state = schedule_kernels(g, get_target(plain))
     assert state.bf16_products == 0
     assert all(k.gemm.pair is None for k in kernels if k.strategy == "gemm")
 
