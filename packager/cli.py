@@ -451,7 +451,7 @@ def _artifact_doc(art) -> dict:
             "target": cfg["artifact"]["target"], "platform": art.platform,
             "cpu_features": cfg["artifact"].get("cpu_features") or [],
             "cuda_sm": cfg["artifact"].get("cuda_sm"), "accuracy": cfg.get("accuracy") or {},
-            "min_runtime": cfg.get("min_runtime"),
+            "min_runtime": cfg.get("min_runtime"), "latency": cfg.get("latency"),
             "layers": [{"media_type": layer.media_type, "digest": layer.digest, "size": layer.size}
                        for layer in art.layers]}
 
@@ -530,9 +530,12 @@ def _inspect_lines(doc: dict) -> list[str]:
     lines += [f"output:     {_sig_text(s)}" for s in doc["outputs"]]
     lines.append(f"artifacts:  {len(doc['artifacts'])}")
     for a in doc["artifacts"]:
+        timed = a.get("latency") or {}
+        speed = (f", {timed['seconds'] * 1e3:.3g} ms a run at build ({timed.get('threads', 1)} "
+                 f"thread)" if isinstance(timed.get("seconds"), (int, float)) else "")
         lines.append(f"  [{a['index']}] {a['device']:<8} {a['target']:<10} {a['precision']:<5} "
-                     f"platform {_platform_doc(a['platform'])}, {_accuracy_text(a['accuracy'])}, "
-                     f"min runtime {a['min_runtime']}")
+                     f"platform {_platform_doc(a['platform'])}, {_accuracy_text(a['accuracy'])}"
+                     f"{speed}, min runtime {a['min_runtime']}")
     if "host" in doc:
         lines.append(f"host:       {doc['host']} (selection by {doc['engine']})")
         lines += [f"  [{v['index']}] {v['reason']}" for v in doc["verdicts"]]

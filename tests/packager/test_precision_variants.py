@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 import pytest
+import support
 from support import emulated
 
 import mlpack
@@ -133,6 +134,8 @@ def test_an_accuracy_budget_picks_the_measured_fastest_within_it(mlp16):
             latency[target, art.precision] = art.config["latency"]["seconds"]
         else:
             assert "latency" not in art.config, target
+    shown = support.cli("inspect", path).stdout   # inspect says what each run took at build
+    assert shown.count("ms a run at build (1 thread)") == len(latency)
     with mlpack.load(str(path), accuracy_budget=errors[host, "fp32"] * 2) as m:
         assert m.artifact.precision == "fp32"
         reasons = {v.artifact.precision: v.reason for v in m.verdicts

@@ -2,9 +2,8 @@
 aarch64-bf16 (FEAT_BF16's ``BFDOT``).
 
 ``vdpbf16ps acc, a, b`` adds to each of 16 f32 lanes the products of two bf16 pairs (BFDOT the
-same on 4 lanes), so a GEMM
-whose A and B are both bf16 does two K steps per instruction, half the fp32 micro-kernel's
-(accumulation stays f32). The bf16 precision already stores the weights (B) in bf16
+same on 4 lanes), so a GEMM whose A and B are both bf16 does two K steps per instruction, half
+the fp32 micro-kernel's (accumulation stays f32). The bf16 precision already stores the weights (B) in bf16
 (codegen/precisions/weights16.py); this target pass, ``round_activations``, rounds the other
 operand too: each contraction of an f32 tensor with bf16 weights reads a bf16 copy of the tensor
 (one map kernel writes it; contractions reading the same tensor share it). The rounding of the
@@ -25,7 +24,6 @@ from mlpack.spec.ir.graph import Comprehension, Graph, TensorType
 from mlpack.codegen.targets.cpu.indexing import affine
 from mlpack.codegen.targets.cpu.kernels import fresh_name
 from mlpack.codegen.targets.cpu.plan import tensor_buffers
-
 
 
 def _weight(e: Expr, g: Graph) -> bool:
