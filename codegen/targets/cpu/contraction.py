@@ -166,17 +166,28 @@ def classify(k: Kernel, g, bufs: dict[str, Buffer], t: CpuTarget | None = None) 
     for ra, rb in ((r1, r2), (r2, r1)):
         if not (rb.arg[0] in g.constants and rb.arg[2] is None):
             continue
-        info = _split(k, out, ra, rb)
-        if info is None or any(not c0.is_const for _, c0 in info["aff_b"].values()):
-            break
-        if any(not _extent(v, out, k.rdims).is_const
-               for v in info["batch"] + info["n"] + info["k"]):
-            break   # symbolic: B is packed at run time instead
-        if info["n_size"].value < MIN_N or info["k_size"].value < 1:
+        info = _const_view(k, out, ra, rb)
+        if info is False:
             return None
-        info["mode"] = "const"
+        if info is None:
+            break   # symbolic: B is packed at run time instead
         return _swapped(k, out, info, bufs, t) or info
     return _runtime(k, out, r1, r2, bufs, t)
+
+
+def _const_view(k: Kernel, out: Buffer, ra: Expr, rb: Expr) -> dict | None | bool:
+    """The GEMM view with constant ``rb`` as B packed at build time; None when B cannot be
+    packed then (an index or extent not constant), False when the contraction has too few
+    columns or no depth to be a GEMM at all."""
+    info = _split(k, out, ra, rb)
+    if info is None or any(not c0.is_const for _, c0 in info["aff_b"].values()):
+        return None
+    if any(not _extent(v, out, k.rdims).is_const for v in info["batch"] + info["n"] + info["k"]):
+        return None
+    if info["n_size"].value < MIN_N or info["k_size"].value < 1:
+        return False
+    info["mode"] = "const"
+    return info
 
 
 def _widened(e: Expr, g) -> Expr | None:
@@ -205,14 +216,9 @@ def _narrow_view(k: Kernel, g, out: Buffer, args, narrow, bufs, t) -> dict | Non
         ra = ra.args[0]
     elif ra.op != "read" or ra.dtype != "f32":
         return None
-    info = _split(k, out, ra, rb)
-    if info is None or any(not c0.is_const for _, c0 in info["aff_b"].values()):
+    info = _const_view(k, out, ra, rb)
+    if not info:
         return None
-    if any(not _extent(v, out, k.rdims).is_const for v in info["batch"] + info["n"] + info["k"]):
-        return None
-    if info["n_size"].value < MIN_N or info["k_size"].value < 1:
-        return None
-    info["mode"] = "const"
     info["pair"] = _pair_dim(info, k, bufs, t) if ra.dtype == "bf16" else None
     if info["pair"] is not None:   # the paired dim innermost of the short ones (chunking aside)
         ks = info["k"]

@@ -269,14 +269,7 @@ class GemmEmitter:
                     bv.append(b.load(p, typ=self.vty, align=4))
                 else:
                     bv.append(self._widen(b.load(p, typ=ir.VectorType(self.bety, c.vl), align=2)))
-        if self.stream_b:   # B is read once: fetch its panels PREFETCH_ROWS K steps ahead
-            pf = declare(b.module, "llvm.prefetch.p0", ir.FunctionType(
-                ir.VoidType(), [ir.PointerType(), I32, I32, I32]))
-            read, to_l1, data = ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)
-            for j in range(c.tb):   # (no inbounds: the last steps' addresses pass the panel)
-                ahead = b.gep(panels[j], [self.add(kp, i64(PREFETCH_ROWS * PACK))],
-                              source_etype=self.bety)
-                b.call(pf, [ahead, read, to_l1, data])
+        self._prefetch(panels, kp, PACK, self.bety)
         fma = intrinsic(b.module, "llvm.fma", self.vty, 3) if c.fma else None
         nv = len(bv)
         for r, row in enumerate(rows):
@@ -304,13 +297,7 @@ class GemmEmitter:
         bv = [b.load(b.gep(panels[j], [self.add(kp, i64(2 * c.vl * q))], inbounds=True,
                            source_etype=I16), typ=pairs, align=4)
               for j in range(c.tb) for q in range(PACK // c.vl)]
-        if self.stream_b:
-            pf = declare(b.module, "llvm.prefetch.p0", ir.FunctionType(
-                ir.VoidType(), [ir.PointerType(), I32, I32, I32]))
-            for j in range(c.tb):
-                ahead = b.gep(panels[j], [self.add(kp, i64(PREFETCH_ROWS * 2 * PACK))],
-                              source_etype=I16)
-                b.call(pf, [ahead, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        self._prefetch(panels, kp, 2 * PACK, I16)
         dot = declare(b.module, c.dot, ir.FunctionType(self.vty, [self.vty, pairs, pairs]))
         ity = ir.VectorType(I32, c.vl)
         for r, row in enumerate(rows):
@@ -319,6 +306,19 @@ class GemmEmitter:
             for q in range(len(bv)):
                 acc = accs[r * len(bv) + q]
                 b.store(b.call(dot, [b.load(acc), a_pairs, bv[q]]), acc)
+
+    def _prefetch(self, panels, kp, step: int, etype) -> None:
+        """Where B is read once (``stream_b``), fetch each panel PREFETCH_ROWS K steps of
+        ``step`` elements (``etype``) ahead of ``kp``."""
+        if not self.stream_b:
+            return
+        b = self.b
+        pf = declare(b.module, "llvm.prefetch.p0", ir.FunctionType(
+            ir.VoidType(), [ir.PointerType(), I32, I32, I32]))
+        read, to_l1, data = ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)
+        for j in range(self.c.tb):   # (no inbounds: the last steps' addresses pass the panel)
+            ahead = b.gep(panels[j], [self.add(kp, i64(PREFETCH_ROWS * step))], source_etype=etype)
+            b.call(pf, [ahead, read, to_l1, data])
 
     def _widen(self, v):
         """A vector of bf16 (i16 bits) or f16 panel values as f32: bf16 is f32's top half."""
