@@ -452,15 +452,9 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
 
 def machine() -> dict:
     """What the numbers were measured on (no paths)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    from mlpack.runtime.host import cpu_name
+
+    cpu = cpu_name() or platform.processor() or platform.machine()
     versions = {"python": platform.python_version(), "numpy": np.__version__}
     try:
         from mlpack import __version__

@@ -372,17 +372,11 @@ def artifact_spec(name: str, target: str, precision: str, code: Code, weights: b
 def _host_name() -> str:
     """The build host as a latency's record names it: its CPU and the level it runs."""
     from mlpack.runtime import detect_host
+    from mlpack.runtime.host import cpu_name
 
     host = detect_host()
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f
-                        if line.startswith(("model name", "Model name"))), "")
-    except OSError:
-        pass
     level = f" x86-64 v{host.x86_level}" if host.x86_level else ""
-    return f"{cpu or host.arch}{level} ({host.os}/{host.arch})"
+    return f"{cpu_name() or host.arch}{level} ({host.os}/{host.arch})"
 
 
 def _lower(pairs, name, graph, vectors, reference, checks, compiled) -> list[ArtifactSpec]:
@@ -537,8 +531,7 @@ def _time_precisions(path: str, pairs, native: list[int], checks: dict, progress
         model = load(path, threads=1)
     with model:
         for i in timed:
-            seconds = model.validate(i, timed_runs=TIMED_RUNS).seconds
-            checks[i] = dataclasses.replace(checks[i], seconds=seconds)
+            checks[i] = dataclasses.replace(checks[i], seconds=model.time(i, TIMED_RUNS))
 
 
 # ---------------------------------------------------------------- the driver

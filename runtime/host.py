@@ -98,6 +98,15 @@ def _read_cpuinfo() -> str:
         return ""
 
 
+def cpu_name() -> str | None:
+    """The CPU's model name as /proc/cpuinfo gives it ("AMD EPYC"); None where it gives none
+    (arm64 kernels have no such line, other systems no /proc)."""
+    for line in _read_cpuinfo().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip() or None
+    return None
+
+
 def detect_cuda_sm() -> int | None:
     """Device 0's compute capability from the CUDA driver API, or None (no driver, no GPU)."""
     try:

@@ -34,7 +34,6 @@ The test-vector layer is a tensor archive with tensors ``case{i}/input/{name}`` 
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 import warnings
@@ -174,7 +173,7 @@ class ValidationResult:
     # the qemu-user program that ran the artifact of another architecture ("qemu-aarch64",
     # packager/emulate.py); "" when this host ran it
     emulator: str = ""
-    # median seconds of a run on the first case's inputs when validate(timed_runs=N) timed it
+    # median seconds of a run, when the build timed the artifact too (Model.time)
     seconds: float | None = None
 
     @property
@@ -429,39 +428,49 @@ class Model:
         """The bundled (inputs, expected outputs) cases of the chosen artifact; [] if none."""
         return [(ins, outs) for ins, outs, _ in vector_cases(self._container, self._art)]
 
-    def validate(self, artifact=None, *, timed_runs: int = 0) -> ValidationResult:
+    def validate(self, artifact=None) -> ValidationResult:
         """Run the bundled test vectors on ``artifact`` (an index or an Artifact;
         None: the chosen one) and
-        compare each output with the tolerances recorded in that artifact's config.
-        ``timed_runs``: then time that many more runs of the first case (``seconds``: the
-        median), at this model's thread count."""
+        compare each output with the tolerances recorded in that artifact's config."""
+        return self._on(artifact, self._validate)
+
+    def time(self, artifact=None, runs: int = 5) -> float | None:
+        """The median seconds of ``runs`` runs of the first bundled test case on ``artifact``
+        (as ``validate`` names it), at this model's thread count; None without test vectors."""
+        return self._on(artifact, lambda art, executor: self._time(art, executor, runs))
+
+    def _on(self, artifact, use):
+        """``use(artifact, its executor)`` for ``artifact`` (None: the chosen one)."""
         if self._executor is None:
             raise Error(f"{self.path}: the model is closed")
         if isinstance(artifact, Artifact):
             artifact = artifact.index
         if artifact is None or artifact == self._art.index:
-            return self._validate(self._art, self._executor, timed_runs)
+            return use(self._art, self._executor)
         art = self._runnable(artifact)
         executor = self._executor_for(art)
         try:
-            return self._validate(art, executor, timed_runs)
+            return use(art, executor)
         finally:
             executor.close()
 
-    def _validate(self, art: Artifact, executor, timed_runs: int = 0) -> ValidationResult:
+    def _validate(self, art: Artifact, executor) -> ValidationResult:
         cases = vector_cases(self._container, art)
-        feeds = [check_feeds(self.inputs, f, self.path) for f, _, _ in cases]
-        got = [executor.run(f) for f in feeds]
+        got = [executor.run(check_feeds(self.inputs, feeds, self.path)) for feeds, _, _ in cases]
         reason = next(v.reason for v in self.verdicts if v.artifact is art)
-        result = judge_vectors(art, cases, got, reason)
-        if timed_runs and feeds:
-            times = []
-            for _ in range(timed_runs):
-                t0 = time.perf_counter()
-                executor.run(feeds[0])
-                times.append(time.perf_counter() - t0)
-            result = dataclasses.replace(result, seconds=statistics.median(times))
-        return result
+        return judge_vectors(art, cases, got, reason)
+
+    def _time(self, art: Artifact, executor, runs: int) -> float | None:
+        cases = vector_cases(self._container, art)
+        if not cases:
+            return None
+        feeds = check_feeds(self.inputs, cases[0][0], self.path)
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            executor.run(feeds)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
 
     def blind_spots(self) -> list[str]:
         """Outputs the bundled test vectors cannot judge (``spec.accuracy.blind_spots``)."""

@@ -74,29 +74,32 @@ def cuda_sm(art: Artifact) -> int | None:
         return None
 
 
+def _recorded_number(art: Artifact, key: str, section: str, field: str) -> float | None:
+    """A non-negative number the annotation ``key`` holds as JSON text, else the config's
+    ``section.field``; None when neither records one (as select.c's mp_recorded_number)."""
+    text = art.annotations.get(key)
+    if text is not None:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+    else:
+        block = art.config.get(section)
+        value = block.get(field) if isinstance(block, dict) else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    return float(value) if ok else None
+
+
 def max_error(art: Artifact) -> float | None:
     """The recorded error against the float64 reference on the output's own scale (max |y - ref|
     / max |ref|, worst over the outputs); None when the artifact records none."""
-    text = art.annotations.get(media.ANN_MAX_ERROR)
-    try:
-        value = json.loads(text) if text is not None else art.config["accuracy"].get("max_error")
-    except ValueError:
-        return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-    return float(value) if ok else None
+    return _recorded_number(art, media.ANN_MAX_ERROR, "accuracy", "max_error")
 
 
 def latency(art: Artifact) -> float | None:
     """Seconds per run measured on the build host (config ``latency``, one thread); None when
     the build did not time this artifact."""
-    text = art.annotations.get(media.ANN_LATENCY)
-    try:
-        value = (json.loads(text) if text is not None
-                 else (art.config.get("latency") or {}).get("seconds"))
-    except (ValueError, AttributeError):
-        return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-    return float(value) if ok else None
+    return _recorded_number(art, media.ANN_LATENCY, "latency", "seconds")
 
 
 def min_runtime(art: Artifact) -> str:
