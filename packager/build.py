@@ -232,16 +232,17 @@ def _skip_reason(error: Exception) -> str:
     return str(error).removeprefix("cpu: ")
 
 
-def _compile_one(graph, target: str, precision: str = "fp32", disabled=frozenset()):
+def _compile_one(graph, target: str, precision: str = "fp32", disabled=frozenset(),
+                 calibration=None):
     """One target's code (in a worker process for the slow ones): (Code, seconds), or the
     UnsupportedTargetError saying what it cannot lower. ``disabled``: the target's passes to
-    leave out."""
+    leave out; ``calibration``: what the precision needs beside the graph (int8's ranges)."""
     from mlpack.codegen.errors import UnsupportedTargetError
 
     t0 = time.perf_counter()
     try:
-        code = registry.get(target).compile(precision_modules.apply(precision, graph), precision,
-                                            frozenset(disabled))
+        code = registry.get(target).compile(
+            precision_modules.apply(precision, graph, calibration), precision, frozenset(disabled))
     except UnsupportedTargetError as e:
         return e, 0.0
     return code, time.perf_counter() - t0
@@ -254,14 +255,16 @@ def _compile_one(graph, target: str, precision: str = "fp32", disabled=frozenset
 PARALLEL_MIN_OPS = 64
 
 
-def _compile_all(graph, pairs: list[tuple[str, str]]) -> dict:
+def _compile_all(graph, pairs: list[tuple[str, str]], calibrations: dict) -> dict:
     """{(target, precision): (Code or UnsupportedTargetError, seconds)}: the slow targets in
-    parallel worker processes when it pays, the others here."""
+    parallel worker processes when it pays, the others here. ``calibrations``: per precision,
+    what it needs beside the graph."""
     slow = [pair for pair in pairs if registry.get(pair[0]).parallel]
-    results = {pair: _compile_one(graph, *pair) for pair in pairs if pair not in slow}
+    one = lambda pair: _compile_one(graph, *pair, calibration=calibrations.get(pair[1]))  # noqa: E731
+    results = {pair: one(pair) for pair in pairs if pair not in slow}
     workers = min(len(slow), os.cpu_count() or 1)
     if workers < 2 or len(graph.ops) < PARALLEL_MIN_OPS:
-        results.update((pair, _compile_one(graph, *pair)) for pair in slow)
+        results.update((pair, one(pair)) for pair in slow)
         return {pair: results[pair] for pair in pairs}
     import multiprocessing
     import signal
@@ -280,7 +283,8 @@ def _compile_all(graph, pairs: list[tuple[str, str]]) -> dict:
         # and this process answers it, not they.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            futures.update((pair, pool.submit(_compile_one, graph, *pair)) for pair in slow)
+            futures.update((pair, pool.submit(_compile_one, graph, *pair, frozenset(),
+                                              calibrations.get(pair[1]))) for pair in slow)
         except BaseException as e:  # after the shutdown below, too: it starts no more workers
             failed.append(e)
 
@@ -311,7 +315,8 @@ def _archive(code: Code, shared: dict) -> bytes:
     return shared.setdefault(archive, archive)
 
 
-def compile_targets(pairs, graph, explicit, step, progress) -> tuple[dict, list]:
+def compile_targets(pairs, graph, explicit, step, progress,
+                    calibrations=None) -> tuple[dict, list]:
     """Compile every requested (target, precision): ({pair: _Native}, [(target, why skipped)]).
 
     A target that cannot lower the model is skipped, or a BuildError if it is in ``explicit``
@@ -322,7 +327,7 @@ def compile_targets(pairs, graph, explicit, step, progress) -> tuple[dict, list]
     slow = [pair for pair in pairs if registry.get(pair[0]).parallel]
     label = ", ".join(dict.fromkeys(t for t, _ in slow))
     with step("lower", f"{label} {'/'.join(dict.fromkeys(p for _, p in slow))}" if slow else ""):
-        results = _compile_all(graph, pairs)
+        results = _compile_all(graph, pairs, calibrations or {})
     for pair in pairs:
         target = pair[0]
         code, seconds = results[pair]
@@ -612,7 +617,7 @@ def _layer_sizes(artifacts: list[ArtifactSpec]) -> dict[str, int]:
 
 
 def build(model, output, *, targets=None, precisions=None, inputs=None, dims=None, seed: int = 0,
-          cases: int = 2, name: str | None = None,
+          cases: int = 2, name: str | None = None, calibration=None,
           progress: Callable[[str], None] | None = None) -> BuildReport:
     """Compile ``model`` (a path, bytes or ModelProto) into the container ``output``.
 
@@ -620,8 +625,10 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     ``.npz`` path (or a dict) of test inputs instead of random ones, or a list of them (one
     test case each); ``dims``: sizes for the size
     symbols in the random inputs (default 1); ``seed``/``cases``: the random test vectors;
-    ``name``: the model name (default: the file's stem); ``progress``: called with a line as each
-    step starts. Raises an ``mlpack.Error`` and writes nothing if any step fails.
+    ``name``: the model name (default: the file's stem); ``calibration``: the inputs int8 takes
+    its activation ranges from, a directory of ``.npz`` files (or a list of input dicts;
+    default: CALIBRATION_CASES seeded random input sets); ``progress``: called with a line as
+    each step starts. Raises an ``mlpack.Error`` and writes nothing if any step fails.
     """
     from mlpack.codegen.onnx.importer import load_model
 
@@ -641,7 +648,9 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         vectors = tv.pack(feeds, expected, tv.reference_name(), references)
     blind = accuracy.blind_spots(references)
     _warn(BlindVectorsWarning, blind, progress)
-    compiled, skipped = compile_targets(pairs, graph, set(targets or ()), step, progress)
+    calibrations = _calibrate(pairs, graph, calibration, dims, seed, step)
+    compiled, skipped = compile_targets(pairs, graph, set(targets or ()), step, progress,
+                                        calibrations)
     _warn_skipped(skipped, progress)
     pairs = [pair for pair in pairs if pair in compiled]
     lower = functools.partial(_lower, pairs, name, graph, vectors, tv.reference_name())
@@ -654,7 +663,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
                 checks, passed_over = validate_container(scratch, pairs, output, progress)
             break
         except DeadOnArrivalError as e:
-            if not _direct_again(e, pairs, compiled, graph, progress):
+            if not _direct_again(e, pairs, compiled, graph, progress, calibrations):
                 raise
         finally:
             _remove(scratch)
@@ -669,7 +678,42 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
                        reports, _layer_sizes(artifacts), step.timings, seconds, skipped, blind)
 
 
-def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progress) -> bool:
+# random input sets int8 calibrates on when the user gives none (seeded apart from the vectors,
+# so the artifact is not judged on the inputs it was calibrated on)
+CALIBRATION_CASES = 8
+CALIBRATION_SEED = 1 << 20
+
+
+def calibration_inputs(graph, calibration, dims, seed: int) -> list[dict]:
+    """The input sets to calibrate on: every ``.npz`` of the directory ``calibration`` (sorted by
+    name), the dicts of a list, or CALIBRATION_CASES random sets."""
+    if calibration is None:
+        return tv.random_cases(graph, dims=dims, cases=CALIBRATION_CASES,
+                               seed=seed + CALIBRATION_SEED)
+    if isinstance(calibration, (list, tuple)):
+        return [c for one in calibration for c in tv.user_case(one, graph, "calibration")]
+    folder = Path(calibration)
+    if not folder.is_dir():
+        raise BuildError(f"{folder}: not a directory (--calibration takes a directory of .npz "
+                         "files, an array per model input in each)")
+    files = sorted(folder.glob("*.npz"))
+    if not files:
+        raise BuildError(f"{folder}: no .npz files in it (--calibration)")
+    return [c for f in files for c in tv.load_npz(f, graph)]
+
+
+def _calibrate(pairs, graph, calibration, dims, seed: int, step) -> dict:
+    """{precision: its calibration} for the precisions of ``pairs`` that need one."""
+    wanted = [p for p in dict.fromkeys(p for _, p in pairs) if precision_modules.calibrates(p)]
+    if not wanted:
+        return {}
+    with step("calibrate", ", ".join(wanted)):
+        feeds = calibration_inputs(graph, calibration, dims, seed)
+        return {p: precision_modules.calibrate(p, graph, feeds) for p in wanted}
+
+
+def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progress,
+                  calibrations: dict) -> bool:
     """Compile the failing artifact again without its inexact passes, if it ran any (the cpu
     target's Winograd convolutions: their rounding, codegen/targets/cpu/winograd.py, is the one
     difference from the direct sums that the tolerance may not cover). Whether it did so."""
@@ -681,7 +725,8 @@ def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progr
     if progress:
         progress(f"  {pair[0]}: {', '.join(passes)} misses the {pair[1]} tolerance; compiling "
                  f"without it")
-    code, seconds = _compile_one(graph, *pair, disabled=passes)
+    code, seconds = _compile_one(graph, *pair, disabled=passes,
+                                 calibration=calibrations.get(pair[1]))
     compiled[pair] = _Native(code, _archive(code, {}), native.seconds + seconds, passes)
     return True
 

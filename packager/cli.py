@@ -371,6 +371,10 @@ def build_cmd(
         [], "--dim", metavar="NAME=SIZE", help="a size symbol in the test inputs (default 1)"),
     seed: int = typer.Option(0, "--seed", metavar="N", help="seed of the random test inputs"),
     cases: int = typer.Option(2, "--cases", metavar="N", help="how many random test cases"),
+    calibration: Optional[Path] = typer.Option(
+        None, "--calibration", metavar="DIR",
+        help="int8: calibrate the activations on these inputs, a directory of .npz files with "
+             "an array per model input (default: 8 seeded random input sets)"),
     name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
                                        help="model name (default: the file's stem)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing but errors"),
@@ -388,7 +392,7 @@ def build_cmd(
             report = build(_existing(model), output, targets=target, precisions=precision,
                            inputs=[_existing(p, "test inputs") for p in inputs] or None,
                            dims=_key_int(dim, "--dim"), seed=seed, cases=cases, name=name,
-                           progress=progress)
+                           calibration=calibration, progress=progress)
         except KeyboardInterrupt:  # build() removes its scratch file and writes OUT last
             raise Interrupted(f"nothing written to {output}") from None
     if quiet:

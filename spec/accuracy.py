@@ -71,7 +71,8 @@ class Tolerance:
 # amplifies so much that the multiple alone would allow anything.
 TOLERANCES = {"fp32": Tolerance("fp32", multiple=32.0, floor=2.0 ** -20),
               "fp16": Tolerance("fp16", multiple=2.0 ** 13, floor=2.0 ** -10, cap=0.5),
-              "bf16": Tolerance("bf16", multiple=2.0 ** 16, floor=2.0 ** -7, cap=0.5)}
+              "bf16": Tolerance("bf16", multiple=2.0 ** 16, floor=2.0 ** -7, cap=0.5),
+              "int8": Tolerance("int8", multiple=2.0 ** 20, floor=2.0 ** -3, cap=0.5)}
 
 
 # ONNX Runtime and the float64 reference must agree this well (max_error of each float output)

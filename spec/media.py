@@ -71,6 +71,7 @@ PLATFORMS = {
     # v4 plus AMX: OCI has no variant for it; the artifact's cpu features tell it apart
     "x86_64-v4-amx": {"os": "linux", "architecture": "amd64", "variant": "v4"},
     "x86_64-v4-bf16": {"os": "linux", "architecture": "amd64", "variant": "v4"},
+    "x86_64-v4-vnni": {"os": "linux", "architecture": "amd64", "variant": "v4"},
     "aarch64": {"os": "linux", "architecture": "arm64", "variant": "v8"},
     "aarch64-bf16": {"os": "linux", "architecture": "arm64", "variant": "v8"},
     "riscv64": {"os": "linux", "architecture": "riscv64"},
@@ -92,7 +93,7 @@ def platform_for(target: str) -> dict | None:
 CPU_FEATURE_SPELLINGS = {
     "amd64": {"pni": "sse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2", "abm": "lzcnt",
               "lahf_lm": "sahf", "bmi1": "bmi", "avx512_bf16": "avx512bf16",
-              "amx_tile": "amx-tile", "amx_bf16": "amx-bf16"},
+              "avx512_vnni": "avx512vnni", "amx_tile": "amx-tile", "amx_bf16": "amx-bf16"},
     "arm64": {"asimd": "neon", "asimdhp": "fp16", "fphp": "fullfp16", "asimddp": "dotprod",
               "asimdfhm": "fp16fml"},
 }

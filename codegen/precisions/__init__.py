@@ -4,7 +4,10 @@ its artifacts are judged by (spec/accuracy.py) and the targets that build it (th
 codegen/targets/registry.py lists each target's precisions).
 
 A precision module has ``NAME``, ``SUMMARY``, ``IMPLEMENTED``, ``DEFAULT`` (built when a build
-names no precision) and ``rewrite(graph) -> graph``.
+names no precision) and ``rewrite(graph) -> graph``; one that needs the model's activation
+ranges (int8) also has ``calibrate(graph, feeds) -> calibration`` and takes it as
+``rewrite(graph, calibration)`` (``calibrates`` says which: the build runs it once for all
+targets).
 A name of the spec's vocabulary (spec/media.py's PRECISIONS) with no module yet is planned: it
 is listed, and refused by name when asked for.
 """
@@ -20,7 +23,7 @@ from mlpack.spec.ir.graph import Graph
 from mlpack.spec.ir.verify import verify
 
 MODULES = {"fp32": "mlpack.codegen.precisions.fp32", "fp16": "mlpack.codegen.precisions.fp16",
-           "bf16": "mlpack.codegen.precisions.bf16"}
+           "bf16": "mlpack.codegen.precisions.bf16", "int8": "mlpack.codegen.precisions.int8"}
 
 
 def _planned(name: str) -> SimpleNamespace:
@@ -69,9 +72,24 @@ def tolerance(name: str) -> accuracy.Tolerance:
     return accuracy.TOLERANCES[name]
 
 
-def apply(name: str, graph: Graph) -> Graph:
-    """``graph`` in precision ``name``, verified."""
-    out = get(name).rewrite(graph)
+def calibrates(name: str) -> bool:
+    """Whether precision ``name`` needs calibration inputs (``calibrate``)."""
+    return hasattr(get(name), "calibrate")
+
+
+def calibrate(name: str, graph: Graph, feeds: list[dict]):
+    """What ``apply`` needs for ``name`` beside the graph, from running it on ``feeds``; None
+    for a precision that needs nothing."""
+    module = get(name)
+    return module.calibrate(graph, feeds) if hasattr(module, "calibrate") else None
+
+
+def apply(name: str, graph: Graph, calibration=None) -> Graph:
+    """``graph`` in precision ``name`` (with ``calibrate``'s result where it needs one),
+    verified."""
+    module = get(name)
+    out = module.rewrite(graph, calibration) if hasattr(module, "calibrate") else \
+        module.rewrite(graph)
     if out is not graph:
         verify(out)
     return out

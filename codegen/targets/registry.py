@@ -19,6 +19,8 @@ _CPU_SUMMARY = {
                      "the minute)",
     "x86_64-v4-bf16": "x86-64 v4 with AVX512_BF16: bf16 artifacts multiply bf16 pairs "
                       "(vdpbf16ps); builds bf16 only",
+    "x86_64-v4-vnni": "x86-64 v4 with AVX512_VNNI: int8 artifacts multiply bytes in fours "
+                      "(vpdpbusd); builds int8 only",
     "aarch64": "ARMv8 with NEON",
     "aarch64-bf16": "ARMv8 with NEON and BF16: bf16 artifacts multiply bf16 pairs (BFDOT); "
                     "builds bf16 only",
@@ -27,7 +29,7 @@ _CPU_SUMMARY = {
 
 
 def _cpu(name: str, platform: dict, status: str = DEFAULT,
-         precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")) -> Target:
+         precisions: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")) -> Target:
     return Target(name, "cpu", platform, _CPU_SUMMARY[name], status, precisions, CPU[name].features,
                   _CPU_COMPILER, parallel=True)
 
@@ -44,6 +46,9 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     # fp32 alone (the default) makes nothing for it
     _cpu("x86_64-v4-bf16", {"os": "linux", "architecture": "amd64", "variant": "v4"},
          precisions=("bf16",)),
+    # Intel Cascade Lake, Ice Lake and on, AMD Zen 4 and on; a build of fp32 alone makes nothing
+    _cpu("x86_64-v4-vnni", {"os": "linux", "architecture": "amd64", "variant": "v4"},
+         precisions=("int8",)),
     _cpu("aarch64", {"os": "linux", "architecture": "arm64", "variant": "v8"}),
     _cpu("aarch64-bf16", {"os": "linux", "architecture": "arm64", "variant": "v8"},
          precisions=("bf16",)),

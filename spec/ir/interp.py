@@ -449,8 +449,10 @@ def _last_uses(g: Graph) -> dict[int, list[str]]:
     return out
 
 
-def run_graph(g: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Evaluate ``g`` on NumPy inputs (arrays in each input's layout); outputs in theirs."""
+def run_graph(g: Graph, inputs: dict[str, np.ndarray], observe=None) -> dict[str, np.ndarray]:
+    """Evaluate ``g`` on NumPy inputs (arrays in each input's layout); outputs in theirs.
+    ``observe(name, data)``, when given, sees every input and every comprehension's output as it
+    is computed (data in the tensor's dims order; calibration, codegen/precisions/int8.py)."""
     tensors = _Tensors()
     for port in g.inputs:
         if port.name not in inputs:
@@ -458,6 +460,9 @@ def run_graph(g: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         want = dt.to_numpy(g.types[port.name].dtype)
         tensors.put(port.name, np.asarray(inputs[port.name]).astype(want, copy=False), port.layout)
     syms = bind_symbols(g, {p.name: tensors.data[p.name] for p in g.inputs})
+    if observe is not None:
+        for port in g.inputs:
+            observe(port.name, tensors.data[port.name])
     for c in g.constants.values():
         tensors.put(c.name, c.data, c.layout)
     last_use = _last_uses(g)
@@ -466,6 +471,8 @@ def run_graph(g: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if isinstance(op, Comprehension):
             tensors.put(op.out, _Comprehension(op, tensors, syms, g.origins).run(),
                         tuple(op.type.dims))
+            if observe is not None:
+                observe(op.out, tensors.data[op.out])
         else:
             _Procedure(op, tensors, syms, g.origins).run()
         for name in last_use.get(i, ()):

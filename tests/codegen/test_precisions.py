@@ -29,7 +29,7 @@ def test_every_precision_of_the_spec_is_a_module_or_planned():
         module = precisions.get(name)
         assert module.NAME == name and module.SUMMARY
         assert module.IMPLEMENTED == (name in precisions.MODULES)
-    assert precisions.implemented() == ("fp32", "fp16", "bf16")
+    assert precisions.implemented() == ("fp32", "fp16", "bf16", "int8")
     assert precisions.defaults() == ("fp32",)
     for name in precisions.implemented():
         assert precisions.tolerance(name).multiple > 0
@@ -37,9 +37,10 @@ def test_every_precision_of_the_spec_is_a_module_or_planned():
         assert set(t.precisions) <= set(precisions.names()), t.name
 
 
-def test_fp32_is_the_identity_and_planned_ones_are_refused_by_name():
+def test_fp32_is_the_identity_and_planned_ones_are_refused_by_name(monkeypatch):
     g = parse_ir(GRAPH)
     assert precisions.apply("fp32", g) is g
+    monkeypatch.delitem(precisions.MODULES, "int8")   # a name of the spec with no module
     with pytest.raises(UnsupportedTargetError, match=r"precision int8 is not implemented yet \(planned\)"):
         precisions.apply("int8", g)
     with pytest.raises(UnsupportedTargetError, match=r"unknown precision 'fp64'"):
@@ -107,3 +108,68 @@ def test_precision_lists_expand():
     assert precisions.expand(["fp32,bf16", "bf16"]) == ["fp32", "bf16"]
     assert precisions.expand(["all"]) == list(precisions.implemented())
     assert precisions.expand([]) == []
+
+
+def test_int8_quantizes_weights_per_channel_and_activations_from_calibration():
+    import mlpack
+    from mlpack.codegen.precisions import int8
+    from mlpack.spec.ir.interp import run_graph
+
+    model, w = _dense_model()
+    g = mlpack.compile_onnx(model)
+    assert precisions.calibrates("int8") and not precisions.calibrates("bf16")
+    with pytest.raises(UnsupportedTargetError, match="int8 needs activation ranges"):
+        precisions.apply("int8", g)
+    rng = np.random.default_rng(2)
+    feeds = [{"x": rng.standard_normal((4, 64)).astype(np.float32)} for _ in range(4)]
+    calib = precisions.calibrate("int8", g, feeds)
+    (xname,) = calib
+    lo, hi = calib[xname]
+    assert lo < 0 < hi and hi - lo <= np.ptp(np.concatenate([f["x"] for f in feeds])) + 1e-6
+    q = precisions.apply("int8", g, calib)
+    dtypes = {n: c.type.dtype for n, c in q.constants.items()}
+    (wq,) = [n for n, d in dtypes.items() if d == "i8"]
+    data = q.constants[wq].data
+    # per output channel (W's second axis, n): each channel's largest magnitude is 127
+    axis = q.constants[wq].layout.index(q.constants[wq].layout[
+        [i for i, s in enumerate(data.shape) if s == 32][0]])
+    assert (np.abs(data).max(axis=1 - axis) == 127).all()
+    sums = [op for op in q.ops if getattr(op, "reduce", None) == "sum"]
+    assert any(op.type.dtype == "i32" for op in sums)        # the contraction sums in i32
+    assert any(op.type.dtype == "u8" for op in q.ops if hasattr(op, "type"))   # x quantized
+    # the scale that dequantizes is sx * sw per channel, and 0.0 maps to the zero point
+    sx, zx = int8.quantize_params(lo, hi)
+    assert np.round(0.0 / sx) + zx == zx and 0 <= zx <= 255
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    want, got = run_graph(g, {"x": x})["y"], run_graph(q, {"x": x})["y"]
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert 2 ** -10 < err < 2 ** -4, err
+
+
+def test_int8_range_is_the_candidate_of_least_squared_error():
+    from mlpack.codegen.precisions import int8
+
+    rng = np.random.default_rng(0)
+    for v in (rng.uniform(-1, 1, 50_000), np.maximum(rng.standard_normal(50_000), 0),
+              rng.standard_t(1.5, 50_000)):
+        def mse(r):
+            return np.mean((int8._qdq(v, *int8.quantize_params(*r)) - v) ** 2)
+        lo, hi = int8.choose_range(v, v.min(), v.max())
+        for p in (99.9, 99.99, 99.999):
+            assert mse((lo, hi)) <= mse((np.percentile(v, 100 - p), np.percentile(v, p)))
+        assert mse((lo, hi)) <= mse((v.min(), v.max()))
+    relu = np.maximum(rng.standard_normal(1000), 0)   # a ReLU's output: zero point 0
+    assert int8.quantize_params(*int8.choose_range(relu, 0.0, relu.max()))[1] == 0
+
+
+def test_int8_leaves_shallow_and_weightless_contractions_in_f32():
+    from mlpack.codegen.precisions import int8
+
+    g = parse_ir(f"""graph "g" {{
+  in %x: f32{{n=4, k=8}} (n, k)
+  const %W: f32{{k=8, m=16}} (k, m) = [{', '.join(['0.5'] * 128)}]
+  %y: f32{{n=4, m=16}} = sum{{k=8}} %x[n=n, k=k] * %W[k=k, m=m]
+  out %y (n, m)
+}}""")
+    assert int8.contractions(g) == []   # a depth of 8: below MIN_DEPTH
+    assert precisions.apply("int8", g, {}) is g

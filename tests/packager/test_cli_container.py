@@ -55,7 +55,7 @@ def test_build_quiet_prints_nothing(tmp_path):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--target", "cuda"], "target cuda is not implemented yet (planned); available: portable, x86_64-v2"),
-    (["--precision", "int8"], "precision int8 is not implemented yet"),
+    (["--precision", "fp64"], "unknown precision 'fp64'"),
     (["--dim", "batch"], "--dim 'batch': expected NAME=SIZE"),
     (["--dim", "seq=3"], "no size symbol 'seq'"),
     (["--inputs", "absent.npz"], "absent.npz: no such file"),

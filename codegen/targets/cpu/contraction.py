@@ -40,7 +40,8 @@ from mlpack.spec.ir import dtypes
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.targets.cpu import amx, depthwise
-from mlpack.codegen.targets.cpu.gemm import PACK, Contraction, bf16_dot, pack_b, pack_pairs
+from mlpack.codegen.targets.cpu.gemm import (PACK, Contraction, bf16_dot, int8_dot, pack_b,
+                                            pack_pairs)
 from mlpack.codegen.targets.cpu.indexing import affine, index_range, is_one, read_step
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, fresh_name,
@@ -62,6 +63,7 @@ LINE_BYTES = 64              # a cache line
 SWAP_MIN_N = 256             # pixels an NCHW 1x1 convolution needs to read x in place as B
 PACK_MIN_M = 128             # rows a run-time pack of B must feed to repay its copy
 NARROW_B = ("bf16", "f16")   # 16-bit constants a build-time B panel may keep (precisions/)
+QUAD = 4                     # K per int8 product group (gemm.INT8_DOT)
 
 
 # ---------------------------------------------------------------- classification
@@ -151,12 +153,14 @@ def classify(k: Kernel, g, bufs: dict[str, Buffer], t: CpuTarget | None = None) 
     no contraction. B is packed at build time when it is a constant of constant extents;
     otherwise it is read at run time: in place when it allows (``_direct``), else through a
     pack kernel. Of the two operands, B is the one that reads better (see ``_runtime``)."""
-    if k.reduce != "sum" or k.acc_dtype != "f32" or k.strategy == "gemm":
+    if k.reduce != "sum" or k.acc_dtype not in ("f32", "i32") or k.strategy == "gemm":
         return None
     body = k.body
     if body.op != "mul":
         return None
     out = bufs[k.out]
+    if k.acc_dtype == "i32":
+        return _int8_view(k, g, out, body.args, bufs, t)
     narrow = [_widened(a, g) for a in body.args]
     if any(narrow):
         return _narrow_view(k, g, out, body.args, narrow, bufs, t)
@@ -220,24 +224,78 @@ def _narrow_view(k: Kernel, g, out: Buffer, args, narrow, bufs, t) -> dict | Non
     if not info:
         return None
     info["pair"] = _pair_dim(info, k, bufs, t) if ra.dtype == "bf16" else None
-    if info["pair"] is not None:   # the paired dim innermost of the short ones (chunking aside)
-        ks = info["k"]
-        info["k"] = ks[:1] + [v for v in ks[1:] if v != info["pair"]] + \
-            ([info["pair"]] if info["pair"] in ks[1:] else [])
+    _paired_last(info)
     return info
 
 
-def _pair_dim(info: dict, k: Kernel, bufs, t) -> str | None:
-    """The K dim the bf16 pair products pair: one that A reads at unit stride, of even constant
-    extent, on a target that has them (gemm.bf16_dot); None where there is none."""
-    if t is None or not bf16_dot(t):
+def _pair_dim(info: dict, k: Kernel, bufs, t, size: int = 2, dot=bf16_dot) -> str | None:
+    """The K dim the pair (or quad) products group: one that A reads at unit stride, of constant
+    extent a multiple of ``size``, on a target that has them (``dot``: gemm.bf16_dot or
+    int8_dot); None where there is none."""
+    if t is None or not dot(t):
         return None
     a = bufs[info["a"].arg[0]]
     for v in info["k"]:
         ext = k.rdims[v]
         step = read_step(info["aff_a"], a, v)
-        if ext.is_const and ext.value % 2 == 0 and step.is_const and step.value == 1:
+        if ext.is_const and ext.value % size == 0 and step.is_const and step.value == 1:
             return v
+    return None
+
+
+def _paired_last(info: dict) -> None:
+    """The paired dim innermost of the short K dims (the outermost stays: K is chunked on it)."""
+    ks, pair = info["k"], info["pair"]
+    if pair is not None:
+        info["k"] = ks[:1] + [v for v in ks[1:] if v != pair] + ([pair] if pair in ks[1:] else [])
+
+
+def _int8_view(k: Kernel, g, out: Buffer, args, bufs, t) -> dict | None:
+    """The GEMM view of an int8 contraction (codegen/precisions/int8.py): the sum of
+    ``i32(A u8) * i32(W s8)`` with the s8 constant as B, packed at build time in s8. Where the
+    target multiplies in quads (gemm.int8_dot) and A has a K dim at unit stride in runs of four,
+    K is grouped along it; else the micro-kernel widens both to i32 lanes."""
+    inner = [a.args[0] if a.op == "cast" and a.dtype == "i32" else None for a in args]
+    if len(args) != 2 or any(r is None or r.op != "read" for r in inner):
+        return None
+    hits = [i for i, r in enumerate(inner)
+            if r.dtype == "i8" and r.arg[0] in g.constants and r.arg[2] is None]
+    if len(hits) != 1:
+        return None
+    rb, ra = inner[hits[0]], inner[1 - hits[0]]
+    if ra.dtype != "u8" or ra.arg[0] in g.constants:
+        return None
+    info = _const_view(k, out, ra, rb)
+    if not info:
+        return None
+    info["pair"] = _pair_dim(info, k, bufs, t, QUAD, int8_dot)
+    info["pair_size"] = QUAD
+    if info["pair"] is None and t is not None and int8_dot(t):
+        info["relayout"] = _quad_layout(info, k, bufs)
+        if info["relayout"] is not None:   # A's copy (``_unguard``) puts the quad dim innermost
+            info["pair"] = info["relayout"][1]
+            info["relayout"] = info["relayout"][0]
+    _paired_last(info)
+    return info
+
+
+def _quad_layout(info: dict, k: Kernel, bufs) -> tuple[tuple[str, ...], str] | None:
+    """(A's dims with one moved innermost, the K var indexing it) when A's unit-stride dim holds
+    no quad but another dim is indexed by a K var alone, of extent a multiple of four (an NCHW
+    input's channels): a copy of A in that layout (a u8 copy, cheap beside the GEMM) lets K go
+    in quads. None when there is no such dim."""
+    ra = info["a"]
+    src = bufs[ra.arg[0]]
+    index = dict(zip(ra.arg[1], ra.args))
+    for v in info["k"]:
+        ext = k.rdims[v]
+        if not (ext.is_const and ext.value % QUAD == 0):
+            continue
+        for d in src.layout:
+            ix = index[d]
+            if ix.op == "var" and ix.arg == v and all(
+                    v not in ex.free_vars(index[o]) for o in src.layout if o != d):
+                return tuple(o for o in src.layout if o != d) + (d,), v
     return None
 
 
@@ -411,7 +469,8 @@ def _k_chunk(t_tb: int, info: dict, rdims: dict) -> int:
     inner = ex.product([rdims[r] for r in info["k"][1:]])
     kc = 1 if not inner.is_const else max(1, steps // max(1, inner.value))
     if info.get("pair") is not None and info["pair"] == info["k"][0]:
-        kc += kc % 2
+        size = info.get("pair_size", 2)
+        kc += -kc % size
     return kc
 
 
@@ -436,7 +495,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             # extent is a constant)
             tiles = amx.plan(info, bufs, {v: _extent(v, ob, k.rdims).value for v in info["k"]},
                              ob.contiguous_dim())
-        hit = _unguard(k, info, bufs, f"{k.out}#a", tiles and tiles[0])
+        hit = _unguard(k, info, bufs, f"{k.out}#a", tiles[0] if tiles else info.get("relayout"))
         if hit is None:
             out.append(k)
             continue
@@ -454,16 +513,16 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             dims = info["batch"] + info["n"] + info["k"]
             extents = {v: _extent(v, ob, k.rdims).value for v in dims}
             pdt = _panel_dtype(rb.dtype, t)
-            pair = info.get("pair")
+            pair, size = info.get("pair"), info.get("pair_size", 2)
             key = (rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]), pdt,
-                   pair)
+                   pair, size)
 
             def make():
                 panel = pack_b(const.data, const.layout, rb, info["aff_b"], dims, extents,
                                info["n"], info["k"])
                 if pair is not None:
                     panel = pack_pairs(panel, [extents[v] for v in info["k"]],
-                                               info["k"].index(pair))
+                                       info["k"].index(pair), size)
                 return panel.astype(dtypes.to_numpy(pdt))
             axes = ("b", "nb", "k", "l", "e") if pair is not None else ("b", "nb", "k", "l")
             name, data = _weights_pack(
@@ -482,12 +541,19 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                              t.fma, _group(info["m_size"], mr), _k_chunk(tb, info, k.rdims),
                              direct, direct is not None and info["n_size"].value % PACK != 0,
                              _n_inner(bufs[ra.arg[0]], bufs[name]), pair=info.get("pair"),
-                             dot=bf16_dot(t) if info.get("pair") else None)
+                             dot=_dot_of(info, t), pair_size=info.get("pair_size", 2))
         k.strategy = "gemm"
         k.reads = _gemm_reads(k, ra, name)
         out.extend(pre)
         out.append(k)
     return out
+
+
+def _dot_of(info: dict, t: CpuTarget) -> str | None:
+    """The product intrinsic of a paired contraction (bf16 pairs or int8 quads), or None."""
+    if info.get("pair") is None:
+        return None
+    return int8_dot(t) if info.get("pair_size") == QUAD else bf16_dot(t)
 
 
 def _amx_gemm(k: Kernel, info: dict, ra: Expr, g, bufs: dict[str, Buffer], packs: dict,

@@ -25,13 +25,28 @@ BF16_DOT = {"avx512bf16": ("llvm.x86.avx512bf16.dpbf16ps.512", 16),
             "bf16": ("llvm.aarch64.neon.bfdot.v4f32.v8bf16", 4)}
 
 
-def bf16_dot(t) -> str | None:
-    """The bf16 pair-product intrinsic cpu target ``t`` multiplies with, or None: its feature
-    present, at the target's vector width."""
-    for feature, (name, lanes) in BF16_DOT.items():
+# int8 quads (codegen/precisions/int8.py): per LLVM feature, the instruction's intrinsic and its
+# i32 lanes; each adds a0*b0 + ... + a3*b3 of four adjacent u8 (A) x s8 (B) to every i32 lane
+# (x86 vpdpbusd; no saturation: four products of at most 255 * 127 fit)
+INT8_DOT = {"avx512vnni": ("llvm.x86.avx512.vpdpbusd.512", 16)}
+
+
+def _dot(t, table) -> str | None:
+    for feature, (name, lanes) in table.items():
         if feature in t.features and t.vector_bits == 32 * lanes:
             return name
     return None
+
+
+def bf16_dot(t) -> str | None:
+    """The bf16 pair-product intrinsic cpu target ``t`` multiplies with, or None: its feature
+    present, at the target's vector width."""
+    return _dot(t, BF16_DOT)
+
+
+def int8_dot(t) -> str | None:
+    """The u8 x s8 quad-product intrinsic cpu target ``t`` multiplies with, or None."""
+    return _dot(t, INT8_DOT)
 
 
 @dataclass
@@ -60,8 +75,9 @@ class Contraction:
     k_steps: int = 0          # AMX: K in steps of 32, zero-padded
     run_dims: int = 0         # AMX: the innermost K dims, A's unit-stride run
     run_group: int = 1        # AMX: runs per vector of A (amx.k_order)
-    pair: str | None = None   # bf16 pairs (bf16dot.py): the K dim they pair, A read as bf16
-    dot: str | None = None    # ... and the pair-product intrinsic (BF16_DOT)
+    pair: str | None = None   # bf16 pairs (bf16dot.py) or int8 quads: the K dim they group
+    dot: str | None = None    # ... and the product intrinsic (BF16_DOT, INT8_DOT)
+    pair_size: int = 2        # ... and how many K it takes at once (2: bf16, 4: int8)
 
     @property
     def ntiles(self) -> Expr:
@@ -132,14 +148,15 @@ def _blocked(vals: np.ndarray, dims, extents, n_dims, k_dims) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(bsz, blocks, PACK, ksz).transpose(0, 1, 3, 2))
 
 
-def pack_pairs(panel: np.ndarray, extents: list[int], pair: int) -> np.ndarray:
+def pack_pairs(panel: np.ndarray, extents: list[int], pair: int, group: int = 2) -> np.ndarray:
     """A packed B panel [batch points, N blocks, K, PACK] (K flat over the K dims of
-    ``extents``, loop order) as vdpbf16ps reads it: K dim number ``pair`` (even extent) split into
-    pairs, each pair of K adjacent per column: [batch, blocks, K / 2, PACK, 2], in bf16."""
+    ``extents``, loop order) as vdpbf16ps (``group`` 2) or vpdpbusd (4) reads it: K dim number
+    ``pair`` (extent a multiple of ``group``) split into groups, each group of K adjacent per
+    column: [batch, blocks, K / group, PACK, group]."""
     b, nb, _, lanes = panel.shape
     shape = list(extents)
-    shape[pair:pair + 1] = [shape[pair] // 2, 2]
+    shape[pair:pair + 1] = [shape[pair] // group, group]
     x = panel.reshape(b, nb, *shape, lanes)
-    axis = 2 + pair + 1                        # the pair's axis of two
-    x = np.moveaxis(x, axis, -1)               # [b, nb, ..., e/2, ..., lanes, 2]
-    return np.ascontiguousarray(x.reshape(b, nb, -1, lanes, 2))
+    axis = 2 + pair + 1                        # the group's axis
+    x = np.moveaxis(x, axis, -1)               # [b, nb, ..., e/group, ..., lanes, group]
+    return np.ascontiguousarray(x.reshape(b, nb, -1, lanes, group))

@@ -22,11 +22,12 @@ from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.llvm.intrinsics import declare, intrinsic, masked_load, splat
 from mlpack.codegen.llvm.loops import delinearize
 from mlpack.codegen.llvm import halfconv
-from mlpack.codegen.llvm.types import BF16, F32, I16, I32, I64, i64
+from mlpack.codegen.llvm.types import BF16, F32, I8, I16, I32, I64, i64
 from mlpack.codegen.targets.cpu.gemm import PACK, Contraction
 from mlpack.codegen.targets.cpu.indexing import affine, is_one
 from mlpack.codegen.targets.cpu.kernel import Buffer
 
+QUAD = 4                     # K per int8 quad product (gemm.INT8_DOT)
 PREFETCH_ROWS = 16           # K steps ahead a streamed B panel is fetched (8 to 32 measured
                              # alike on alexnet; a non-temporal fetch was 45% slower)
 
@@ -40,15 +41,19 @@ class GemmEmitter:
         self.L, self.b, self.E = L, L.b, L.E
         self.c: Contraction = L.k.gemm
         self.wg, self.count = wg, count
-        self.vty = ir.VectorType(F32, self.c.vl)
+        # an int8 contraction (codegen/precisions/int8.py) sums u8 x s8 products in i32 lanes
+        self.int = L.k.acc_dtype == "i32"
+        self.ety = I32 if self.int else F32
+        self.vty = ir.VectorType(self.ety, self.c.vl)
         # a build-time panel of 16-bit weights (precisions/weights16.py) is read in its dtype
         # and widened per vector: half the bytes through the caches for two more instructions
         self.bdt = L.E.buffers[self.c.packed].dtype
-        self.bety = {"bf16": I16, "f16": ir.HalfType()}.get(self.bdt, F32)   # (AMX: amxkernel.py)
+        self.bety = {"bf16": I16, "f16": ir.HalfType(), "i8": I8}.get(self.bdt, F32)   # (AMX:
+        # amxkernel.py)
         # A in bf16 (bf16dot.py's rounded activations): paired with B for vdpbf16ps along
         # c.pair, else widened per element
         self.adt = L.E.buffers[self.c.a.arg[0]].dtype
-        self.aety = I16 if self.adt == "bf16" else F32
+        self.aety = {"bf16": I16, "u8": I8}.get(self.adt, F32)
 
     # small integer helpers (operands i64)
     def add(self, x, y):
@@ -136,13 +141,13 @@ class GemmEmitter:
         self.n_size = n_size
         self.kext = {r: E(L.k.rdims[r]) for r in c.k}
         ntiles = b.udiv(self.add(blocks, i64(c.tb - 1)), i64(c.tb))
-        zero_vec = ir.Constant(self.vty, [0.0] * c.vl)
+        zero_vec = ir.Constant(self.vty, [0 if self.int else 0.0] * c.vl)
         per_block = PACK // c.vl
         nv = c.tb * per_block
         accs = [b.alloca(self.vty, name=f"acc{i}") for i in range(c.mr * nv)]
         tile_n = c.tb * PACK
         # the group's outputs between K chunks (and for the epilogue): [G][MR][tile_n]
-        cbuf = b.alloca(ir.ArrayType(F32, c.group * c.mr * tile_n), name="cbuf")
+        cbuf = b.alloca(ir.ArrayType(self.ety, c.group * c.mr * tile_n), name="cbuf")
         m_size = self.dims_size(c.m, osz)
         # one M group: each B panel is read once per run, from memory (a fully connected
         # layer at batch 1, a late convolution's 7x7 image): the hardware prefetcher alone
@@ -238,10 +243,11 @@ class GemmEmitter:
             r = c.k[depth]
             ext = self.kext[r]
             lo, hi = span if depth == 0 else (i64(0), ext)
-            if r == c.pair:   # two K steps at once: i runs over the pairs' first elements
-                half = lambda v: b.lshr(v, i64(1))  # noqa: E731 (the extents are even)
+            if r == c.pair:   # two (four) K steps at once: i runs over the groups' first ones
+                shift = c.pair_size.bit_length() - 1
+                half = lambda v: b.lshr(v, i64(shift))  # noqa: E731 (extents are multiples)
                 with L.loops.loop(half(lo), half(hi), f"k.{r}", unroll=False) as i2:
-                    i = b.shl(i2, i64(1))
+                    i = b.shl(i2, i64(shift))
                     self._k_loop(depth + 1, self.add(off, self.mul(S[r], i)) if r in S else off,
                                  self.add(self.mul(kflat, half(ext)), i2), boff, rows, panels,
                                  accs, S, span)
@@ -254,7 +260,10 @@ class GemmEmitter:
                              self.add(self.mul(kflat, ext), i), nb, rows, panels, accs, S, span)
             return
         if c.pair is not None:
-            self._dot_step(kflat, off, rows, panels, accs)
+            (self._quad_step if self.int else self._dot_step)(kflat, off, rows, panels, accs)
+            return
+        if self.int:
+            self._int_step(kflat, off, rows, panels, accs)
             return
         per_block = PACK // c.vl
         bv = []
@@ -306,6 +315,43 @@ class GemmEmitter:
             for q in range(len(bv)):
                 acc = accs[r * len(bv) + q]
                 b.store(b.call(dot, [b.load(acc), a_pairs, bv[q]]), acc)
+
+    def _int_step(self, kflat, off, rows, panels, accs) -> None:
+        """One K step of an int8 contraction without quad products: A's u8 and B's s8 widened
+        to i32 lanes, multiplied and added (exact, as the quads are)."""
+        c, b = self.c, self.b
+        kp = b.mul(kflat, i64(PACK))
+        bv = []
+        for j in range(c.tb):
+            for q in range(PACK // c.vl):
+                p = b.gep(panels[j], [self.add(kp, i64(q * c.vl))], inbounds=True,
+                          source_etype=I8)
+                bv.append(b.sext(b.load(p, typ=ir.VectorType(I8, c.vl), align=1), self.vty))
+        self._prefetch(panels, kp, PACK, I8)
+        for r, row in enumerate(rows):
+            a = b.zext(b.load(b.gep(row, [off], inbounds=True, source_etype=I8), typ=I8), I32)
+            a_lanes = splat(b, a, self.vty)
+            for q in range(len(bv)):
+                acc = accs[r * len(bv) + q]
+                b.store(b.add(b.load(acc), b.mul(a_lanes, bv[q])), acc)
+
+    def _quad_step(self, kquad, off, rows, panels, accs) -> None:
+        """One step of four K (``kquad``: the flat index of the quad): per row, A's four u8
+        (adjacent along c.pair) broadcast to every i32 lane; per B vector, vl columns x four s8;
+        acc += a0*b0 + ... + a3*b3 in i32 (c.dot: vpdpbusd)."""
+        c, b = self.c, self.b
+        kp = b.mul(kquad, i64(QUAD * PACK))
+        bv = [b.load(b.gep(panels[j], [self.add(kp, i64(QUAD * c.vl * q))], inbounds=True,
+                           source_etype=I8), typ=self.vty, align=4)
+              for j in range(c.tb) for q in range(PACK // c.vl)]
+        self._prefetch(panels, kp, QUAD * PACK, I8)
+        dot = declare(b.module, c.dot, ir.FunctionType(self.vty, [self.vty] * 3))
+        for r, row in enumerate(rows):
+            a = b.load(b.gep(row, [off], inbounds=True, source_etype=I8), typ=I32, align=1)
+            a_quads = splat(b, a, self.vty)
+            for q in range(len(bv)):
+                acc = accs[r * len(bv) + q]
+                b.store(b.call(dot, [b.load(acc), a_quads, bv[q]]), acc)
 
     def _prefetch(self, panels, kp, step: int, etype) -> None:
         """Where B is read once (``stream_b``), fetch each panel PREFETCH_ROWS K steps of
@@ -365,7 +411,7 @@ class GemmEmitter:
                     for d, v in delinearize(b, at, loops[1][3], osz).items():
                         E.bind(d, v)
                 p = b.gep(tile, [b.add(b.mul(idx["row"], i64(tile_n)), idx["col"])], inbounds=True)
-                L.store(L.finish(b.load(p, typ=F32)))
+                L.store(L.finish(b.load(p, typ=self.ety)))
 
 
 def _adjacent(buf: Buffer, bdims: list[str], sizes: list[Expr]) -> bool:

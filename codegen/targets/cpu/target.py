@@ -21,6 +21,9 @@ _X86_V4_AMX = _X86_V4 + ("amx-tile", "amx-bf16")
 # v4 plus AVX512_BF16 (Intel Cooper Lake and Sapphire Rapids on, AMD Zen 4 on): bf16 artifacts
 # multiply bf16 pairs with vdpbf16ps (bf16dot.py)
 _X86_V4_BF16 = _X86_V4 + ("avx512bf16",)
+# v4 plus AVX512_VNNI (Intel Cascade Lake on, AMD Zen 4 on): int8 artifacts multiply u8 x s8
+# in fours with vpdpbusd (codegen/precisions/int8.py, microkernel.py)
+_X86_V4_VNNI = _X86_V4 + ("avx512vnni",)
 _RV64GCV = ("m", "a", "f", "d", "c", "v")
 # ARMv8 with FEAT_BF16 (Neoverse V1/N2 on, Graviton 3 on, Apple M2 on): BFDOT (bf16dot.py)
 _ARM_BF16 = ("fp-armv8", "neon", "bf16")
@@ -60,6 +63,8 @@ TARGETS: dict[str, CpuTarget] = {t.name: t for t in (
     CpuTarget("x86_64-v4-amx", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4_AMX, "amd64",
               "Advanced Micro Devices X86-64", 512, vector_registers=32),
     CpuTarget("x86_64-v4-bf16", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4_BF16, "amd64",
+              "Advanced Micro Devices X86-64", 512, vector_registers=32),
+    CpuTarget("x86_64-v4-vnni", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4_VNNI, "amd64",
               "Advanced Micro Devices X86-64", 512, vector_registers=32),
     CpuTarget("aarch64", "aarch64-unknown-linux-gnu", "generic", ("fp-armv8", "neon"), "arm64",
               "AArch64", 128, vector_registers=32),

@@ -40,6 +40,7 @@ def test_defaults_and_refusals_come_from_the_registry():
     assert b.plan_artifacts() == [(t, "fp32") for t in registry.defaults()
                                   if "fp32" in registry.get(t).precisions]
     assert ("x86_64-v4-bf16", "bf16") in b.plan_artifacts(precisions=["all"])
+    assert ("x86_64-v4-vnni", "int8") in b.plan_artifacts(precisions=["all"])
 
 
 def test_build_help_lists_every_target_and_precision():
@@ -50,7 +51,7 @@ def test_build_help_lists_every_target_and_precision():
         assert f"{t.name}: " in text, t.name
     assert "x86_64-v4-amx: " in text and "[only when named]" in text and "cuda: " in text
     assert ("Precisions (--precision, repeatable or comma-separated, or all): fp32 (the "
-            "default), fp16, bf16; planned: int8.") in text
+            "default), fp16, bf16, int8.") in text
 
 
 def test_a_target_added_to_the_registry_alone_is_built_and_validated(tmp_path, monkeypatch):

@@ -1,0 +1,303 @@
+"""int8: contractions multiply 8-bit integers and sum them in 32 bits; everything else stays f32.
+
+A contraction ``y = sum_k x[...] * W[...]`` of an f32 activation ``x`` and a weight ``W`` (a
+constant, codegen/precisions/weights16.py's ``weights``) whose depth is at least ``MIN_DEPTH``
+and that sums along a dim ``x`` could hold at unit stride in runs of four (``_quad_dim``: the
+shape the integer dot-product instructions take) becomes:
+
+* ``x#u8 = u8(clamp(round(x / sx) + zx, 0, 255))``: ``x`` quantized per tensor, asymmetric, with
+  the range ``calibrate`` chose for it (shared by every contraction that reads ``x``; 0.0 maps
+  to ``zx`` exactly, so a convolution's zero padding reads ``zx``);
+* ``y#i32 = sum_k i32(x#u8[...]) * i32(W#i8[...])``: ``W`` quantized per output channel,
+  symmetric in [-127, 127] (its largest magnitude per channel is 127: min-max, which for weights
+  is what ONNX Runtime's quantizer does too); the sum is exact;
+* ``y = f32(y#i32 - W#zsum) * W#scale``: ``W#zsum = zx * sum_k W#i8`` removes the zero point
+  and ``W#scale = sx * sw`` (per channel) dequantizes.
+
+Elementwise fusion then runs again, so the dequantization joins the maps that read ``y``
+(bias, activation: the contraction's epilogue on the cpu target) and the quantization of the
+next layer's input joins the map that produced it: a convolution's epilogue writes the next
+one's u8 input. Contractions that are too shallow (depthwise convolutions, a first convolution
+over the model's input) or read no weight (attention's products) stay f32. So does a
+contraction over a model input whose K would have to grow to whole quads: the first
+convolution over an image's three channels (the random-weight resnet50 of the benchmark set
+doubles its error, 0.27 to 0.50, when it reads 8-bit pixels; a K dim of an activation computed
+inside the model grows with zero weights, read as the zero point).
+
+Activation ranges come from running the f32 graph on calibration inputs (``calibrate``): for
+each tensor, min-max and clipping at the 99.9th, 99.99th and 99.999th percentiles are tried,
+and the range whose quantization error (mean squared, over the observed values) is smallest
+is kept. The cpu target multiplies with ``vpdpbusd`` (AVX512_VNNI) where it has it, else widens
+to 32-bit lanes (codegen/targets/cpu/microkernel.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.passes.dce import eliminate_dead_code
+from mlpack.codegen.passes.fuse import fuse_elementwise
+from mlpack.codegen.precisions.weights16 import weights
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.graph import Comprehension, Constant, Graph, TensorType
+
+NAME = "int8"
+SUMMARY = "weights int8 per output channel, activations uint8 per tensor (calibrated), sums int32"
+IMPLEMENTED = True
+DEFAULT = False
+
+MIN_DEPTH = 32          # a shallower sum (a 3x3 depthwise window) gains nothing from 8 bits
+QUAD = 4                # products per 32-bit lane of the dot-product instructions
+QMAX_W = 127            # weights in [-127, 127]: symmetric, so the scale alone dequantizes
+PERCENTILES = (None, 99.9, 99.99, 99.999)   # range candidates; None: min-max
+SAMPLE = 1 << 16        # values kept per tensor and case to compare the candidates on
+
+
+class CalibrationError(UnsupportedTargetError):
+    """The int8 rewrite was asked for without the ranges calibration gives."""
+
+
+# ---------------------------------------------------------------- which contractions
+
+
+def _split_product(op: Comprehension, g: Graph, candidates: set[str],
+                   inputs: set[str]) -> tuple[Expr, Expr] | None:
+    """(activation read, weight read) of a contraction int8 can take, else None."""
+    if not (op.reduce == "sum" and op.type.dtype == "f32" and op.body.op == "mul"
+            and len(op.body.args) == 2):
+        return None
+    a, b = op.body.args
+    if a.op == "read" and a.arg[0] in candidates:
+        a, b = b, a
+    if not (b.op == "read" and b.arg[0] in candidates and b.arg[2] is None):
+        return None
+    if not (a.op == "read" and a.dtype == "f32" and a.arg[0] not in g.constants
+            and a.arg[2] in (None, 0.0)):
+        return None
+    if not all(s.is_const for s in op.rdims.values()):
+        return None
+    if int(np.prod([s.value for s in op.rdims.values()])) < MIN_DEPTH:
+        return None
+    quad = _quad_dim(op, a)
+    if quad is None or _channels(op, b, g) is None:
+        return None
+    if a.arg[0] in inputs and quad[1] != op.rdims[quad[0]].value:
+        return None   # a first convolution over an image's channels (see the top)
+    return a, b
+
+
+def _quad_dim(op: Comprehension, x: Expr) -> tuple[str, int] | None:
+    """(reduction dim, its extent rounded up to a multiple of four) of a reduction dim that
+    indexes one of ``x``'s dims alone (the dim a target lays out innermost to multiply in runs
+    of four): one whose extent is already a multiple if there is one, else the one that grows
+    least (an RGB input's three channels become four, the fourth of zero weight); or None."""
+    found = [(ix.arg, op.rdims[ix.arg].value) for ix in x.args
+             if ix.op == "var" and ix.arg in op.rdims]
+    if not found:
+        return None
+    v, ext = min(found, key=lambda f: (-f[1] % QUAD) / f[1])
+    return v, ext + -ext % QUAD
+
+
+def _channels(op: Comprehension, w: Expr, g: Graph) -> list[str] | None:
+    """The dims of weight ``w`` indexed by an output var (its output channels), when every other
+    dim is indexed by its own reduction var over the whole dim or is of size 1 read at 0 (a
+    weight read as it lies: the sum over the reduction reads each element once); else None."""
+    c = g.constants[w.arg[0]]
+    shape = dict(zip(c.layout, c.data.shape))
+    channels, seen = [], set()
+    for d, ix in zip(w.arg[1], w.args):
+        if ix.op == "var" and ix.arg in op.type.dims:
+            channels.append(d)
+        elif ix.op == "var" and ix.arg in op.rdims and ix.arg not in seen \
+                and op.rdims[ix.arg].value == shape[d]:
+            seen.add(ix.arg)
+        elif not (ix.is_const and ix.value == 0 and shape[d] == 1):
+            return None
+    return channels
+
+
+def contractions(g: Graph) -> list[tuple[Comprehension, Expr, Expr]]:
+    """(op, activation read, weight read) of each contraction the int8 rewrite quantizes."""
+    candidates = set(weights(g))
+    out = []
+    for op in g.ops:
+        if isinstance(op, Comprehension):
+            hit = _split_product(op, g, candidates, {p.name for p in g.inputs})
+            if hit is not None:
+                out.append((op, *hit))
+    return out
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def quantize_params(lo: float, hi: float) -> tuple[float, int]:
+    """(scale, zero point) of u8 over [lo, hi] (widened to hold 0.0, which maps to the zero
+    point exactly)."""
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    scale = (hi - lo) / 255.0
+    if not np.isfinite(scale) or scale <= 0.0:
+        return 1.0, 0
+    return scale, int(np.clip(np.round(-lo / scale), 0, 255))
+
+
+def _qdq(v: np.ndarray, scale: float, zero: int) -> np.ndarray:
+    q = np.clip(np.round(v / scale) + zero, 0, 255)
+    return (q - zero) * scale
+
+
+def choose_range(samples: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
+    """The range, of min-max and the PERCENTILES clippings, whose quantization of ``samples``
+    has the smallest mean squared error (min-max on a tie)."""
+    best, err = (lo, hi), None
+    for p in PERCENTILES:
+        cand = (lo, hi) if p is None else (float(np.percentile(samples, 100.0 - p)),
+                                           float(np.percentile(samples, p)))
+        e = float(np.mean((_qdq(samples, *quantize_params(*cand)) - samples) ** 2))
+        if err is None or e < err:
+            best, err = cand, e
+    return best
+
+
+def calibrate(g: Graph, feeds: list[dict]) -> dict[str, tuple[float, float]]:
+    """{activation: (lo, hi)} for every activation an int8 contraction of ``g`` reads, from
+    running ``g`` (f32, the reference interpreter) on each input set of ``feeds``."""
+    from mlpack.spec.ir.interp import run_graph
+
+    wanted = {x.arg[0] for _, x, _ in contractions(g)}
+    if not wanted:
+        return {}
+    rng = np.random.default_rng(0)
+    seen: dict[str, list] = {n: [np.inf, -np.inf, []] for n in wanted}
+
+    def observe(name, data):
+        if name in seen:
+            v = np.asarray(data, dtype=np.float64).reshape(-1)
+            v = v[np.isfinite(v)]
+            if v.size == 0:
+                return
+            s = seen[name]
+            s[0], s[1] = min(s[0], float(v.min())), max(s[1], float(v.max()))
+            s[2].append(v if v.size <= SAMPLE else rng.choice(v, SAMPLE, replace=False))
+    for feed in feeds:
+        run_graph(g, feed, observe)
+    return {n: choose_range(np.concatenate(s[2]), s[0], s[1])
+            for n, s in seen.items() if s[2]}
+
+
+# ---------------------------------------------------------------- the rewrite
+
+
+def _fresh(stem: str, taken: set[str]) -> str:
+    name, i = stem, 1
+    while name in taken:
+        i += 1
+        name = f"{stem}{i}"
+    taken.add(name)
+    return name
+
+
+def _quantize_weight(c: Constant, channels: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 values, per-channel scale over ``channels`` in ``c.layout`` order) of ``c``."""
+    axes = tuple(i for i, d in enumerate(c.layout) if d not in channels)
+    top = np.max(np.abs(c.data.astype(np.float64)), axis=axes, keepdims=True)
+    scale = np.where(top > 0, top / QMAX_W, 1.0)
+    q = np.clip(np.round(c.data / scale), -QMAX_W, QMAX_W).astype(np.int8)
+    return q, scale
+
+
+def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
+    """``g`` with its int8 contractions (``contractions``) quantized with the activation ranges
+    of ``calibration`` (``calibrate``'s result); ``g`` itself when none are."""
+    found = contractions(g)
+    if not found:
+        return g
+    if calibration is None:
+        raise CalibrationError("int8 needs activation ranges: calibrate the graph on inputs "
+                               "first (mlpack build does, with --calibration or random inputs)")
+    taken = set(g.types) | set(g.constants)
+    constants, types = dict(g.constants), dict(g.types)
+    quantized: dict[str, tuple[str, float, int]] = {}   # x -> (its u8 tensor, scale, zero)
+    changed: dict[int, list] = {}
+    for op, x, w in found:
+        key = id(op)
+        xname = x.arg[0]
+        if xname not in calibration:
+            continue
+        if xname not in quantized:
+            sx, zx = quantize_params(*calibration[xname])
+            q = _fresh(f"{xname}#u8", taken)
+            dims = dict(types[xname].dims)
+            value = ex.binary("add", ex.unary("round", ex.mul(
+                ex.read(xname, {d: ex.var(d) for d in dims}, "f32"), ex.const(1.0 / sx, "f32"))),
+                ex.const(float(zx), "f32"))
+            clamped = ex.minimum(ex.maximum(value, ex.const(0.0, "f32")), ex.const(255.0, "f32"))
+            qop = Comprehension(q, TensorType("u8", dims), ex.cast(clamped, "u8"))
+            types[q] = qop.type
+            quantized[xname] = (q, sx, zx)
+            changed.setdefault(key, []).append(qop)
+        q, sx, zx = quantized[xname]
+        c = g.constants[w.arg[0]]
+        channels = _channels(op, w, g)
+        wq, sw = _quantize_weight(c, channels)
+        qv, qext = _quad_dim(op, x)
+        pad = None if x.arg[2] is None else zx
+        if qext != op.rdims[qv].value:   # K grown to whole quads: zero weights, x read guarded
+            axis = next(i for i, (d, ix) in enumerate(zip(w.arg[1], w.args))
+                        if ix.op == "var" and ix.arg == qv)
+            axis = c.layout.index(w.arg[1][axis])
+            widths = [(0, 0)] * wq.ndim
+            widths[axis] = (0, qext - wq.shape[axis])
+            wq = np.pad(wq, widths)
+            c = Constant(c.name, TensorType("f32", {**c.type.dims, c.layout[axis]: ex.const(qext)}),
+                         c.layout, np.zeros(wq.shape, np.float32))
+            op = replace(op, rdims={**op.rdims, qv: ex.const(qext)})
+            pad = zx
+        stem = w.arg[0]
+        wname = _fresh(f"{stem}#i8", taken)
+        constants[wname] = Constant(wname, TensorType("i8", dict(c.type.dims)), c.layout, wq)
+        types[wname] = constants[wname].type
+        ch_layout = tuple(d for d in c.layout if d in channels)
+        ch_dims = {d: c.type.dims[d] for d in ch_layout}
+        ch_shape = [c.data.shape[c.layout.index(d)] for d in ch_layout]
+        sums = wq.astype(np.int64).sum(axis=tuple(i for i, d in enumerate(c.layout)
+                                                  if d not in channels))
+        zsum = (zx * sums).astype(np.int32).reshape(ch_shape)
+        scale = (sx * sw).astype(np.float32).reshape(ch_shape)
+        zname, sname = _fresh(f"{stem}#zsum", taken), _fresh(f"{stem}#scale", taken)
+        constants[zname] = Constant(zname, TensorType("i32", ch_dims), ch_layout, zsum)
+        constants[sname] = Constant(sname, TensorType("f32", ch_dims), ch_layout, scale)
+        types[zname], types[sname] = constants[zname].type, constants[sname].type
+        at = dict(zip(w.arg[1], w.args))
+        ch_index = {d: at[d] for d in ch_layout}
+        xq = Expr("read", x.args, (q, x.arg[1], None if pad is None else int(pad)), "u8")
+        wr = Expr("read", w.args, (wname, w.arg[1], None), "i8")
+        acc = _fresh(f"{op.out}#i32", taken)
+        sop = replace(op, out=acc, type=TensorType("i32", dict(op.type.dims)),
+                      body=ex.mul(ex.cast(xq, "i32"), ex.cast(wr, "i32")))
+        types[acc] = sop.type
+        out_index = {d: ex.var(d) for d in op.type.dims}
+        deq = ex.mul(ex.cast(ex.sub(ex.read(acc, out_index, "i32"),
+                                    ex.read(zname, ch_index, "i32")), "f32"),
+                     ex.read(sname, ch_index, "f32"))
+        changed.setdefault(key, []).extend([sop, Comprehension(op.out, op.type, deq)])
+    if not changed:
+        return g
+    # each quantization goes right after its tensor's producer would be too early for nothing:
+    # it goes before the first contraction that reads it (the graph's order is a valid one)
+    ops = []
+    for op in g.ops:
+        ops.extend(changed.get(id(op), [op if not isinstance(op, Comprehension) else replace(op)]))
+    out = replace(g, ops=ops, constants=constants, types=types)
+    return eliminate_dead_code(fuse_elementwise(out))
+
+
+def apply_to(g: Graph, feeds: list[dict]) -> Graph:
+    """``g`` in int8, calibrated on ``feeds`` (tests and tools; the build calibrates once for all
+    its targets)."""
+    return rewrite(g, calibrate(g, feeds))

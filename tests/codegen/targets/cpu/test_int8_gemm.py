@@ -1,0 +1,108 @@
+"""int8 contractions on the cpu target (codegen/precisions/int8.py, contraction.py's
+``_int8_view``, microkernel.py's ``_quad_step`` and ``_int_step``).
+
+The B panel's quad layout is checked element by element. Every int8 contraction becomes a GEMM
+kernel: on x86_64-v4-vnni K is grouped in fours along the dim A reads at unit stride and
+multiplied with ``vpdpbusd``; other levels widen u8 and s8 to i32 lanes. The sums are exact
+integers, so each artifact that runs here must give the interpreter's outputs of the same int8
+graph (the epilogues' f32 arithmetic is the same sequence of operations), whatever the level.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from mlpack.codegen import precisions
+from mlpack.codegen.compile import compile_onnx
+from mlpack.codegen.targets.cpu import compile_cpu
+from mlpack.codegen.targets.cpu.compile import schedule_kernels
+from mlpack.codegen.targets.cpu.gemm import pack_pairs
+from mlpack.codegen.targets.cpu.target import get_target
+from mlpack.runtime import detect_host
+from mlpack.spec.ir.interp import run_graph
+from support import one_output_model
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from plan_runner import rand, run_plan   # noqa: E402  (tests/codegen/targets/plan_runner.py)
+
+VNNI = "x86_64-v4-vnni"
+HOST = detect_host().cpu_features
+RUNS = {"x86_64-v2": "sse4_2" in HOST, "x86_64-v4": "avx512f" in HOST and "avx512bw" in HOST,
+        VNNI: "avx512_vnni" in HOST}
+
+
+def test_quads_are_four_adjacent_k_of_one_column():
+    panel = np.arange(1 * 2 * 24 * 16, dtype=np.float32).reshape(1, 2, 24, 16)
+    out = pack_pairs(panel, [3, 8], 1, 4)
+    assert out.shape == (1, 2, 6, 16, 4)
+    for blk in range(2):
+        for k0 in range(3):
+            for k1 in range(0, 8, 4):
+                for lane in range(16):
+                    want = panel[0, blk, [k0 * 8 + k1 + j for j in range(4)], lane]
+                    assert (out[0, blk, k0 * 2 + k1 // 4, lane] == want).all()
+
+
+def _dense(batch=6, k=96, n=40):
+    x = rand(batch, k, seed=1)
+    w = rand(k, n, seed=2, scale=1 / np.sqrt(k))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    return one_output_model(nodes, [("x", TP.FLOAT, [batch, k])], [("w", w)]), {"x": x}
+
+
+def _conv(cin=32, mid=36, size=9, k=3):
+    """Two padded convolutions with a relu between (the second's input quantized in the first's
+    epilogue, its zero point the padding)."""
+    x = rand(1, cin, size, size, seed=3)
+    w1 = rand(mid, cin, k, k, seed=4, scale=1 / np.sqrt(cin * k * k))
+    w2 = rand(20, mid, k, k, seed=5, scale=1 / np.sqrt(mid * k * k))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[k // 2] * 4),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[k // 2] * 4, strides=[2, 2])]
+    return one_output_model(nodes, [("x", TP.FLOAT, list(x.shape))], [("w1", w1), ("w2", w2)]), \
+        {"x": x}
+
+
+CASES = {"matmul": _dense, "conv 3x3": _conv, "conv 1x1": lambda: _conv(k=1)}
+
+
+def _int8(case):
+    m, feeds = CASES[case]()
+    g = compile_onnx(m)
+    calib = [{"x": rand(*feeds["x"].shape, seed=s)} for s in (11, 12, 13)]
+    return precisions.apply("int8", g, precisions.calibrate("int8", g, calib)), feeds
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_int8_contraction_is_a_gemm_and_quads_need_vnni(case):
+    g, _ = _int8(case)
+    for target, dot in ((VNNI, "llvm.x86.avx512.vpdpbusd.512"), ("x86_64-v4", None),
+                        ("aarch64", None)):
+        _, kernels, bufs, _, _ = schedule_kernels(g, get_target(target))
+        ints = [k for k in kernels if k.acc_dtype == "i32"]
+        assert ints and all(k.strategy == "gemm" for k in ints)
+        assert all(bufs[k.gemm.packed].dtype == "i8" and bufs[k.gemm.a.arg[0]].dtype == "u8"
+                   for k in ints)
+        assert all(k.gemm.dot == dot and (k.gemm.pair is not None) == (dot is not None)
+                   for k in ints), target
+
+
+@pytest.mark.parametrize("target", list(RUNS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_int8_kernels_give_the_interpreters_outputs(case, target):
+    if not RUNS[target]:
+        pytest.skip(f"this host cannot run {target}")
+    g, feeds = _int8(case)
+    got = run_plan(compile_cpu(g, target), g, feeds)[g.outputs[0].name]
+    want = run_graph(g, feeds)[g.outputs[0].name]
+    scale = np.abs(want).max()
+    # integer sums are exact; what may differ is an f32 epilogue's last bit, and through a
+    # requantization that bit can move one quantization step (1/255 of the range)
+    assert np.abs(got - want).max() <= 2e-2 * scale
+    assert np.mean(np.abs(got - want) <= 1e-6 * scale) > 0.98

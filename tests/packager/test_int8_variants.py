@@ -1,0 +1,122 @@
+"""int8 artifacts (codegen/precisions/int8.py): calibrated at build time (seeded random inputs,
+or ``--calibration DIR`` of .npz files), built for every cpu target and validated on this host
+or under qemu against the float64 reference within int8's tolerance, their contraction weights
+in a quarter of the bytes, and chosen under an accuracy budget only when it allows their error.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import support
+from support import emulated
+
+import mlpack
+from mlpack.packager.build import BuildError, build
+from mlpack.runtime import detect_host, engine
+from mlpack.spec import accuracy, media
+from mlpack.spec.container import open_container
+
+MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
+MLP = os.path.join(MODELS, "mlp.onnx")
+CPU = ["x86_64-v2", "x86_64-v4", "x86_64-v4-vnni", "aarch64"]
+HOST = detect_host().cpu_features
+
+
+def _runs_here(target: str) -> bool:
+    p = media.platform_for(target) or {}
+    if not engine.available() or p.get("architecture") != detect_host().arch:
+        return False
+    level = int(p.get("variant", "v0")[1:])
+    return level <= (detect_host().x86_level or 0) and (
+        target != "x86_64-v4-vnni" or "avx512_vnni" in HOST)
+
+
+@pytest.fixture(scope="module")
+def mlp8(tmp_path_factory):
+    path = tmp_path_factory.mktemp("p") / "mlp.mlpack"
+    return path, build(MLP, path, targets=CPU, precisions=["fp32,bf16,int8"])
+
+
+def test_int8_builds_for_every_cpu_target_and_validates_where_it_can(mlp8):
+    _, report = mlp8
+    made = [(a.target, a.precision) for a in report.artifacts if a.precision == "int8"]
+    assert made == [(t, "int8") for t in CPU]
+    for a in report.artifacts:
+        if a.precision != "int8":
+            continue
+        if _runs_here(a.target) or emulated(a.target):
+            assert a.validated, f"{a.target}: {a.reason}"
+        if a.validated:
+            tol = accuracy.TOLERANCES["int8"]
+            # 8 bits show (more than bf16's rounding), within the tolerance, the class kept
+            assert 2 ** -10 < a.max_error <= tol.allowed(a.baseline_max_error), a.target
+            assert a.top1 >= 0.9, a.target
+
+
+def test_int8_weights_take_a_quarter_of_the_bytes(mlp8):
+    path, _ = mlp8
+    sizes = {}
+    for art in open_container(str(path)).artifacts:
+        weights = [layer.size for layer in art.layers if layer.media_type == media.WEIGHTS]
+        sizes[art.config["artifact"]["target"], art.precision] = weights[0]
+    for t in ("x86_64-v2", "x86_64-v4", "aarch64"):
+        assert sizes[t, "int8"] < 0.3 * sizes[t, "fp32"], t
+
+
+@pytest.mark.skipif(not engine.available(), reason="libmlpack is not built")
+def test_a_budget_tighter_than_int8s_error_never_picks_it(mlp8):
+    path, report = mlp8
+    errors = {(a.target, a.precision): a.max_error for a in report.artifacts if a.validated}
+    host = [t for t in CPU if (t, "int8") in errors and _runs_here(t)]
+    if not host:
+        pytest.skip("no int8 artifact runs here")
+    worst8 = max(errors[t, "int8"] for t in host)
+    best8 = min(errors[t, "int8"] for t in host)
+    with mlpack.load(str(path), accuracy_budget=best8 / 2) as m:
+        assert m.artifact.precision in ("fp32", "bf16")
+    with mlpack.load(str(path), accuracy_budget=2 * worst8) as m:   # allowed: the measured
+        # fastest wins, and what this host cannot run never does
+        assert _runs_here(m.artifact.target)
+    with mlpack.load(str(path), precision="int8") as m:
+        assert m.artifact.precision == "int8" and _runs_here(m.artifact.target)
+        x = np.random.default_rng(3).standard_normal((4, 784)).astype(np.float32)
+        got = m.run({"x": x})["y"]
+        want = mlpack.load(str(path), precision="fp32").run({"x": x})["y"]
+        assert np.abs(got - want).max() <= 0.1 * np.abs(want).max()
+
+
+def test_calibration_inputs_come_from_a_directory(tmp_path):
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    rng = np.random.default_rng(5)
+    for i in range(3):
+        np.savez(folder / f"{i}.npz", x=rng.standard_normal((1, 784)).astype(np.float32) * 3)
+    report = build(MLP, tmp_path / "a.mlpack", targets=["x86_64-v2"], precisions=["int8"],
+                   calibration=folder)
+    assert "calibrate" in report.timings
+    a = [a for a in report.artifacts if a.precision == "int8"][0]
+    if _runs_here("x86_64-v2"):
+        assert a.validated, a.reason
+    with pytest.raises(BuildError, match="no .npz files"):
+        build(MLP, tmp_path / "b.mlpack", targets=["x86_64-v2"], precisions=["int8"],
+              calibration=tmp_path)
+    np.savez(folder / "bad.npz", y=np.zeros(3))
+    with pytest.raises(mlpack.Error, match="has no array for input 'x'"):
+        build(MLP, tmp_path / "c.mlpack", targets=["x86_64-v2"], precisions=["int8"],
+              calibration=folder)
+    assert not (tmp_path / "c.mlpack").exists()
+
+
+def test_cli_builds_int8_with_a_calibration_directory(tmp_path):
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    np.savez(folder / "0.npz", x=np.random.default_rng(1).standard_normal((2, 784)).astype(
+        np.float32))
+    out = tmp_path / "m.mlpack"
+    r = support.cli("build", MLP, "-o", out, "-t", "x86_64-v2", "-p", "int8",
+                    "--calibration", folder)
+    assert r.exit_code == 0, r.stdout
+    assert "x86_64-v2 int8" in r.stdout
