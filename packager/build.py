@@ -414,8 +414,12 @@ def _dead_on_arrival(result, pairs, output: str,
         detail = "it carries no test vectors"
     else:
         detail = "; ".join(o.detail() for o in bad)
+    hint = ""
+    if precision_modules.calibrates(precision) and result.cases:
+        hint = (f" ({precision} quantizes to ranges calibrated on random inputs unless "
+                "--calibration gives real ones; or build without it)")
     error = DeadOnArrivalError(f"artifact {i} ({target}, {precision}) fails its test vectors "
-                               f"{where}: {detail}; nothing written to {output}")
+                               f"{where}: {detail}{hint}; nothing written to {output}")
     error.index = i
     return error
 

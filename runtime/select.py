@@ -122,10 +122,12 @@ def describe(art: Artifact) -> str:
         where = "portable"
     elif art.device == "cuda":
         where = f"cuda sm_{cuda_sm(art)}" if cuda_sm(art) else "cuda"
-    elif p.get("architecture") == "amd64":   # "+amx", "+bf16": no OCI variant of their own
-        amx = "+amx" if "amx_tile" in cpu_features(art) else ""
-        bf16 = "+bf16" if "avx512_bf16" in cpu_features(art) else ""
-        where = f"x86-64 v{x86_variant_level(art)}{amx}{bf16} {art.device}"
+    elif p.get("architecture") == "amd64":   # "+amx", "+bf16", "+vnni": no OCI variant of
+        # their own
+        feats = cpu_features(art)
+        extra = "".join(tag for flag, tag in (("amx_tile", "+amx"), ("avx512_bf16", "+bf16"),
+                                              ("avx512_vnni", "+vnni")) if flag in feats)
+        where = f"x86-64 v{x86_variant_level(art)}{extra} {art.device}"
     else:
         where = f"{p.get('architecture', '?')} {art.device}"
     return f"{where} {art.precision} (artifact {art.index})"

@@ -69,10 +69,16 @@ class Tolerance:
 # with bf16 activations on x86_64-v4-bf16; fp16 at most 2,150x, inception_v2) 2.0 and 3.8 times. The floor covers exact baselines, and
 # the cap (half the output's scale) still refuses a broken kernel on a model whose rounding
 # amplifies so much that the multiple alone would allow anything.
+# int8 rounds every quantized contraction's operands to 255 steps of their range (not of each
+# value, as the float types do), so its multiple is larger than the roundoffs' ratio: 2**18 is
+# four times the worst measured on the benchmark set (`python -m benchmarks.accuracy --precision
+# int8 --target x86_64-v4-vnni`: vgg19 and squeezenet 66,000x, the rest 7,100x to 63,500x); the
+# floor (1/16 of the output's scale) covers well-conditioned models with exact baselines (1% to
+# 6% measured), and the cap refuses what int8 breaks: the random-weight inception_v2, 0.70.
 TOLERANCES = {"fp32": Tolerance("fp32", multiple=32.0, floor=2.0 ** -20),
               "fp16": Tolerance("fp16", multiple=2.0 ** 13, floor=2.0 ** -10, cap=0.5),
               "bf16": Tolerance("bf16", multiple=2.0 ** 16, floor=2.0 ** -7, cap=0.5),
-              "int8": Tolerance("int8", multiple=2.0 ** 20, floor=2.0 ** -3, cap=0.5)}
+              "int8": Tolerance("int8", multiple=2.0 ** 18, floor=2.0 ** -4, cap=0.5)}
 
 
 # ONNX Runtime and the float64 reference must agree this well (max_error of each float output)

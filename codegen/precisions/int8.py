@@ -224,6 +224,7 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
     constants, types = dict(g.constants), dict(g.types)
     quantized: dict[str, tuple[str, float, int]] = {}   # x -> (its u8 tensor, scale, zero)
     changed: dict[int, list] = {}
+    placed: dict[str, list] = {}   # tensor -> its quantization, placed right after its producer
     for op, x, w in found:
         key = id(op)
         xname = x.arg[0]
@@ -240,7 +241,7 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
             qop = Comprehension(q, TensorType("u8", dims), ex.cast(clamped, "u8"))
             types[q] = qop.type
             quantized[xname] = (q, sx, zx)
-            changed.setdefault(key, []).append(qop)
+            placed.setdefault(xname, []).append(qop)
         q, sx, zx = quantized[xname]
         c = g.constants[w.arg[0]]
         channels = _channels(op, w, g)
@@ -288,13 +289,46 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
         changed.setdefault(key, []).extend([sop, Comprehension(op.out, op.type, deq)])
     if not changed:
         return g
-    # each quantization goes right after its tensor's producer would be too early for nothing:
-    # it goes before the first contraction that reads it (the graph's order is a valid one)
-    ops = []
+    ops = [qop for p in g.inputs for qop in placed.get(p.name, [])]
     for op in g.ops:
         ops.extend(changed.get(id(op), [op if not isinstance(op, Comprehension) else replace(op)]))
+        for name in getattr(op, "outs", ()):
+            ops.extend(placed.get(name, []))
+    _share_quantized(ops, quantized, {p.name for p in g.outputs}, types)
     out = replace(g, ops=ops, constants=constants, types=types)
     return eliminate_dead_code(fuse_elementwise(out))
+
+
+def _share_quantized(ops: list, quantized: dict, outputs: set[str], types: dict) -> None:
+    """Let every other reader of a quantized tensor read its u8 copy, dequantized (in place in
+    ``ops``): a residual add or a pooling then reads a byte instead of four, and once the copy
+    is a tensor's only reader, elementwise fusion moves the quantization into the epilogue of
+    the contraction that produces it (ONNX Runtime's QDQ models quantize the same tensors). A
+    graph output keeps its f32 tensor; a guarded read other than zero padding (a max pooling's
+    -inf) keeps reading f32, and so does a procedure."""
+    copies = {q for q, _, _ in quantized.values()}
+    for i, op in enumerate(ops):
+        if not isinstance(op, Comprehension) or op.out in copies:
+            continue
+        if op.reduce == "sum" and op.type.dtype == "i32":
+            continue
+        body = _dequantized_reads(op.body, quantized, outputs)
+        if body is not op.body:
+            ops[i] = replace(op, body=body)
+
+
+def _dequantized_reads(e: Expr, quantized: dict, outputs: set[str]) -> Expr:
+    if e.op == "read" and e.arg[0] in quantized and e.arg[0] not in outputs \
+            and e.arg[2] in (None, 0.0) and e.dtype == "f32":
+        q, sx, zx = quantized[e.arg[0]]
+        pad = None if e.arg[2] is None else zx
+        u8 = Expr("read", e.args, (q, e.arg[1], pad), "u8")
+        return ex.mul(ex.sub(ex.cast(u8, "f32"), ex.const(float(zx), "f32")),
+                      ex.const(sx, "f32"))
+    if not e.args:
+        return e
+    args = tuple(_dequantized_reads(a, quantized, outputs) for a in e.args)
+    return e if args == e.args else ex.rebuild(e, args)
 
 
 def apply_to(g: Graph, feeds: list[dict]) -> Graph:

@@ -27,8 +27,11 @@ BF16_DOT = {"avx512bf16": ("llvm.x86.avx512bf16.dpbf16ps.512", 16),
 
 # int8 quads (codegen/precisions/int8.py): per LLVM feature, the instruction's intrinsic and its
 # i32 lanes; each adds a0*b0 + ... + a3*b3 of four adjacent u8 (A) x s8 (B) to every i32 lane
-# (x86 vpdpbusd; no saturation: four products of at most 255 * 127 fit)
-INT8_DOT = {"avx512vnni": ("llvm.x86.avx512.vpdpbusd.512", 16)}
+# (x86 vpdpbusd, arm USDOT of FEAT_I8MM; no saturation: four products of at most 255 * 127 fit)
+INT8_DOT = {"avx512vnni": ("llvm.x86.avx512.vpdpbusd.512", 16),
+            "i8mm": ("llvm.aarch64.neon.usdot.v4i32.v16i8", 4)}
+# the intrinsics whose byte operands LLVM types as byte vectors (the x86 ones take i32 lanes)
+BYTE_OPERANDS = {"llvm.aarch64.neon.usdot.v4i32.v16i8"}
 
 
 def _dot(t, table) -> str | None:

@@ -23,7 +23,7 @@ from mlpack.codegen.llvm.intrinsics import declare, intrinsic, masked_load, spla
 from mlpack.codegen.llvm.loops import delinearize
 from mlpack.codegen.llvm import halfconv
 from mlpack.codegen.llvm.types import BF16, F32, I8, I16, I32, I64, i64
-from mlpack.codegen.targets.cpu.gemm import PACK, Contraction
+from mlpack.codegen.targets.cpu.gemm import BYTE_OPERANDS, PACK, Contraction
 from mlpack.codegen.targets.cpu.indexing import affine, is_one
 from mlpack.codegen.targets.cpu.kernel import Buffer
 
@@ -338,17 +338,22 @@ class GemmEmitter:
     def _quad_step(self, kquad, off, rows, panels, accs) -> None:
         """One step of four K (``kquad``: the flat index of the quad): per row, A's four u8
         (adjacent along c.pair) broadcast to every i32 lane; per B vector, vl columns x four s8;
-        acc += a0*b0 + ... + a3*b3 in i32 (c.dot: vpdpbusd)."""
+        acc += a0*b0 + ... + a3*b3 in i32 (c.dot: vpdpbusd, USDOT)."""
         c, b = self.c, self.b
         kp = b.mul(kquad, i64(QUAD * PACK))
         bv = [b.load(b.gep(panels[j], [self.add(kp, i64(QUAD * c.vl * q))], inbounds=True,
                            source_etype=I8), typ=self.vty, align=4)
               for j in range(c.tb) for q in range(PACK // c.vl)]
         self._prefetch(panels, kp, QUAD * PACK, I8)
-        dot = declare(b.module, c.dot, ir.FunctionType(self.vty, [self.vty] * 3))
+        bytes_ty = ir.VectorType(I8, QUAD * c.vl) if c.dot in BYTE_OPERANDS else self.vty
+        if bytes_ty is not self.vty:
+            bv = [b.bitcast(v, bytes_ty) for v in bv]
+        dot = declare(b.module, c.dot, ir.FunctionType(self.vty, [self.vty, bytes_ty, bytes_ty]))
         for r, row in enumerate(rows):
             a = b.load(b.gep(row, [off], inbounds=True, source_etype=I8), typ=I32, align=1)
             a_quads = splat(b, a, self.vty)
+            if bytes_ty is not self.vty:
+                a_quads = b.bitcast(a_quads, bytes_ty)
             for q in range(len(bv)):
                 acc = accs[r * len(bv) + q]
                 b.store(b.call(dot, [b.load(acc), a_quads, bv[q]]), acc)

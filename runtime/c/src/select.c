@@ -58,10 +58,11 @@ void mp_artifact_describe(const mp_artifact *a, char *buf, size_t size) {
   if (!strcmp(a->device, "portable")) snprintf(where, sizeof where, "portable");
   else if (!strcmp(a->device, "cuda") && a->cuda_sm) snprintf(where, sizeof where, "cuda sm_%d", a->cuda_sm);
   else if (!strcmp(a->device, "cuda")) snprintf(where, sizeof where, "cuda");
-  else if (!strcmp(a->architecture, "amd64"))  /* "+amx", "+bf16": no OCI variant of their own */
-    snprintf(where, sizeof where, "x86-64 v%d%s%s %.40s", mp_x86_variant_level(a),
+  else if (!strcmp(a->architecture, "amd64"))  /* "+amx", "+bf16", "+vnni": no OCI variant of their own */
+    snprintf(where, sizeof where, "x86-64 v%d%s%s%s %.40s", mp_x86_variant_level(a),
              mp_list_has(a->cpu_features, "amx_tile") ? "+amx" : "",
-             mp_list_has(a->cpu_features, "avx512_bf16") ? "+bf16" : "", a->device);
+             mp_list_has(a->cpu_features, "avx512_bf16") ? "+bf16" : "",
+             mp_list_has(a->cpu_features, "avx512_vnni") ? "+vnni" : "", a->device);
   else snprintf(where, sizeof where, "%.40s %.40s", *a->architecture ? a->architecture : "?", a->device);
   snprintf(buf, size, "%s %.40s (artifact %zu)", where, a->precision, a->index);
 }

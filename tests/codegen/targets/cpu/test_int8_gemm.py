@@ -3,7 +3,8 @@
 
 The B panel's quad layout is checked element by element. Every int8 contraction becomes a GEMM
 kernel: on x86_64-v4-vnni K is grouped in fours along the dim A reads at unit stride and
-multiplied with ``vpdpbusd``; other levels widen u8 and s8 to i32 lanes. The sums are exact
+multiplied with ``vpdpbusd`` (aarch64-i8mm: ``USDOT``); other levels widen u8 and s8 to i32
+lanes. The sums are exact
 integers, so each artifact that runs here must give the interpreter's outputs of the same int8
 graph (the epilogues' f32 arithmetic is the same sequence of operations), whatever the level.
 """
@@ -83,7 +84,7 @@ def _int8(case):
 def test_every_int8_contraction_is_a_gemm_and_quads_need_vnni(case):
     g, _ = _int8(case)
     for target, dot in ((VNNI, "llvm.x86.avx512.vpdpbusd.512"), ("x86_64-v4", None),
-                        ("aarch64", None)):
+                        ("aarch64-i8mm", "llvm.aarch64.neon.usdot.v4i32.v16i8"), ("aarch64", None)):
         _, kernels, bufs, _, _ = schedule_kernels(g, get_target(target))
         ints = [k for k in kernels if k.acc_dtype == "i32"]
         assert ints and all(k.strategy == "gemm" for k in ints)
