@@ -74,6 +74,7 @@ PLATFORMS = {
     "x86_64-v4-vnni": {"os": "linux", "architecture": "amd64", "variant": "v4"},
     "aarch64": {"os": "linux", "architecture": "arm64", "variant": "v8"},
     "aarch64-bf16": {"os": "linux", "architecture": "arm64", "variant": "v8"},
+    "aarch64-dotprod": {"os": "linux", "architecture": "arm64", "variant": "v8"},
     "aarch64-i8mm": {"os": "linux", "architecture": "arm64", "variant": "v8"},
     "riscv64": {"os": "linux", "architecture": "riscv64"},
 }

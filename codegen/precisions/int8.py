@@ -238,7 +238,9 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
                 ex.read(xname, {d: ex.var(d) for d in dims}, "f32"), ex.const(1.0 / sx, "f32"))),
                 ex.const(float(zx), "f32"))
             clamped = ex.minimum(ex.maximum(value, ex.const(0.0, "f32")), ex.const(255.0, "f32"))
-            qop = Comprehension(q, TensorType("u8", dims), ex.cast(clamped, "u8"))
+            # (through i32: the value is already in range, and a float-to-i32 conversion
+            # vectorizes at full width where one to u8 goes through i64 lanes)
+            qop = Comprehension(q, TensorType("u8", dims), ex.cast(ex.cast(clamped, "i32"), "u8"))
             types[q] = qop.type
             quantized[xname] = (q, sx, zx)
             placed.setdefault(xname, []).append(qop)

@@ -24,6 +24,8 @@ _CPU_SUMMARY = {
     "aarch64": "ARMv8 with NEON",
     "aarch64-bf16": "ARMv8 with NEON and BF16: bf16 artifacts multiply bf16 pairs (BFDOT); "
                     "builds bf16 only",
+    "aarch64-dotprod": "ARMv8.2 with NEON and DotProd: int8 artifacts multiply bytes in fours "
+                       "(SDOT); builds int8 only",
     "aarch64-i8mm": "ARMv8 with NEON and I8MM: int8 artifacts multiply bytes in fours (USDOT); "
                     "builds int8 only",
     "riscv64": "RV64GC with the vector extension 1.0",
@@ -54,6 +56,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _cpu("aarch64", {"os": "linux", "architecture": "arm64", "variant": "v8"}),
     _cpu("aarch64-bf16", {"os": "linux", "architecture": "arm64", "variant": "v8"},
          precisions=("bf16",)),
+    _cpu("aarch64-dotprod", {"os": "linux", "architecture": "arm64", "variant": "v8"},
+         precisions=("int8",)),
     _cpu("aarch64-i8mm", {"os": "linux", "architecture": "arm64", "variant": "v8"},
          precisions=("int8",)),
     _cpu("riscv64", {"os": "linux", "architecture": "riscv64"}),

@@ -21,7 +21,7 @@ from mlpack.spec.container import open_container
 
 MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models")
 MLP = os.path.join(MODELS, "mlp.onnx")
-CPU = ["x86_64-v2", "x86_64-v4", "x86_64-v4-vnni", "aarch64", "aarch64-i8mm"]
+CPU = ["x86_64-v2", "x86_64-v4", "x86_64-v4-vnni", "aarch64", "aarch64-dotprod", "aarch64-i8mm"]
 HOST = detect_host().cpu_features
 
 

@@ -40,8 +40,8 @@ from mlpack.spec.ir import dtypes
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.targets.cpu import amx, depthwise
-from mlpack.codegen.targets.cpu.gemm import (PACK, Contraction, bf16_dot, int8_dot, pack_b,
-                                            pack_pairs)
+from mlpack.codegen.targets.cpu.gemm import (PACK, SIGNED_A, Contraction, bf16_dot, int8_dot,
+                                            pack_b, pack_pairs, signed_correction)
 from mlpack.codegen.targets.cpu.indexing import affine, index_range, is_one, read_step
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, fresh_name,
@@ -534,6 +534,11 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             pre.append(_pack_kernel(k, info, bufs, name))
         else:
             data, name, direct = None, rb.arg[0], rb
+        init = None
+        dot = _dot_of(info, t)
+        if dot in SIGNED_A:   # (then B is a build-time panel)
+            init = _weights_pack(("init",) + key, f"{name}#init", ("b", "nb", "l"), "i32",
+                                 lambda: signed_correction(data), bufs, packs, cache)
         blocks = ex.simplify_size(ex.ceildiv(info["n_size"], ex.const(PACK)))
         vl, tb, mr = _tile_shape(t, blocks.value if blocks.is_const else 64)
         k.gemm = Contraction(ra, name, data, info["batch"], info["m"], info["n"], info["k"],
@@ -541,9 +546,10 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                              t.fma, _group(info["m_size"], mr), _k_chunk(tb, info, k.rdims),
                              direct, direct is not None and info["n_size"].value % PACK != 0,
                              _n_inner(bufs[ra.arg[0]], bufs[name]), pair=info.get("pair"),
-                             dot=_dot_of(info, t), pair_size=info.get("pair_size", 2))
+                             dot=dot, pair_size=info.get("pair_size", 2),
+                             init=init and init[0], init_data=init and init[1])
         k.strategy = "gemm"
-        k.reads = _gemm_reads(k, ra, name)
+        k.reads = _gemm_reads(k, ra, name) + ([init[0]] if init else [])
         out.extend(pre)
         out.append(k)
     return out
@@ -633,8 +639,14 @@ def _reads(e: Expr) -> list[str]:
 
 def packed_weights(kernels: list[Kernel]) -> dict[str, np.ndarray]:
     """The packed B tensors the kernels read, by name (for the plan's weights)."""
-    return {k.gemm.packed: k.gemm.data for k in kernels
-            if getattr(k, "gemm", None) is not None and getattr(k.gemm, "data", None) is not None}
+    out = {}
+    for k in kernels:
+        c = getattr(k, "gemm", None)
+        if c is not None and getattr(c, "data", None) is not None:
+            out[c.packed] = c.data
+        if c is not None and getattr(c, "init", None) is not None:
+            out[c.init] = c.init_data
+    return out
 
 
 def workgroups(k: Kernel, out: Buffer) -> Expr:

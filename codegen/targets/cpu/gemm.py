@@ -29,9 +29,20 @@ BF16_DOT = {"avx512bf16": ("llvm.x86.avx512bf16.dpbf16ps.512", 16),
 # i32 lanes; each adds a0*b0 + ... + a3*b3 of four adjacent u8 (A) x s8 (B) to every i32 lane
 # (x86 vpdpbusd, arm USDOT of FEAT_I8MM; no saturation: four products of at most 255 * 127 fit)
 INT8_DOT = {"avx512vnni": ("llvm.x86.avx512.vpdpbusd.512", 16),
-            "i8mm": ("llvm.aarch64.neon.usdot.v4i32.v16i8", 4)}
+            "i8mm": ("llvm.aarch64.neon.usdot.v4i32.v16i8", 4),
+            "dotprod": ("llvm.aarch64.neon.sdot.v4i32.v16i8", 4)}
 # the intrinsics whose byte operands LLVM types as byte vectors (the x86 ones take i32 lanes)
-BYTE_OPERANDS = {"llvm.aarch64.neon.usdot.v4i32.v16i8"}
+BYTE_OPERANDS = {"llvm.aarch64.neon.usdot.v4i32.v16i8", "llvm.aarch64.neon.sdot.v4i32.v16i8"}
+# ... and those that multiply s8 x s8 (FEAT_DotProd's SDOT, on every ARMv8.2 core of note): A's
+# u8 become s8 by flipping the top bit (a - 128), and each column's accumulators start at
+# 128 * sum_k B[k] to give the u8 products back (``signed_correction``)
+SIGNED_A = {"llvm.aarch64.neon.sdot.v4i32.v16i8"}
+
+
+def signed_correction(panel: np.ndarray) -> np.ndarray:
+    """128 * sum over K of a packed int8 B panel [batch, N blocks, K / 4, PACK, 4], as i32
+    [batch, N blocks, PACK]: what an SDOT of (a - 128) lacks of the u8 products."""
+    return (128 * panel.astype(np.int32).sum(axis=(2, 4))).astype(np.int32)
 
 
 def _dot(t, table) -> str | None:
@@ -81,6 +92,8 @@ class Contraction:
     pair: str | None = None   # bf16 pairs (bf16dot.py) or int8 quads: the K dim they group
     dot: str | None = None    # ... and the product intrinsic (BF16_DOT, INT8_DOT)
     pair_size: int = 2        # ... and how many K it takes at once (2: bf16, 4: int8)
+    init: str | None = None   # SIGNED_A: the accumulators' start per column (signed_correction)
+    init_data: np.ndarray | None = None
 
     @property
     def ntiles(self) -> Expr:

@@ -23,7 +23,7 @@ from mlpack.codegen.llvm.intrinsics import declare, intrinsic, masked_load, spla
 from mlpack.codegen.llvm.loops import delinearize
 from mlpack.codegen.llvm import halfconv
 from mlpack.codegen.llvm.types import BF16, F32, I8, I16, I32, I64, i64
-from mlpack.codegen.targets.cpu.gemm import BYTE_OPERANDS, PACK, Contraction
+from mlpack.codegen.targets.cpu.gemm import BYTE_OPERANDS, PACK, SIGNED_A, Contraction
 from mlpack.codegen.targets.cpu.indexing import affine, is_one
 from mlpack.codegen.targets.cpu.kernel import Buffer
 
@@ -199,11 +199,22 @@ class GemmEmitter:
             # one K chunk (a short K, a 1x1 convolution's): each tile starts from zero in its
             # registers and goes to the buffer once, instead of through it per chunk
             single = self._single_chunk()
+            starts = [zero_vec] * nv
+            if c.init is not None:   # SDOT's correction, per column (gemm.signed_correction)
+                base_init = L.E.bases[c.init]
+                starts = []
+                for j in range(c.tb):
+                    blk = self.umin(self.add(blk0, i64(j)), last_blk)
+                    at = b.mul(self.add(b.mul(bi, blocks), blk), i64(PACK))
+                    for q in range(per_block):
+                        p = b.gep(base_init, [self.add(at, i64(q * c.vl))], inbounds=True,
+                                  source_etype=I32)
+                        starts.append(b.load(p, typ=self.vty, align=4))
             if not single:
                 with L.loops.loop(i64(0), ng, "zero") as g:
                     for r in range(c.mr):
                         for q in range(nv):
-                            b.store(zero_vec, cvec(g, r, q), align=4)
+                            b.store(starts[q], cvec(g, r, q), align=4)
             # K in chunks (of the outermost K dim) outside the group's tiles: the chunk of the
             # B panel and the A rows it touches stay in L1 while every tile of the group uses them
             with L.loops.loop(i64(0), nchunks, "chunk") as ch:
@@ -218,7 +229,7 @@ class GemmEmitter:
                                           source_etype=self.aety))
                     for r in range(c.mr):
                         for q in range(nv):
-                            b.store(zero_vec if single else b.load(cvec(g, r, q), align=4),
+                            b.store(starts[q] if single else b.load(cvec(g, r, q), align=4),
                                     accs[r * nv + q])
                     self._k_loop(0, i64(0), i64(0), i64(0), rows, panels, accs, S, (lo, hi))
                     for r in range(c.mr):
@@ -351,6 +362,8 @@ class GemmEmitter:
         dot = declare(b.module, c.dot, ir.FunctionType(self.vty, [self.vty, bytes_ty, bytes_ty]))
         for r, row in enumerate(rows):
             a = b.load(b.gep(row, [off], inbounds=True, source_etype=I8), typ=I32, align=1)
+            if c.dot in SIGNED_A:   # u8 to s8: a - 128
+                a = b.xor(a, ir.Constant(I32, 0x80808080 - (1 << 32)))
             a_quads = splat(b, a, self.vty)
             if bytes_ty is not self.vty:
                 a_quads = b.bitcast(a_quads, bytes_ty)

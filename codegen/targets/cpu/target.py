@@ -27,6 +27,9 @@ _X86_V4_VNNI = _X86_V4 + ("avx512vnni",)
 _RV64GCV = ("m", "a", "f", "d", "c", "v")
 # ARMv8 with FEAT_BF16 (Neoverse V1/N2 on, Graviton 3 on, Apple M2 on): BFDOT (bf16dot.py)
 _ARM_BF16 = ("fp-armv8", "neon", "bf16")
+# ARMv8.2 with FEAT_DotProd (Cortex-A55/A75 on, Neoverse N1 / Graviton 2 on, Apple M1 on): int8
+# artifacts multiply in fours with SDOT, A's u8 shifted to s8 (gemm.SIGNED_A)
+_ARM_DOTPROD = ("fp-armv8", "neon", "dotprod")
 # ARMv8 with FEAT_I8MM (Neoverse V1/N2/V2, Graviton 3 on, Cortex-A510/A710/X2 on, Apple M2 on):
 # int8 artifacts multiply u8 x s8 in fours with USDOT (codegen/precisions/int8.py)
 _ARM_I8MM = ("fp-armv8", "neon", "dotprod", "i8mm")
@@ -72,6 +75,8 @@ TARGETS: dict[str, CpuTarget] = {t.name: t for t in (
     CpuTarget("aarch64", "aarch64-unknown-linux-gnu", "generic", ("fp-armv8", "neon"), "arm64",
               "AArch64", 128, vector_registers=32),
     CpuTarget("aarch64-bf16", "aarch64-unknown-linux-gnu", "generic", _ARM_BF16, "arm64",
+              "AArch64", 128, vector_registers=32),
+    CpuTarget("aarch64-dotprod", "aarch64-unknown-linux-gnu", "generic", _ARM_DOTPROD, "arm64",
               "AArch64", 128, vector_registers=32),
     CpuTarget("aarch64-i8mm", "aarch64-unknown-linux-gnu", "generic", _ARM_I8MM, "arm64",
               "AArch64", 128, vector_registers=32),

@@ -84,7 +84,8 @@ def _int8(case):
 def test_every_int8_contraction_is_a_gemm_and_quads_need_vnni(case):
     g, _ = _int8(case)
     for target, dot in ((VNNI, "llvm.x86.avx512.vpdpbusd.512"), ("x86_64-v4", None),
-                        ("aarch64-i8mm", "llvm.aarch64.neon.usdot.v4i32.v16i8"), ("aarch64", None)):
+                        ("aarch64-i8mm", "llvm.aarch64.neon.usdot.v4i32.v16i8"),
+                        ("aarch64-dotprod", "llvm.aarch64.neon.sdot.v4i32.v16i8"), ("aarch64", None)):
         _, kernels, bufs, _, _ = schedule_kernels(g, get_target(target))
         ints = [k for k in kernels if k.acc_dtype == "i32"]
         assert ints and all(k.strategy == "gemm" for k in ints)
@@ -107,3 +108,29 @@ def test_int8_kernels_give_the_interpreters_outputs(case, target):
     # requantization that bit can move one quantization step (1/255 of the range)
     assert np.abs(got - want).max() <= 2e-2 * scale
     assert np.mean(np.abs(got - want) <= 1e-6 * scale) > 0.98
+
+
+def test_every_level_computes_the_same_integers_chunked_k_included(tmp_path):
+    """A convolution deep enough that K runs in several chunks (the accumulators go through
+    the tile buffer, SDOT's correction starting them), built for every int8 level: each one this
+    host runs, natively or under qemu, validates with the same error as the others."""
+    import onnx
+
+    from mlpack.packager.build import build
+    from support import emulated
+
+    m, _ = _conv(cin=64, mid=256, size=6)
+    onnx.save(m, tmp_path / "conv.onnx")
+    targets = ["x86_64-v2", "x86_64-v4", VNNI, "aarch64", "aarch64-dotprod", "aarch64-i8mm"]
+    g = precisions.apply("int8", compile_onnx(m), precisions.calibrate(
+        "int8", compile_onnx(m), [{"x": rand(1, 64, 6, 6, seed=s)} for s in (1, 2)]))
+    _, kernels, _, _, _ = schedule_kernels(g, get_target("aarch64-dotprod"))
+    assert any(k.gemm.init is not None and k.gemm.kc < 256 for k in kernels
+               if k.strategy == "gemm" and k.acc_dtype == "i32")
+    report = build(tmp_path / "conv.onnx", tmp_path / "conv.mlpack", targets=targets,
+                   precisions=["int8"])
+    ran = {a.target: a.max_error for a in report.artifacts if a.precision == "int8" and a.validated}
+    for t in targets:
+        if RUNS.get(t) or emulated(t):
+            assert t in ran, t
+    assert len(ran) >= 2 and max(ran.values()) <= min(ran.values()) * (1 + 1e-3), ran
