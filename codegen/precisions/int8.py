@@ -211,6 +211,74 @@ def _quantize_weight(c: Constant, channels: list[str]) -> tuple[np.ndarray, np.n
     return q, scale
 
 
+def _quantize_map(x: str, q: str, dims: dict, sx: float, zx: int) -> Comprehension:
+    """``q = u8(clamp(round(x / sx) + zx, 0, 255))`` over ``x``'s dims."""
+    value = ex.unary("round", ex.mul(ex.read(x, {d: ex.var(d) for d in dims}, "f32"),
+                                     ex.const(1.0 / sx, "f32")))
+    if zx:
+        value = ex.binary("add", value, ex.const(float(zx), "f32"))
+    clamped = ex.minimum(ex.maximum(value, ex.const(0.0, "f32")), ex.const(255.0, "f32"))
+    # (through i32: the value is already in range, and a float-to-i32 conversion vectorizes
+    # at full width where one to u8 goes through i64 lanes)
+    return Comprehension(q, TensorType("u8", dims), ex.cast(ex.cast(clamped, "i32"), "u8"))
+
+
+class _Rewrite:
+    """The new tensors of one int8 rewrite: constants, types and fresh names."""
+
+    def __init__(self, g: Graph):
+        self.g = g
+        self.constants, self.types = dict(g.constants), dict(g.types)
+        self.taken = set(g.types) | set(g.constants)
+
+    def constant(self, stem: str, dtype: str, dims: dict, layout, data) -> str:
+        name = _fresh(stem, self.taken)
+        self.constants[name] = Constant(name, TensorType(dtype, dict(dims)), tuple(layout), data)
+        self.types[name] = self.constants[name].type
+        return name
+
+    def contraction(self, op: Comprehension, x: Expr, w: Expr, q: str, sx: float,
+                    zx: int) -> list[Comprehension]:
+        """``op`` as the i32 sum of ``q`` (``x`` quantized) times ``w`` quantized per output
+        channel, and the map that dequantizes it into ``op``'s output."""
+        c = self.g.constants[w.arg[0]]
+        channels = _channels(op, w, self.g)
+        wq, sw = _quantize_weight(c, channels)
+        dims = dict(c.type.dims)
+        qv, qext = _quad_dim(op, x)
+        pad = None if x.arg[2] is None else zx
+        if qext != op.rdims[qv].value:   # K grown to whole quads: zero weights, x read guarded
+            d = next(d for d, ix in zip(w.arg[1], w.args) if ix.op == "var" and ix.arg == qv)
+            widths = [(0, 0)] * wq.ndim
+            widths[c.layout.index(d)] = (0, qext - dims[d].value)
+            wq, dims[d] = np.pad(wq, widths), ex.const(qext)
+            op = replace(op, rdims={**op.rdims, qv: ex.const(qext)})
+            pad = zx
+        stem = w.arg[0]
+        wname = self.constant(f"{stem}#i8", "i8", dims, c.layout, wq)
+        ch_layout = [d for d in c.layout if d in channels]
+        ch_shape = [c.data.shape[c.layout.index(d)] for d in ch_layout]
+        sums = wq.astype(np.int64).sum(axis=tuple(i for i, d in enumerate(c.layout)
+                                                  if d not in channels))
+        ch_dims = {d: dims[d] for d in ch_layout}
+        zname = self.constant(f"{stem}#zsum", "i32", ch_dims, ch_layout,
+                              (zx * sums).astype(np.int32).reshape(ch_shape))
+        sname = self.constant(f"{stem}#scale", "f32", ch_dims, ch_layout,
+                              (sx * sw).astype(np.float32).reshape(ch_shape))
+        at = dict(zip(w.arg[1], w.args))
+        ch_index = {d: at[d] for d in ch_layout}
+        xq = Expr("read", x.args, (q, x.arg[1], pad), "u8")
+        wr = Expr("read", w.args, (wname, w.arg[1], None), "i8")
+        acc = _fresh(f"{op.out}#i32", self.taken)
+        sop = replace(op, out=acc, type=TensorType("i32", dict(op.type.dims)),
+                      body=ex.mul(ex.cast(xq, "i32"), ex.cast(wr, "i32")))
+        self.types[acc] = sop.type
+        deq = ex.mul(ex.cast(ex.sub(ex.read(acc, {d: ex.var(d) for d in op.type.dims}, "i32"),
+                                    ex.read(zname, ch_index, "i32")), "f32"),
+                     ex.read(sname, ch_index, "f32"))
+        return [sop, Comprehension(op.out, op.type, deq)]
+
+
 def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
     """``g`` with its int8 contractions (``contractions``) quantized with the activation ranges
     of ``calibration`` (``calibrate``'s result); ``g`` itself when none are."""
@@ -220,88 +288,33 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
     if calibration is None:
         raise CalibrationError("int8 needs activation ranges: calibrate the graph on inputs "
                                "first (mlpack build does, with --calibration or random inputs)")
-    taken = set(g.types) | set(g.constants)
-    constants, types = dict(g.constants), dict(g.types)
+    rw = _Rewrite(g)
     quantized: dict[str, tuple[str, float, int]] = {}   # x -> (its u8 tensor, scale, zero)
     changed: dict[int, list] = {}
-    placed: dict[str, list] = {}   # tensor -> its quantization, placed right after its producer
+    placed: dict[str, Comprehension] = {}   # x -> its quantization, right after x's producer
     for op, x, w in found:
-        key = id(op)
         xname = x.arg[0]
         if xname not in calibration:
             continue
         if xname not in quantized:
             sx, zx = quantize_params(*calibration[xname])
-            q = _fresh(f"{xname}#u8", taken)
-            dims = dict(types[xname].dims)
-            value = ex.binary("add", ex.unary("round", ex.mul(
-                ex.read(xname, {d: ex.var(d) for d in dims}, "f32"), ex.const(1.0 / sx, "f32"))),
-                ex.const(float(zx), "f32"))
-            clamped = ex.minimum(ex.maximum(value, ex.const(0.0, "f32")), ex.const(255.0, "f32"))
-            # (through i32: the value is already in range, and a float-to-i32 conversion
-            # vectorizes at full width where one to u8 goes through i64 lanes)
-            qop = Comprehension(q, TensorType("u8", dims), ex.cast(ex.cast(clamped, "i32"), "u8"))
-            types[q] = qop.type
+            q = _fresh(f"{xname}#u8", rw.taken)
+            placed[xname] = _quantize_map(xname, q, dict(rw.types[xname].dims), sx, zx)
+            rw.types[q] = placed[xname].type
             quantized[xname] = (q, sx, zx)
-            placed.setdefault(xname, []).append(qop)
-        q, sx, zx = quantized[xname]
-        c = g.constants[w.arg[0]]
-        channels = _channels(op, w, g)
-        wq, sw = _quantize_weight(c, channels)
-        qv, qext = _quad_dim(op, x)
-        pad = None if x.arg[2] is None else zx
-        if qext != op.rdims[qv].value:   # K grown to whole quads: zero weights, x read guarded
-            axis = next(i for i, (d, ix) in enumerate(zip(w.arg[1], w.args))
-                        if ix.op == "var" and ix.arg == qv)
-            axis = c.layout.index(w.arg[1][axis])
-            widths = [(0, 0)] * wq.ndim
-            widths[axis] = (0, qext - wq.shape[axis])
-            wq = np.pad(wq, widths)
-            c = Constant(c.name, TensorType("f32", {**c.type.dims, c.layout[axis]: ex.const(qext)}),
-                         c.layout, np.zeros(wq.shape, np.float32))
-            op = replace(op, rdims={**op.rdims, qv: ex.const(qext)})
-            pad = zx
-        stem = w.arg[0]
-        wname = _fresh(f"{stem}#i8", taken)
-        constants[wname] = Constant(wname, TensorType("i8", dict(c.type.dims)), c.layout, wq)
-        types[wname] = constants[wname].type
-        ch_layout = tuple(d for d in c.layout if d in channels)
-        ch_dims = {d: c.type.dims[d] for d in ch_layout}
-        ch_shape = [c.data.shape[c.layout.index(d)] for d in ch_layout]
-        sums = wq.astype(np.int64).sum(axis=tuple(i for i, d in enumerate(c.layout)
-                                                  if d not in channels))
-        zsum = (zx * sums).astype(np.int32).reshape(ch_shape)
-        scale = (sx * sw).astype(np.float32).reshape(ch_shape)
-        zname, sname = _fresh(f"{stem}#zsum", taken), _fresh(f"{stem}#scale", taken)
-        constants[zname] = Constant(zname, TensorType("i32", ch_dims), ch_layout, zsum)
-        constants[sname] = Constant(sname, TensorType("f32", ch_dims), ch_layout, scale)
-        types[zname], types[sname] = constants[zname].type, constants[sname].type
-        at = dict(zip(w.arg[1], w.args))
-        ch_index = {d: at[d] for d in ch_layout}
-        xq = Expr("read", x.args, (q, x.arg[1], None if pad is None else int(pad)), "u8")
-        wr = Expr("read", w.args, (wname, w.arg[1], None), "i8")
-        acc = _fresh(f"{op.out}#i32", taken)
-        sop = replace(op, out=acc, type=TensorType("i32", dict(op.type.dims)),
-                      body=ex.mul(ex.cast(xq, "i32"), ex.cast(wr, "i32")))
-        types[acc] = sop.type
-        out_index = {d: ex.var(d) for d in op.type.dims}
-        deq = ex.mul(ex.cast(ex.sub(ex.read(acc, out_index, "i32"),
-                                    ex.read(zname, ch_index, "i32")), "f32"),
-                     ex.read(sname, ch_index, "f32"))
-        changed.setdefault(key, []).extend([sop, Comprehension(op.out, op.type, deq)])
+        changed[id(op)] = rw.contraction(op, x, w, *quantized[xname])
     if not changed:
         return g
-    ops = [qop for p in g.inputs for qop in placed.get(p.name, [])]
+    ops = [placed[p.name] for p in g.inputs if p.name in placed]
     for op in g.ops:
         ops.extend(changed.get(id(op), [op if not isinstance(op, Comprehension) else replace(op)]))
-        for name in getattr(op, "outs", ()):
-            ops.extend(placed.get(name, []))
-    _share_quantized(ops, quantized, {p.name for p in g.outputs}, types)
-    out = replace(g, ops=ops, constants=constants, types=types)
+        ops.extend(placed[name] for name in getattr(op, "outs", ()) if name in placed)
+    _share_quantized(ops, quantized, {p.name for p in g.outputs})
+    out = replace(g, ops=ops, constants=rw.constants, types=rw.types)
     return eliminate_dead_code(fuse_elementwise(out))
 
 
-def _share_quantized(ops: list, quantized: dict, outputs: set[str], types: dict) -> None:
+def _share_quantized(ops: list, quantized: dict, outputs: set[str]) -> None:
     """Let every other reader of a quantized tensor read its u8 copy, dequantized (in place in
     ``ops``): a residual add or a pooling then reads a byte instead of four, and once the copy
     is a tensor's only reader, elementwise fusion moves the quantization into the epilogue of
