@@ -292,8 +292,10 @@ def _pack_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str) -> K
 
 def _k_chunk(t_tb: int, info: dict, rdims: dict) -> int:
     """Steps of the outermost K dim per chunk: a chunk's slice of the B panel fits L1 (even when
-    that dim is paired, bf16dot.py)."""
-    steps = max(1, L1_PANEL_BYTES // (t_tb * PACK * 4))
+    that dim is paired, bf16dot.py). An int8 panel takes a byte per element, so its chunks are
+    four times as deep (fewer trips of the accumulators through the tile buffer)."""
+    width = 1 if info.get("pair_size") == QUAD or info["b"].dtype == "i8" else 4
+    steps = max(1, L1_PANEL_BYTES // (t_tb * PACK * width))
     inner = ex.product([rdims[r] for r in info["k"][1:]])
     kc = 1 if not inner.is_const else max(1, steps // max(1, inner.value))
     if info.get("pair") is not None and info["pair"] == info["k"][0]:
