@@ -8,8 +8,10 @@ One algorithm, in three steps, written flat so the C engine can port it line for
    without a loader. Then drop what the caller excluded: device, precision, accuracy budget.
 2. **Rank** the rest. With an accuracy budget: the fastest: of a device, the artifact measured
    fastest at build time (``latency``: the build timed them all on one host), and where none was
-   timed, the most specific target and then the narrowest precision. Without: the preferred precision (fp32, the reference, first), then the
-   most specific target: cuda > highest CPU level > baseline CPU > portable.
+   timed, the most specific target and then the narrowest precision. Without: the device
+   (native code before the portable interpreter, whatever its precision), the preferred
+   precision (fp32, the reference, first), then the most specific target: cuda > highest CPU
+   level > baseline CPU > portable.
 3. **Explain**: every artifact gets a ``Verdict`` whose reason is a sentence a user can act on.
 
 Nothing here reads code or weights: the descriptor annotations (copies of config fields, made
@@ -247,7 +249,8 @@ def rank_key(art: Artifact, budget) -> tuple:
         return (device, *measured, *rest, PRECISION_SPEED.get(art.precision, 0), -art.index)
     pref = (PRECISION_PREFERENCE.index(art.precision) if art.precision in PRECISION_PREFERENCE
             else len(PRECISION_PREFERENCE))
-    return (-pref, specificity(art), -art.index)
+    device, *rest = specificity(art)   # native code before the interpreter, whatever precision
+    return (device, -pref, *rest, -art.index)
 
 
 # ---------------------------------------------------------------- step 3: explain

@@ -97,6 +97,20 @@ def test_engine_picks_the_artifact_python_picks(full):
         native.open_model(full, threads=1)
 
 
+def test_without_a_budget_the_engine_takes_native_int8_over_the_portable_fp32(tmp_path, tiny):
+    # (the int8 artifact's code is fake: the engine choosing it shows as a failure to load it)
+    host = detect_host()
+    if host.arch != "amd64" or (host.x86_level or 0) < 2:
+        pytest.skip("needs an x86-64-v2 host")
+    path = write(tmp_path / "i8.mlpack", tiny, [
+        artifact(tiny), artifact(tiny, "cpu", "int8", target="x86_64-v2", err=2e-2,
+                                 features=("sse4_2", "popcnt", "ssse3", "cx16", "sahf"))])
+    with open_container(path) as box:
+        assert select_artifact(box, host, code_types=None)[0].index == 1
+    with pytest.raises(errors.Error, match=r"artifact 1\b"):
+        native.open_model(path, threads=1)
+
+
 def test_no_runnable_artifact_names_each_reason(tmp_path, tiny):
     arch = detect_host().arch
     other = ("x86_64-v3", "amd64") if arch == "arm64" else ("aarch64", "arm64")

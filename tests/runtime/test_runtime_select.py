@@ -127,6 +127,21 @@ def test_under_a_budget_a_measured_latency_outranks_the_precisions_name(tmp_path
         assert select_artifact(c, ARM)[0].index == 1
 
 
+def test_without_a_budget_native_code_outranks_the_interpreter_at_any_precision(tmp_path, tiny):
+    """A container whose only fp32 artifact is the portable one and whose native ones are int8
+    (`-t x86_64-v4-vnni -p int8`): the host runs the native int8 code, not the interpreter; a
+    native fp32 artifact, where there is one, still comes before the narrower precisions."""
+    native = artifact(tiny, "cpu", "int8", target="aarch64", features=("neon",), err=2e-2)
+    with open_container(write(tmp_path / "a.mlpack", tiny, [artifact(tiny), native])) as c:
+        winner, v = select_artifact(c, ARM)
+        assert winner.index == 1 and v[0].reason == "portable: runs anywhere; slower"
+    fp32 = artifact(tiny, "cpu", target="aarch64", features=("neon",))
+    with open_container(write(tmp_path / "b.mlpack", tiny, [artifact(tiny), native, fp32])) as c:
+        winner, v = select_artifact(c, ARM)
+        assert winner.index == 2
+        assert v[1].reason == "passed over: fp32 is preferred over int8 (ask for precision='int8')"
+
+
 def test_min_runtime_and_unknown_platforms_are_passed_over(tmp_path, tiny):
     specs = [artifact(tiny, min_runtime="0.1.0"),
              artifact(tiny, "cpu", target="x86_64-v2", min_runtime="99.0.0"),

@@ -5,7 +5,8 @@
  *      this engine has no executor for: executors.c's table, which mlpack_open loads with), then
  *      what the caller excluded (device, precision, accuracy budget);
  *   2. rank the rest: with a budget, the fastest (most specific, then narrowest precision);
- *      without, the preferred precision (fp32 first) and then the most specific target;
+ *      without, the device (native before portable), the preferred precision (fp32 first)
+ *      and then the most specific target;
  *   3. give every artifact a reason a user can act on.
  */
 #define _GNU_SOURCE
@@ -246,7 +247,8 @@ static mlpack_status mp_check_policy(const mlpack_options *o, mlpack_error **err
 /* Larger is better. Under a budget: the device (cuda, cpu, portable), then a measured artifact
  * before an unmeasured one, the measured by their build-time latency (ns, lower first: the build
  * timed them on one host), the unmeasured by target specificity and their precision's name
- * (narrower first); without a budget, the preferred precision first, then specificity. */
+ * (narrower first); without a budget, the device, then the preferred precision, then
+ * specificity. */
 #define MP_KEY 7
 static void mp_rank_key(const mp_artifact *a, int has_budget, long long key[MP_KEY]) {
   long s[3];
@@ -260,8 +262,9 @@ static void mp_rank_key(const mp_artifact *a, int has_budget, long long key[MP_K
     key[5] = mp_precision_speed(a->precision);
   } else {
     int pref = mp_in_list(a->precision, mp_precision_preference);
-    key[0] = -(pref < 0 ? 4 : pref);
-    key[1] = s[0]; key[2] = s[1]; key[3] = s[2]; key[4] = key[5] = 0;
+    key[0] = s[0];   /* native code before the interpreter, whatever its precision */
+    key[1] = -(pref < 0 ? 4 : pref);
+    key[2] = s[1]; key[3] = s[2]; key[4] = key[5] = 0;
   }
   key[6] = -(long long)a->index;
 }
