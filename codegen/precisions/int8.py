@@ -325,8 +325,6 @@ def _share_quantized(ops: list, quantized: dict, outputs: set[str]) -> None:
     for i, op in enumerate(ops):
         if not isinstance(op, Comprehension) or op.out in copies:
             continue
-        if op.reduce == "sum" and op.type.dtype == "i32":
-            continue
         body = _dequantized_reads(op.body, quantized, outputs)
         if body is not op.body:
             ops[i] = replace(op, body=body)
@@ -344,9 +342,3 @@ def _dequantized_reads(e: Expr, quantized: dict, outputs: set[str]) -> Expr:
         return e
     args = tuple(_dequantized_reads(a, quantized, outputs) for a in e.args)
     return e if args == e.args else ex.rebuild(e, args)
-
-
-def apply_to(g: Graph, feeds: list[dict]) -> Graph:
-    """``g`` in int8, calibrated on ``feeds`` (tests and tools; the build calibrates once for all
-    its targets)."""
-    return rewrite(g, calibrate(g, feeds))

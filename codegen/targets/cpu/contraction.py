@@ -42,8 +42,9 @@ from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.targets.cpu import amx, depthwise
 from mlpack.codegen.targets.cpu.gemm import (PACK, SIGNED_A, Contraction, bf16_dot, int8_dot,
                                             pack_b, pack_pairs, signed_correction)
-from mlpack.codegen.targets.cpu.gemmview import (MIN_N, QUAD, const_view, extent, int8_view,
-                                                 narrow_view, panel_dtype, split, widened)
+from mlpack.codegen.targets.cpu.gemmview import (MIN_N, const_view, extent, int8_view,
+                                                 narrow_view, pair_size, panel_dtype, split,
+                                                 widened)
 from mlpack.codegen.targets.cpu.indexing import index_range, read_step
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, fresh_name,
@@ -294,13 +295,12 @@ def _k_chunk(t_tb: int, info: dict, rdims: dict) -> int:
     """Steps of the outermost K dim per chunk: a chunk's slice of the B panel fits L1 (even when
     that dim is paired, bf16dot.py). An int8 panel takes a byte per element, so its chunks are
     four times as deep (fewer trips of the accumulators through the tile buffer)."""
-    width = 1 if info.get("pair_size") == QUAD or info["b"].dtype == "i8" else 4
+    width = 1 if info["b"].dtype == "i8" else 4
     steps = max(1, L1_PANEL_BYTES // (t_tb * PACK * width))
     inner = ex.product([rdims[r] for r in info["k"][1:]])
     kc = 1 if not inner.is_const else max(1, steps // max(1, inner.value))
     if info.get("pair") is not None and info["pair"] == info["k"][0]:
-        size = info.get("pair_size", 2)
-        kc += -kc % size
+        kc += -kc % pair_size(info)
     return kc
 
 
@@ -343,7 +343,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             dims = info["batch"] + info["n"] + info["k"]
             extents = {v: extent(v, ob, k.rdims).value for v in dims}
             pdt = panel_dtype(rb.dtype, t)
-            pair, size = info.get("pair"), info.get("pair_size", 2)
+            pair, size = info.get("pair"), pair_size(info)
             key = (rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]), pdt,
                    pair, size)
 
@@ -376,8 +376,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                              t.fma, _group(info["m_size"], mr), _k_chunk(tb, info, k.rdims),
                              direct, direct is not None and info["n_size"].value % PACK != 0,
                              _n_inner(bufs[ra.arg[0]], bufs[name]), pair=info.get("pair"),
-                             dot=dot, pair_size=info.get("pair_size", 2),
-                             init=init and init[0], init_data=init and init[1])
+                             dot=dot, init=init and init[0], init_data=init and init[1])
         k.strategy = "gemm"
         k.reads = _gemm_reads(k, ra, name) + ([init[0]] if init else [])
         out.extend(pre)
@@ -389,7 +388,7 @@ def _dot_of(info: dict, t: CpuTarget) -> str | None:
     """The product intrinsic of a paired contraction (bf16 pairs or int8 quads), or None."""
     if info.get("pair") is None:
         return None
-    return int8_dot(t) if info.get("pair_size") == QUAD else bf16_dot(t)
+    return int8_dot(t) if info["b"].dtype == "i8" else bf16_dot(t)
 
 
 def _amx_gemm(k: Kernel, info: dict, ra: Expr, g, bufs: dict[str, Buffer], packs: dict,

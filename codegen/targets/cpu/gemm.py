@@ -17,6 +17,7 @@ import numpy as np
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.precisions.int8 import QUAD   # K per int8 product group (INT8_DOT)
 
 PACK = 16                    # f32 lanes per packed column block, the same for every target
 # bf16 pairs (bf16dot.py): per LLVM feature, the instruction's intrinsic and its f32 lanes;
@@ -31,6 +32,7 @@ BF16_DOT = {"avx512bf16": ("llvm.x86.avx512bf16.dpbf16ps.512", 16),
 INT8_DOT = {"avx512vnni": ("llvm.x86.avx512.vpdpbusd.512", 16),
             "i8mm": ("llvm.aarch64.neon.usdot.v4i32.v16i8", 4),
             "dotprod": ("llvm.aarch64.neon.sdot.v4i32.v16i8", 4)}
+INT8_INTRINSICS = {name for name, _ in INT8_DOT.values()}
 # the intrinsics whose byte operands LLVM types as byte vectors (the x86 ones take i32 lanes)
 BYTE_OPERANDS = {"llvm.aarch64.neon.usdot.v4i32.v16i8", "llvm.aarch64.neon.sdot.v4i32.v16i8"}
 # ... and those that multiply s8 x s8 (FEAT_DotProd's SDOT, on every ARMv8.2 core of note): A's
@@ -91,9 +93,13 @@ class Contraction:
     run_group: int = 1        # AMX: runs per vector of A (amx.k_order)
     pair: str | None = None   # bf16 pairs (bf16dot.py) or int8 quads: the K dim they group
     dot: str | None = None    # ... and the product intrinsic (BF16_DOT, INT8_DOT)
-    pair_size: int = 2        # ... and how many K it takes at once (2: bf16, 4: int8)
     init: str | None = None   # SIGNED_A: the accumulators' start per column (signed_correction)
     init_data: np.ndarray | None = None
+
+    @property
+    def pair_size(self) -> int:
+        """How many K the product intrinsic takes at once: 4 (int8 quads) or 2 (bf16 pairs)."""
+        return QUAD if self.dot in INT8_INTRINSICS else 2
 
     @property
     def ntiles(self) -> Expr:

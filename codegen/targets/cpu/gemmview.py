@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.targets.cpu.gemm import bf16_dot, int8_dot
+from mlpack.codegen.targets.cpu.gemm import QUAD, bf16_dot, int8_dot
 from mlpack.codegen.targets.cpu.indexing import affine, is_one, read_step
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
 from mlpack.codegen.targets.cpu.target import CpuTarget
 
 MIN_N = 8                    # fewer columns than this waste most of a block: leave the kernel
 NARROW_B = ("bf16", "f16")   # 16-bit constants a build-time B panel may keep (precisions/)
-QUAD = 4                     # K per int8 product group (gemm.INT8_DOT)
 
 
 def extent(v: str, out: Buffer, rdims: dict[str, Expr]) -> Expr:
@@ -151,7 +150,6 @@ def int8_view(k: Kernel, g, out: Buffer, args, bufs, t) -> dict | None:
     if not info:
         return None
     info["pair"] = pair_dim(info, k, bufs, t, QUAD, int8_dot)
-    info["pair_size"] = QUAD
     if info["pair"] is None and t is not None and int8_dot(t):
         info["relayout"] = quad_layout(info, k, bufs)
         if info["relayout"] is not None:   # A's copy (contraction.py's ``_unguard``) puts the quad dim innermost
@@ -179,6 +177,11 @@ def quad_layout(info: dict, k: Kernel, bufs) -> tuple[tuple[str, ...], str] | No
                     v not in ex.free_vars(index[o]) for o in src.layout if o != d):
                 return tuple(o for o in src.layout if o != d) + (d,), v
     return None
+
+
+def pair_size(info: dict) -> int:
+    """How many K a paired view groups: four for int8 (an s8 B), two for bf16."""
+    return QUAD if info["b"].dtype == "i8" else 2
 
 
 def panel_dtype(dtype: str, t: CpuTarget) -> str:

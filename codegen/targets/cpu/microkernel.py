@@ -23,11 +23,10 @@ from mlpack.codegen.llvm.intrinsics import declare, intrinsic, masked_load, spla
 from mlpack.codegen.llvm.loops import delinearize
 from mlpack.codegen.llvm import halfconv
 from mlpack.codegen.llvm.types import BF16, F32, I8, I16, I32, I64, i64
-from mlpack.codegen.targets.cpu.gemm import BYTE_OPERANDS, PACK, SIGNED_A, Contraction
+from mlpack.codegen.targets.cpu.gemm import BYTE_OPERANDS, PACK, QUAD, SIGNED_A, Contraction
 from mlpack.codegen.targets.cpu.indexing import affine, is_one
 from mlpack.codegen.targets.cpu.kernel import Buffer
 
-QUAD = 4                     # K per int8 quad product (gemm.INT8_DOT)
 PREFETCH_ROWS = 16           # K steps ahead a streamed B panel is fetched (8 to 32 measured
                              # alike on alexnet; a non-temporal fetch was 45% slower)
 
@@ -48,8 +47,8 @@ class GemmEmitter:
         # a build-time panel of 16-bit weights (precisions/weights16.py) is read in its dtype
         # and widened per vector: half the bytes through the caches for two more instructions
         self.bdt = L.E.buffers[self.c.packed].dtype
-        self.bety = {"bf16": I16, "f16": ir.HalfType(), "i8": I8}.get(self.bdt, F32)   # (AMX:
-        # amxkernel.py)
+        # (AMX: amxkernel.py)
+        self.bety = {"bf16": I16, "f16": ir.HalfType(), "i8": I8}.get(self.bdt, F32)
         # A in bf16 (bf16dot.py's rounded activations): paired with B for vdpbf16ps along
         # c.pair, else widened per element
         self.adt = L.E.buffers[self.c.a.arg[0]].dtype

@@ -59,27 +59,31 @@ class CpuTarget:
         return ",".join("+" + f for f in self.features)
 
 
+def _x86(name: str, features: tuple[str, ...], vector_bits: int = 512, **kw) -> CpuTarget:
+    """An x86-64 level (AVX-512 and its 32 vector registers unless told)."""
+    if vector_bits == 512:
+        kw.setdefault("vector_registers", 32)
+    return CpuTarget(name, "x86_64-unknown-linux-gnu", "x86-64", features, "amd64",
+                     "Advanced Micro Devices X86-64", vector_bits, **kw)
+
+
+def _arm(name: str, features: tuple[str, ...]) -> CpuTarget:
+    """An AArch64 level: NEON's 128-bit vectors, 32 registers."""
+    return CpuTarget(name, "aarch64-unknown-linux-gnu", "generic", features, "arm64", "AArch64",
+                     128, vector_registers=32)
+
+
 TARGETS: dict[str, CpuTarget] = {t.name: t for t in (
-    CpuTarget("x86_64-v2", "x86_64-unknown-linux-gnu", "x86-64", _X86_V2, "amd64",
-              "Advanced Micro Devices X86-64", 128, fma=False),
-    CpuTarget("x86_64-v3", "x86_64-unknown-linux-gnu", "x86-64", _X86_V3, "amd64",
-              "Advanced Micro Devices X86-64", 256),
-    CpuTarget("x86_64-v4", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4, "amd64",
-              "Advanced Micro Devices X86-64", 512, vector_registers=32),
-    CpuTarget("x86_64-v4-amx", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4_AMX, "amd64",
-              "Advanced Micro Devices X86-64", 512, vector_registers=32),
-    CpuTarget("x86_64-v4-bf16", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4_BF16, "amd64",
-              "Advanced Micro Devices X86-64", 512, vector_registers=32),
-    CpuTarget("x86_64-v4-vnni", "x86_64-unknown-linux-gnu", "x86-64", _X86_V4_VNNI, "amd64",
-              "Advanced Micro Devices X86-64", 512, vector_registers=32),
-    CpuTarget("aarch64", "aarch64-unknown-linux-gnu", "generic", ("fp-armv8", "neon"), "arm64",
-              "AArch64", 128, vector_registers=32),
-    CpuTarget("aarch64-bf16", "aarch64-unknown-linux-gnu", "generic", _ARM_BF16, "arm64",
-              "AArch64", 128, vector_registers=32),
-    CpuTarget("aarch64-dotprod", "aarch64-unknown-linux-gnu", "generic", _ARM_DOTPROD, "arm64",
-              "AArch64", 128, vector_registers=32),
-    CpuTarget("aarch64-i8mm", "aarch64-unknown-linux-gnu", "generic", _ARM_I8MM, "arm64",
-              "AArch64", 128, vector_registers=32),
+    _x86("x86_64-v2", _X86_V2, 128, fma=False),
+    _x86("x86_64-v3", _X86_V3, 256),
+    _x86("x86_64-v4", _X86_V4),
+    _x86("x86_64-v4-amx", _X86_V4_AMX),
+    _x86("x86_64-v4-bf16", _X86_V4_BF16),
+    _x86("x86_64-v4-vnni", _X86_V4_VNNI),
+    _arm("aarch64", ("fp-armv8", "neon")),
+    _arm("aarch64-bf16", _ARM_BF16),
+    _arm("aarch64-dotprod", _ARM_DOTPROD),
+    _arm("aarch64-i8mm", _ARM_I8MM),
     # RV64GC with the vector extension 1.0, whose registers are at least 128 bits (zvl128b):
     # fixed-width 128-bit vectors lower to it on every V 1.0 core. The float ABI is lp64d (the
     # module's target-abi flag), the one Linux distributions' glibc uses.
