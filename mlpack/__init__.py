@@ -40,6 +40,9 @@ _LAZY = {
     "NoRunnableArtifactError": ("mlpack.spec.errors", "NoRunnableArtifactError"),
     "PortableFallbackWarning": ("mlpack.spec.errors", "PortableFallbackWarning"),
     "IndexRangeError": ("mlpack.spec.errors", "IndexRangeError"),
+    "SignatureError": ("mlpack.spec.errors", "SignatureError"),
+    "RegistryError": ("mlpack.spec.errors", "RegistryError"),
+    "UnsignedContainerWarning": ("mlpack.spec.errors", "UnsignedContainerWarning"),
 }
 
 __all__ = ["Error", "FormatError", "InputError", "__version__", *_LAZY]

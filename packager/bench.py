@@ -157,13 +157,14 @@ def ort_session(model, threads: int):
 
 
 def load_mlpack(path, threads: int, precision: str | None = None):
-    """``mlpack.load(path, threads=threads, precision=precision)``, the portable-fallback warning
-    silenced (the result says which artifact ran)."""
+    """``mlpack.load(path, threads=threads, precision=precision)``, the portable-fallback and
+    unsigned warnings silenced (the result says which artifact ran)."""
     from mlpack.runtime import load
-    from mlpack.spec.errors import PortableFallbackWarning
+    from mlpack.spec.errors import PortableFallbackWarning, UnsignedContainerWarning
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PortableFallbackWarning)
+        warnings.simplefilter("ignore", UnsignedContainerWarning)
         return load(path, threads=threads, precision=precision)
 
 

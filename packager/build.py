@@ -454,7 +454,7 @@ def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress):
         progress(f"  validate {target} {precision} under {emu.qemu}")
     try:
         result = emulate.validate(path, verdict.artifact, verdict.reason, emu, progress,
-                                  timeout=EMULATION_SECONDS)
+                                  timeout=EMULATION_SECONDS, trusted_keys="")   # its own file
     except emulate.NotEmulated:
         raise
     except Error as e:  # it ran and the engine failed, or the program crashed
@@ -474,7 +474,7 @@ def validate_container(path: str, pairs, output: str, progress=None) -> tuple[di
     DeadOnArrivalError for the first artifact that fails."""
     from mlpack.packager import emulate
     from mlpack.runtime import load
-    from mlpack.spec.errors import PortableFallbackWarning
+    from mlpack.spec.errors import PortableFallbackWarning, UnsignedContainerWarning
 
     from concurrent.futures import ThreadPoolExecutor
 
@@ -485,7 +485,8 @@ def validate_container(path: str, pairs, output: str, progress=None) -> tuple[di
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", PortableFallbackWarning)  # the build host is not the target
-            with load(path) as model:
+            warnings.simplefilter("ignore", UnsignedContainerWarning)  # the file it just wrote
+            with load(path, trusted_keys="") as model:
                 native = []
                 for verdict in model.verdicts:
                     i = verdict.artifact.index
@@ -526,7 +527,7 @@ def _time_precisions(path: str, pairs, native: list[int], checks: dict, progress
     a variant with 16-bit weights can be slower than fp32 where the arithmetic, not the memory,
     bounds a run, and bf16 products slower than f32 on a model of depthwise convolutions."""
     from mlpack.runtime import load
-    from mlpack.spec.errors import PortableFallbackWarning
+    from mlpack.spec.errors import PortableFallbackWarning, UnsignedContainerWarning
 
     if len({p for _, p in pairs}) < 2:
         return
@@ -537,7 +538,8 @@ def _time_precisions(path: str, pairs, native: list[int], checks: dict, progress
         progress(f"  time {len(timed)} artifacts of several precisions (1 thread)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PortableFallbackWarning)
-        model = load(path, threads=1)
+        warnings.simplefilter("ignore", UnsignedContainerWarning)
+        model = load(path, threads=1, trusted_keys="")   # its own file: no trust policy applies
     with model:
         for i in timed:
             checks[i] = dataclasses.replace(checks[i], seconds=model.time(i, TIMED_RUNS))

@@ -5,6 +5,8 @@
     mlpack inspect FILE.mlpack [--host] [--json]
     mlpack validate FILE.mlpack
     mlpack run FILE.mlpack --input NAME=FILE.npy ... --output DIR [--device D] [--precision P]
+    mlpack push FILE.mlpack REGISTRY/REPO:TAG;  mlpack pull REGISTRY/REPO:TAG -o FILE [--all]
+    mlpack keygen NAME;  mlpack sign FILE.mlpack --key NAME.key;  mlpack verify FILE --key NAME.pub
     mlpack import MODEL.onnx [--ir FILE] [--print-ir]
     mlpack run-reference MODEL.onnx --input NAME=FILE.npy ... --output DIR
     mlpack conformance [--filter REGEX] [--jobs N] [-v]
@@ -41,8 +43,8 @@ class _Commands(typer.core.TyperGroup):
     """Lists the commands in the order a user needs them: make a container, look into it, check
     it, run it; then the tools that work on the ONNX model itself."""
 
-    ORDER = ("build", "inspect", "validate", "run", "import", "run-reference", "conformance",
-             "bench")
+    ORDER = ("build", "inspect", "validate", "run", "push", "pull", "keygen", "sign", "verify",
+             "import", "run-reference", "conformance", "bench")
 
     def list_commands(self, ctx) -> list[str]:
         rank = {name: i for i, name in enumerate(self.ORDER)}
@@ -146,7 +148,11 @@ def command(name: str | None = None, **kwargs) -> Callable:
 # ---------------------------------------------------------------- summaries
 
 
-def _existing(path: Path, what: str = "model") -> Path:
+def _existing(path: Path, what: str = "model", **policy) -> Path:
+    if what == "container" and str(path).startswith("oci:/"):   # oci://REGISTRY/REPO:TAG
+        from mlpack.packager.registry_cli import pulled
+
+        return pulled(path, **policy)   # this host's artifact, pulled into the cache
     if not path.exists():
         raise InputError(f"{path}: no such file ({what})")
     if path.is_dir():
@@ -456,33 +462,36 @@ def _artifact_doc(art) -> dict:
             "cpu_features": cfg["artifact"].get("cpu_features") or [],
             "cuda_sm": cfg["artifact"].get("cuda_sm"), "accuracy": cfg.get("accuracy") or {},
             "min_runtime": cfg.get("min_runtime"), "latency": cfg.get("latency"),
+            "present": art.present,
             "layers": [{"media_type": layer.media_type, "digest": layer.digest, "size": layer.size}
                        for layer in art.layers]}
 
 
-def _engine_rows(path: str) -> list[dict] | None:
-    """The C engine's selection on this host (what ``mlpack.load`` runs); None without it."""
-    from mlpack.runtime import engine
+def _engine_rows(container) -> list[dict] | None:
+    """The C engine's selection on this host (what ``mlpack.load`` runs); None without it. The
+    engine selects only (select_only): inspecting a file never loads its code."""
+    from mlpack.runtime import engine, native
     from mlpack.spec.errors import Error, NoRunnableArtifactError
 
     if not engine.available():
         return None
     try:
-        handle, load_error = engine.open_engine(path)
+        handle = native.open_model(container.path, fd=container.fileno(), strict=False,
+                                   verify=False, trusted_keys="", select_only=True)
     except NoRunnableArtifactError:
         return None  # the Python rows below say why for each artifact
     except Error as e:
-        raise Error(f"the C engine cannot open {path}: {e}") from None
-    with handle, open_reader(path) as reader:
-        verdicts = engine.verdicts(handle, reader, load_error)
+        raise Error(f"the C engine cannot open {container.path}: {e}") from None
+    with handle:
+        verdicts = engine.verdicts(handle, container, None)
     return [{"index": v.artifact.index, "runnable": v.runnable, "chosen": v.chosen,
              "reason": v.reason} for v in verdicts]
 
 
-def open_reader(path: str):
-    from mlpack.spec.container import open_container
-
-    return open_container(path, verify=False)  # already verified by the caller's open
+def _signature_doc(container) -> dict:
+    """Who signed the container, as the file says (``mlpack verify --key`` checks it)."""
+    keys = sorted({s.key or "unknown key" for s in container.signatures})
+    return {"signed": bool(container.signatures), "keys": keys}
 
 
 def _host_doc(container) -> dict:
@@ -494,7 +503,7 @@ def _host_doc(container) -> dict:
     from mlpack.spec.errors import NoRunnableArtifactError
 
     host = detect_host()
-    rows = _engine_rows(container.path)
+    rows = _engine_rows(container)
     if rows is not None:
         return {"host": host.describe(), "engine": engine.describe_engine(), "verdicts": rows}
     try:
@@ -512,12 +521,13 @@ def _host_doc(container) -> dict:
 
 def inspect_doc(container, host: bool) -> dict:
     """Everything ``mlpack inspect`` shows, as one JSON-able document."""
-    model = container.artifacts[0].config["model"]
+    model = next(a for a in container.artifacts if a.present).config["model"]
     doc = {"file": container.path, "size": container.file_size,
            "format_version": ".".join(map(str, container.format_version)),
            "model": container.name, "tag": container.tag, "sizes": _layer_sizes(container),
            "inputs": model["inputs"], "outputs": model["outputs"],
-           "artifacts": [_artifact_doc(a) for a in container.artifacts]}
+           "artifacts": [_artifact_doc(a) for a in container.artifacts],
+           "signature": _signature_doc(container)}
     if host:
         doc.update(_host_doc(container))
     return doc
@@ -528,6 +538,9 @@ def _inspect_lines(doc: dict) -> list[str]:
     lines = [f"file:       {doc['file']} ({_bytes(doc['size'])})",
              f"format:     {doc['format_version']}",
              f"model:      {doc['model']} (tag {doc['tag']})",
+             "signature:  " + (f"signed by {', '.join(doc['signature']['keys'])} (not checked "
+                               "here: mlpack verify FILE --key PUB)" if doc["signature"]["signed"]
+                               else "unsigned (mlpack sign FILE --key NAME.key)"),
              f"contents:   code {_bytes(sizes['code'])}, weights {_bytes(sizes['weights'])}, "
              f"test vectors {_bytes(sizes['vectors'])}"]
     lines += [f"input:      {_sig_text(s)}" for s in doc["inputs"]]
@@ -588,20 +601,23 @@ def _validate_rows(path: str) -> list[dict]:
 
     from mlpack.packager import emulate
     from mlpack.runtime import load
-    from mlpack.spec.errors import PortableFallbackWarning
+    from mlpack.spec.errors import PortableFallbackWarning, UnsignedContainerWarning
 
     # a first emulated run compiles libmlpack for qemu (seconds): say so to a person watching
     progress = _progress(False)
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PortableFallbackWarning)
+        warnings.simplefilter("ignore", UnsignedContainerWarning)  # inspect says it; MLPACK_TRUSTED_KEYS applies
         with load(path) as model:
             for v in model.verdicts:
                 art = v.artifact
                 row = {"index": art.index, "device": art.device, "precision": art.precision,
                        "target": art.config["artifact"]["target"], "cases": 0,
                        "max_err": None, "rel_l2": None, "allowed": None}
-                emu = None if v.runnable else emulate.emulator_for(art, model.host.arch)
+                # an artifact a partial pull left out is not here to run, emulated or not
+                emu = None if v.runnable or not art.present else \
+                    emulate.emulator_for(art, model.host.arch)
                 missing = emulate.missing(emu) if emu else ""
                 if v.runnable:
                     rows.append({**row, **_validate_one(model, art.index)})
@@ -660,11 +676,18 @@ def _blind_spots(path: str) -> list[str]:
     import warnings
 
     from mlpack.runtime import load
-    from mlpack.spec.errors import PortableFallbackWarning
+    from mlpack.spec.errors import (NoRunnableArtifactError, PortableFallbackWarning,
+                                    UnsignedContainerWarning)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PortableFallbackWarning)
-        with load(path) as model:
+        # the vectors are every artifact's: the portable one reads them without loading code
+        try:
+            model = load(path, device="portable")
+        except NoRunnableArtifactError:   # a partial container (mlpack pull) may not hold it
+            warnings.simplefilter("ignore", UnsignedContainerWarning)   # validate said it
+            model = load(path)
+        with model:
             return model.blind_spots()
 
 
@@ -693,6 +716,7 @@ def validate_cmd(file: Path = typer.Argument(..., metavar="FILE.mlpack",
     """Check structure and every digest, then run the bundled test vectors on every artifact this
     host can run, and under qemu-user on other architectures' where it is installed; exit 2 on
     any failure (usable as a CI step)."""
+    file = _existing(file, "container")
     with _open(file):  # structure and every blob's digest, before running anything
         pass
     rows = _validate_rows(str(file))
@@ -731,17 +755,19 @@ def run_cmd(
     import numpy as np
 
     from mlpack.runtime import load
-    from mlpack.spec.errors import PortableFallbackWarning
+    from mlpack.spec.errors import PortableFallbackWarning, UnsignedContainerWarning
 
     feeds = parse_inputs(inputs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PortableFallbackWarning)
-        model = load(_existing(file, "container"), device=device, precision=precision)
+        warnings.simplefilter("always", UnsignedContainerWarning)
+        model = load(_existing(file, "container", device=device, precision=precision),
+                     device=device, precision=precision)
     with model:
         results = model.run(feeds)
     # one line for a person (not Python's warning format), after the run so an error stays alone
     for w in caught:
-        if isinstance(w.message, PortableFallbackWarning):
+        if isinstance(w.message, (PortableFallbackWarning, UnsignedContainerWarning)):
             typer.echo(f"note: {one_paragraph(w.message)}", err=True)
     output.mkdir(parents=True, exist_ok=True)
     for name, value in results.items():
@@ -894,6 +920,10 @@ def _print_version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                        help="Show the version and exit.")) -> None:
     """mlpack: one ONNX model in, one container out, runnable on every kind of hardware."""
+
+
+# the signing and registry commands live in their own modules; importing them registers them
+from mlpack.packager import registry_cli, trust_cli  # noqa: E402,F401
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,7 +150,8 @@ def program(emu: Emulator, progress=None) -> Path:
     if c is None:
         raise NotEmulated(missing(emu) or "libmlpack's C sources are not installed")
     sources = sorted((c / "src").glob("*.c")) + [c / "tools" / f"{PROGRAM}.c"]
-    files = sources + sorted((c / "src").glob("*.h")) + sorted((c / "include").glob("*.h"))
+    files = sources + sorted((c / "src").glob("*.h")) + sorted((c / "include").glob("*.h")) \
+        + sorted((c / "vendor").rglob("*.[ch]"))   # src/monocypher.c includes the vendored copy
     folder = _cache() / f"{emu.zig_target}-{_key(emu, c, files)}"
     exe = folder / PROGRAM
     if exe.is_file():
@@ -203,23 +204,31 @@ def _remove(path: str) -> None:
 
 
 def validate(path: str, art: Artifact, reason: str, emu: Emulator, progress=None,
-             timeout: float | None = None):
+             timeout: float | None = None, trusted_keys: str | None = None):
     """Run ``art``'s test vectors under ``emu`` and judge them as ``Model.validate`` does: a
     ``ValidationResult`` with ``emulator`` set. ``reason`` is this host's verdict on the artifact.
     NotEmulated when it could not be run under qemu at all, or not within ``timeout`` seconds;
     another ``Error``, the engine's message or the signal that killed the program, when it ran
-    and failed."""
+    and failed. ``trusted_keys`` is the emulated engine's trust policy (None: this process's
+    MLPACK_TRUSTED_KEYS; "": none, for a build checking the file it just wrote)."""
     from mlpack.runtime.model import judge_vectors, vector_cases
 
     exe = program(emu, progress)
     with open_container(path, verify=False) as container:  # the caller's open verified it
         cases = vector_cases(container, art)
-    got = _run(exe, path, art, cases, emu, timeout) if cases else []
+    got = _run(exe, path, art, cases, emu, timeout, trusted_keys) if cases else []
     return judge_vectors(art, cases, got, reason, emu.qemu)
 
 
+def _absolute_keys(trusted_keys: str | None) -> str:
+    """The trust policy for the emulated engine (which reads MLPACK_TRUSTED_KEYS and runs in a
+    scratch folder): the caller's, else this process's, with every path made absolute."""
+    spec = trusted_keys if trusted_keys is not None else environment.get("MLPACK_TRUSTED_KEYS")
+    return os.pathsep.join(os.path.abspath(p) for p in spec.split(os.pathsep) if p)
+
+
 def _run(exe: Path, path: str, art: Artifact, cases: list, emu: Emulator,
-         timeout: float | None = None) -> list[dict]:
+         timeout: float | None = None, trusted_keys: str | None = None) -> list[dict]:
     """The artifact's outputs on each case, by name, from one run of the program under qemu."""
     inputs = art.config["model"]["inputs"]
     outputs = [o["name"] for o in art.config["model"]["outputs"]]
@@ -234,7 +243,9 @@ def _run(exe: Path, path: str, art: Artifact, cases: list, emu: Emulator,
         cmd = [*emu.command(exe), os.path.abspath(path), str(art.index), tmp]
         # in the scratch folder: qemu writes a crashed program's core file into its cwd
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, timeout=timeout)
+            env = dict(os.environ, MLPACK_TRUSTED_KEYS=_absolute_keys(trusted_keys))
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, timeout=timeout,
+                                  env=env)
         except subprocess.TimeoutExpired:
             raise NotEmulated(f"its vectors ran over {timeout:g} s under {emu.qemu} (a build's "
                               "limit; mlpack validate runs them to the end)") from None

@@ -20,14 +20,16 @@ falls back loudly, naming it.
 from __future__ import annotations
 
 from mlpack.spec.container import Artifact, Container
-from mlpack.spec.errors import Error, FormatError, InputError, NoRunnableArtifactError
+from mlpack.spec.errors import (Error, FormatError, InputError, KeyFileError,
+                                NoRunnableArtifactError, SignatureError)
 
 from mlpack.runtime import native
 from mlpack.runtime.select import Verdict, describe
 
 # errors that say the container or the request is wrong: retrying on the portable artifact
 # would not help, so they propagate as they are
-_NOT_A_LOAD_FAILURE = (FormatError, InputError, NoRunnableArtifactError)
+_NOT_A_LOAD_FAILURE = (FormatError, InputError, NoRunnableArtifactError, SignatureError,
+                       KeyFileError)
 
 
 def available() -> bool:
@@ -39,26 +41,32 @@ def describe_engine() -> str:
     return f"libmlpack {native.version()}" if available() else "python (libmlpack is not built)"
 
 
-def _open(path, threads, **policy) -> native.NativeModel:
-    # the caller's strict is applied by model.py, so the message is the same with or without C;
-    # digests were checked by the Python reader that opened the container first
-    return native.open_model(path, threads=threads, strict=False, verify=False, **policy)
+def _open(container: Container, threads, trusted_keys=None, **policy) -> native.NativeModel:
+    # the caller's strict is applied by model.py, so the message is the same with or without C.
+    # The engine reads the file the Python reader opened (its descriptor, never the path again),
+    # checks the trust policy itself and hashes what it loads from its own copies: verify=False
+    # only spares it hashing every other blob at open
+    return native.open_model(container.path, fd=container.fileno(), threads=threads,
+                             strict=False, verify=False, trusted_keys=trusted_keys, **policy)
 
 
-def open_engine(path, *, device=None, precision=None, accuracy_budget=None, threads=None):
-    """The engine opened on ``path`` with the caller's policy: (NativeModel, load error or None).
+def open_engine(container: Container, *, device=None, precision=None, accuracy_budget=None,
+                threads=None, trusted_keys=None):
+    """The engine opened on ``container``'s file with the caller's policy: (NativeModel, load
+    error or None). ``trusted_keys``: the trust policy in the engine's form (signing.policy_spec).
 
     When the artifact the engine chose cannot be loaded, the model is reopened on the portable
     artifact and the error message is returned beside it."""
-    policy = {"device": device, "precision": precision, "accuracy_budget": accuracy_budget}
+    policy = {"device": device, "precision": precision, "accuracy_budget": accuracy_budget,
+              "trusted_keys": trusted_keys}
     try:
-        return _open(path, threads, **policy), None
+        return _open(container, threads, **policy), None
     except _NOT_A_LOAD_FAILURE:
         raise
     except Error as e:
         if device == "portable":
             raise
-        return _open(path, threads, **{**policy, "device": "portable"}), str(e)
+        return _open(container, threads, **{**policy, "device": "portable"}), str(e)
 
 
 def verdicts(engine: native.NativeModel, container: Container, load_error: str | None):
@@ -88,11 +96,12 @@ class NativeExecutor:
         self.engine.close()
 
 
-def open_artifact(container: Container, art: Artifact, threads=None) -> native.NativeModel:
+def open_artifact(container: Container, art: Artifact, threads=None,
+                  trusted_keys=None) -> native.NativeModel:
     """The engine opened on ``art`` (pinned); NoRunnableArtifactError with the engine's reason
     when this host cannot run it."""
     try:
-        return _open(container.path, threads, artifact=art.index)
+        return _open(container, threads, trusted_keys=trusted_keys, artifact=art.index)
     except Error as e:
         raise type(e)(f"{describe(art)} cannot run in the engine: {e}") from None
 

@@ -1,6 +1,6 @@
 """``mlpack.load``: open a container, select an artifact, check inputs, run, validate.
 
-    m = mlpack.load("model.mlpack")          # verifies, selects, decodes; weights stay on disk
+    m = mlpack.load("model.mlpack")          # checks, selects, loads verified copies
     y = m(x=x)["y"]                          # or m.run({"x": x})
     [y] = m.run(None, {"x": x})              # ONNX Runtime's shape: a list, in output order
     m.validate().ok                          # the bundled test vectors, on this artifact
@@ -15,8 +15,12 @@ in the engine (``threads``: its thread pool; None: ``MLPACK_NUM_THREADS``, else 
 portable one runs on the NumPy interpreter. Without libmlpack (or with an explicit ``host``, which
 the engine cannot take) Python's select.py chooses among what Python runs: the portable artifact.
 
-Loading copies no weights: the container is memory-mapped and the executor's constants view
-the map. Falling back to the portable interpreter is loud: ``PortableFallbackWarning`` says why
+Loading reads each blob the chosen executor needs (code, weights) into memory once and hashes
+that copy as it reads it: what runs is what was verified, whatever happens to the file meanwhile
+(the engine reads the same open file, never the path again). With a trust policy
+(``trusted_keys``, MLPACK_TRUSTED_KEYS) the container's signature is checked before anything is
+loaded; without one, native code from an unsigned file loads with ``UnsignedContainerWarning``.
+Falling back to the portable interpreter is loud: ``PortableFallbackWarning`` says why
 nothing faster fit (also when the container has no native artifact at all: the reason is then
 "this container has no native artifact"); Python's warning filter shows a message once per place,
 so a loop of loads warns once. ``strict=True`` raises ``PortableFallbackError`` instead. Asking
@@ -41,16 +45,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlpack.spec import accuracy, media
+from mlpack.spec import accuracy, media, signing
 from mlpack.spec import sizes
 from mlpack.spec.container import Artifact, open_container
 from mlpack.spec.errors import (Error, FormatError, InputError, PortableFallbackError,
-                                PortableFallbackWarning)
+                                PortableFallbackWarning, UnsignedContainerWarning)
 from mlpack.spec.ir import dtypes
 from mlpack.spec.tensorfile import read_header, read_tensors
 
 from mlpack.runtime.host import Host, detect_host
-from mlpack.runtime import engine
+from mlpack.runtime import engine, registry
 from mlpack.runtime.portable import PortableExecutor
 from mlpack.runtime.select import Verdict, check_policy, describe, select_artifact
 
@@ -293,23 +297,37 @@ def _fallback_reason(verdicts: list[Verdict]) -> str:
 
 
 class Model:
-    """A loaded model: the chosen artifact ready to run. Use ``load`` to make one."""
+    """A loaded model: the chosen artifact ready to run. Use ``load`` to make one.
+
+    ``run`` (and calling the model) may be used from any number of threads at once, with the
+    results serial runs give: a native artifact's runs overlap in the engine (each its own state;
+    one run at a time spreads over the model's thread pool, the others run on their calling
+    threads), the portable interpreter keeps all of a run's state in that run. ``close`` once no
+    run is inside."""
 
     def __init__(self, path, *, device=None, precision=None, accuracy_budget=None, strict=False,
-                 threads=None, host: Host | None = None):
+                 threads=None, host: Host | None = None, trusted_keys=None):
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                     or threads < 1):
             raise Error(f"threads must be a positive integer, got {threads!r}")
         self.threads = threads  # None: the engine's default (MLPACK_NUM_THREADS, else every core)
         check_policy(device, precision, accuracy_budget)  # before the engine: same messages
-        # the Python reader first: it names the exact FormatError of a broken file, and its
-        # digest check (plain reads) spares the engine a second one
-        self._container = open_container(path)
+        # oci://REGISTRY/REPO:TAG: this host's artifact (and the signatures) pulled into the cache
+        path = registry.local_file(path, device=device, precision=precision,
+                                   accuracy_budget=accuracy_budget, host=host,
+                                   trusted_keys=trusted_keys)
+        # the Python reader first: it names the exact FormatError of a broken file. Its JSON
+        # documents are verified; every blob an executor loads is hashed from that executor's
+        # own copy (here, and in the engine, which reads this same open file, never the path)
+        self._container = open_container(path, verify=False)
         self.path = self._container.path
         self.host = host or detect_host()
         self._executor = None
         self._checked: set[tuple] = set()   # feed signatures check_feeds has passed
         try:
+            self._trust = signing.policy_spec(trusted_keys)
+            # the key that signed it, checked before anything is loaded; None without a policy
+            self.signer = self._check_trust()
             policy = {"device": device, "precision": precision, "accuracy_budget": accuracy_budget}
             if host is None and engine.available():
                 art, why = self._select_in_engine(policy)
@@ -327,15 +345,31 @@ class Model:
             self.close()
             raise
 
+    def _check_trust(self) -> str | None:
+        """With a trust policy, the trusted key that signed the container (SignatureError when
+        none did); without one, None, and loading native code from an unsigned file warns."""
+        if not self._trust:
+            return None
+        return signing.check(self._container, signing.load_trusted_keys(self._trust))
+
+    def _warn_unsigned(self, art: Artifact) -> None:
+        if self.signer is None and not self._container.signatures and art.device != "portable":
+            warnings.warn(UnsignedContainerWarning(
+                f"{self.path} is unsigned: loading its native code ({describe(art)}) without "
+                "knowing who made it; set a trust policy (trusted_keys=, MLPACK_TRUSTED_KEYS) "
+                "to require a signature (mlpack sign)"), stacklevel=4)
+
     def _select_in_engine(self, policy) -> tuple[Artifact, str | None]:
         """The engine selects (and, for a native artifact, stays open to run it)."""
-        handle, load_error = engine.open_engine(self.path, threads=self.threads, **policy)
+        handle, load_error = engine.open_engine(self._container, threads=self.threads,
+                                                trusted_keys=self._trust, **policy)
         self.engine = engine.describe_engine()
         self.verdicts = Verdicts(engine.verdicts(handle, self._container, load_error))
         art = next(v.artifact for v in self.verdicts if v.chosen)
         if art.device == "portable":
             handle.close()  # the NumPy interpreter runs portable programs faster than the engine's
         else:
+            self._warn_unsigned(art)
             self._executor = engine.NativeExecutor(handle)
         why = f"the engine could not load the native artifact it chose: {load_error}" if load_error \
             else None
@@ -370,7 +404,8 @@ class Model:
         if not engine.available():
             raise Error(f"{self.path}: artifact {art.index} is native code and libmlpack is not "
                         "built (pip install -e . or make -C runtime/c)")
-        return engine.NativeExecutor(engine.open_artifact(self._container, art, self.threads))
+        return engine.NativeExecutor(engine.open_artifact(self._container, art, self.threads,
+                                                          self._trust))
 
     # ---- running
 
@@ -601,17 +636,24 @@ def _case_part(tensors: dict, prefix: str) -> dict:
 
 
 def load(path, *, device=None, precision=None, accuracy_budget=None, strict=False, threads=None,
-         host: Host | None = None) -> Model:
+         host: Host | None = None, trusted_keys=None) -> Model:
     """Open ``path``, select the artifact this host runs best, and make it ready to run.
+    ``path`` may be ``oci://REGISTRY/REPO:TAG``: the artifact this host runs under the policy
+    below, and the signatures, are pulled into the registry cache first (runtime/registry/).
 
     ``device`` (cpu, cuda, portable) and ``precision`` (fp32, fp16, bf16, int8) restrict the
     choice; ``accuracy_budget`` picks the fastest artifact whose recorded max_error is within
     it; ``strict`` forbids the portable fallback; ``host`` overrides detection (for "what would
-    that machine pick"). Raises a FormatError subclass for a broken container and
+    that machine pick"). ``trusted_keys`` is the trust policy: Ed25519 public keys (a PEM file,
+    a folder of .pub/.pem files, a ':'-separated string or a list of them; None:
+    MLPACK_TRUSTED_KEYS, "" for none): the container must be signed by one of them (mlpack sign),
+    checked here and again by the engine before any code is loaded, else SignatureError.
+    Without a policy, native code from an unsigned container loads with an
+    UnsignedContainerWarning. Raises a FormatError subclass for a broken container and
     NoRunnableArtifactError when nothing fits.
     """
     return Model(path, device=device, precision=precision, accuracy_budget=accuracy_budget,
-                 strict=strict, threads=threads, host=host)
+                 strict=strict, threads=threads, host=host, trusted_keys=trusted_keys)
 
 
 __all__ = ["load", "Model", "TensorInfo", "ArtifactInfo", "ValidationResult", "OutputCheck",

@@ -15,6 +15,8 @@ DigestError, VERSION -> VersionError, INPUT -> InputError, NO_ARTIFACT -> NoRunn
 (PortableFallbackError when ``strict`` refused the portable fallback), INDEX -> IndexRangeError
 (an index taken from data out of range: the message names the ONNX node and the index),
 anything else -> Error.
+A model's ``run`` may be called from many threads at once (results as serial runs give them);
+``close`` it once no run is inside.
 It imports only ``mlpack.spec``, NumPy and the standard library, like the rest of the runtime.
 """
 
@@ -32,7 +34,7 @@ from mlpack.spec.ir import dtypes as ir_dtypes
 
 # mlpack_status
 OK, ERR_ARGUMENT, ERR_IO, ERR_FORMAT, ERR_DIGEST, ERR_VERSION, ERR_NO_ARTIFACT, ERR_INPUT, \
-    ERR_LOAD, ERR_RUNTIME, ERR_NOMEM, ERR_INDEX = range(12)
+    ERR_LOAD, ERR_RUNTIME, ERR_NOMEM, ERR_INDEX, ERR_SIGNATURE = range(13)
 
 # mlpack_dtype, in enum order
 DTYPES = ("bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32", "f64")
@@ -43,7 +45,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 class _Options(ctypes.Structure):
     _fields_ = [("threads", ctypes.c_int), ("device", ctypes.c_char_p), ("precision", ctypes.c_char_p),
                 ("accuracy_budget", ctypes.c_double), ("strict", ctypes.c_int), ("verify", ctypes.c_int),
-                ("pin_artifact", ctypes.c_int)]
+                ("pin_artifact", ctypes.c_int), ("trusted_keys", ctypes.c_char_p),
+                ("select_only", ctypes.c_int)]
 
 
 class _TensorInfo(ctypes.Structure):
@@ -91,6 +94,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     sigs = {
         "mlpack_options_init": (None, [ctypes.POINTER(_Options)]),
         "mlpack_open": (P, [ctypes.c_char_p, ctypes.POINTER(_Options), E]),
+        "mlpack_open_fd": (P, [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_Options), E]),
+        "mlpack_signer": (ctypes.c_char_p, [P]),
         "mlpack_close": (None, [P]),
         "mlpack_input_count": (ctypes.c_size_t, [P]),
         "mlpack_output_count": (ctypes.c_size_t, [P]),
@@ -149,7 +154,7 @@ def _raise(err: ctypes.c_void_p, status: int | None = None):
         raise errors.PortableFallbackError(message)
     cls = {ERR_IO: errors.FormatError, ERR_FORMAT: errors.FormatError, ERR_DIGEST: errors.DigestError,
            ERR_VERSION: errors.VersionError, ERR_INPUT: errors.InputError,
-           ERR_INDEX: errors.IndexRangeError,
+           ERR_INDEX: errors.IndexRangeError, ERR_SIGNATURE: errors.SignatureError,
            ERR_NO_ARTIFACT: getattr(errors, "NoRunnableArtifactError", errors.Error)}.get(code, errors.Error)
     raise cls(message)
 
@@ -242,10 +247,15 @@ class _Call:
     """What a run with one input signature (names, dtypes, shapes) hands the engine, built
     once and reused: the tensor structs, of which only the data pointers change between
     runs, and the output shapes (None where the engine sizes them while running). This keeps
-    a run's Python side to a few microseconds."""
+    a run's Python side to a few microseconds.
+
+    Threads may run at once (ctypes lets go of the GIL in the engine), so a run takes a set of
+    structs no other run holds from ``free`` and gives it back after; list.pop and append are
+    atomic, and a run that finds ``free`` empty copies the template (``ins``, ``outs``)."""
 
     def __init__(self, arrays: dict[str, np.ndarray], inputs, outputs):
         self.ins = (_Tensor * max(len(arrays), 1))()
+        self.ins_type = type(self.ins)
         self._keep = []   # the names and shapes the structs point to
         for i, (name, a) in enumerate(arrays.items()):
             shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
@@ -254,8 +264,14 @@ class _Call:
             self.ins[i] = _Tensor(bname, _dtype_code(a, name), a.ndim, shape, None, 0)
         self.n_out = len(outputs)
         self.outs = (_Tensor * max(self.n_out, 1))()
+        self.outs_type = type(self.outs)
         self.out_names = [o.name for o in outputs]
         self.out_shapes = _output_shapes(inputs, outputs, arrays)
+        self.free = [self.structs()]
+
+    def structs(self):
+        """A new (inputs, outputs) pair of struct arrays: the template's copies."""
+        return self.ins_type.from_buffer_copy(self.ins), self.outs_type()
 
 
 def _info(ti: _TensorInfo) -> TensorInfo:
@@ -268,10 +284,21 @@ def _info(ti: _TensorInfo) -> TensorInfo:
 
 
 class NativeModel:
-    """A model opened by libmlpack. Run it from one thread at a time; ``close`` when done."""
+    """A model opened by libmlpack; ``close`` when done (not while a run is inside).
+
+    ``run`` may be called from any number of threads at once and gives what serial runs give
+    (the engine keeps each run's state apart; ctypes lets go of the GIL during the C call, so
+    runs overlap). Runs share the model's thread pool: one run at a time spreads over it, the
+    others run on their own calling threads."""
 
     def __init__(self, path, *, device=None, precision=None, accuracy_budget=None, strict=False,
-                 threads=None, verify=True, artifact=None):
+                 threads=None, verify=True, artifact=None, fd=None, trusted_keys=None,
+                 select_only=False):
+        """``fd``: an open file of the container (the engine dup()s it and reads only that file;
+        ``path`` then only names it). ``trusted_keys``: the trust policy, as the engine's option
+        takes it (a ':'-separated list of PEM files or folders; None: MLPACK_TRUSTED_KEYS).
+        ``select_only``: select but load no code (``run`` then fails). ``verify=False`` skips
+        hashing the blobs nothing loads; what is loaded is hashed whatever it says."""
         lib = library()
         opts = _Options()
         lib.mlpack_options_init(ctypes.byref(opts))
@@ -290,12 +317,19 @@ class NativeModel:
         opts.verify = int(bool(verify))
         if artifact is not None:  # run exactly this artifact (the engine still checks the host)
             opts.pin_artifact = int(artifact) + 1
+        opts.trusted_keys = os.fsencode(trusted_keys) if trusted_keys is not None else None
+        opts.select_only = int(bool(select_only))
         self.path = os.fspath(path)
         err = ctypes.c_void_p()
         self._lib = lib
-        self._m = lib.mlpack_open(os.fsencode(self.path), ctypes.byref(opts), ctypes.byref(err))
+        if fd is not None:
+            self._m = lib.mlpack_open_fd(fd, os.fsencode(self.path), ctypes.byref(opts), ctypes.byref(err))
+        else:
+            self._m = lib.mlpack_open(os.fsencode(self.path), ctypes.byref(opts), ctypes.byref(err))
         if not self._m:
             _raise(err, ERR_FORMAT)
+        signer = lib.mlpack_signer(self._m)
+        self.signer = signer.decode() if signer else None   # the trusted key that signed it
         self.inputs = self._infos(lib.mlpack_input_count, lib.mlpack_input_info)
         self.outputs = self._infos(lib.mlpack_output_count, lib.mlpack_output_info)
         self.artifacts = [self._verdict(i) for i in range(lib.mlpack_artifact_count(self._m))]
@@ -323,7 +357,7 @@ class NativeModel:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Outputs by name. Where every output's shape follows from the inputs' shapes, the
         engine writes them straight into new arrays (mlpack_run_into); otherwise they are copied
-        out of the engine's buffers, which live only until the next run."""
+        out of the engine's buffers, which live until this thread's next run. Thread-safe."""
         if self._m is None:
             raise errors.Error(f"{self.path}: model is closed")
         # not np.ascontiguousarray: it turns a 0-d array (a scalar input) into shape (1,)
@@ -335,7 +369,10 @@ class NativeModel:
             if len(self._calls) >= _MAX_CALLS:   # (a model fed ever new shapes)
                 self._calls.clear()
             self._calls[key] = call
-        ins, outs = call.ins, call.outs
+        try:   # structs no other thread's run holds
+            ins, outs = call.free.pop()
+        except IndexError:
+            ins, outs = call.structs()
         for t, a in zip(ins, arrays):
             t.data, t.nbytes = _address(a), a.nbytes
         err = ctypes.c_void_p()
@@ -345,6 +382,7 @@ class NativeModel:
                 t.data, t.nbytes = _address(out), out.nbytes
             st = self._lib.mlpack_run_into(self._m, ins, len(arrays), outs, call.n_out,
                                            ctypes.byref(err))
+            call.free.append((ins, outs))
             if st != OK:
                 _raise(err, st)
             return dict(zip(call.out_names, into))
@@ -361,6 +399,7 @@ class NativeModel:
             if t.nbytes:
                 ctypes.memmove(out.ctypes.data, t.data, t.nbytes)
             result[t.name.decode() if t.name else self.outputs[i].name] = out
+        call.free.append((ins, outs))   # (after the copies: outs points into this thread's outputs)
         return result
 
     def __call__(self, **arrays) -> dict[str, np.ndarray]:

@@ -1,9 +1,9 @@
 """The portable executor: runs an artifact's portable program on the NumPy reference interpreter.
 
-The program (spec/ir/program.py) is decoded with its constants viewing the container's weights
-layer in place (``read_tensors`` over the container's mmap): nothing is copied at load, and a
-weight page is read from disk only when the interpreter first touches it. The graph is verified
-before it is accepted, so a malformed program fails at ``load``, not in the middle of ``run``.
+The program (spec/ir/program.py) and its weights layer are read into memory once, each checked
+against its digest as it is read (``Container.read_verified``): the bytes that run are the bytes
+that were hashed, even if the file is rewritten while it is open. The graph is verified before it
+is accepted, so a malformed program fails at ``load``, not in the middle of ``run``.
 
 The executor speaks the program's own layouts; model.py maps the signature's ONNX axis order to
 them (``input_perm``/``output_perm`` here say how).
@@ -44,10 +44,14 @@ class PortableExecutor:
         code = artifact.layer(media.PROGRAM_PORTABLE)
         if code is None:
             raise FormatError(f"{where} has no portable program layer ({media.PROGRAM_PORTABLE})")
+        # the program and its constants are this executor's own copies, hashed as read: what
+        # runs is what was verified, whatever happens to the file meanwhile
         weights = artifact.layer(media.WEIGHTS)
-        tensors = read_tensors(container.blob(weights.digest)) if weights else {}
+        tensors = read_tensors(container.read_verified(weights.digest, f"{where} weights")) \
+            if weights else {}
         try:
-            self.graph = decode_program(bytes(container.blob(code.digest)), tensors)
+            self.graph = decode_program(container.read_verified(code.digest, f"{where} code"),
+                                        tensors)
         except FormatError as e:
             raise FormatError(f"{where}: {e}") from None
         verify(self.graph)

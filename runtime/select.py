@@ -83,7 +83,7 @@ def _recorded_number(art: Artifact, key: str, section: str, field: str) -> float
     if text is not None:
         try:
             value = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):   # nested past the recursion limit: not a number
             return None
     else:
         block = art.config.get(section)
@@ -206,8 +206,14 @@ def _runtime_fault(art: Artifact, code_types) -> str | None:
     return None
 
 
+# an artifact a partial pull left out (spec/container.py Artifact.present; select.c's words)
+NOT_PULLED = "not in this partial container (mlpack pull --all fetches every artifact)"
+
+
 def host_fault(art: Artifact, host: Host, code_types=None) -> str | None:
     """Why ``host`` cannot run ``art`` (a clause for "passed over: ..."), or None if it can."""
+    if not art.present:
+        return NOT_PULLED
     return (_platform_fault(art, host) or _device_fault(art, host) or _feature_fault(art, host)
             or _runtime_fault(art, code_types))
 

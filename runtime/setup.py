@@ -45,6 +45,7 @@ _SHARED = {"mlpack": "mlpack", "mlpack.spec": "spec", "mlpack.spec.ir": "spec/ir
 _IN_SDIST = (HERE / "_src").is_dir()
 PACKAGE_DIR = {pkg: (f"_src/{d}" if _IN_SDIST else f"../{d}") for pkg, d in _SHARED.items()}
 PACKAGE_DIR["mlpack.runtime"] = "."
+PACKAGE_DIR["mlpack.runtime.registry"] = "registry"   # OCI registries: push, pull, oci://
 
 
 class build_runtime_py(build_py):
@@ -133,7 +134,8 @@ setup(
     # the engine's C sources too (300 KB): the compiler builds them for other CPUs to validate
     # their artifacts under qemu (packager/emulate.py), from an installed runtime as from a checkout
     package_data={"mlpack": ["py.typed"], "mlpack.spec": ["SPEC.md", "schemas/*.json"],
-                  "mlpack.runtime": ["c/src/*.c", "c/src/*.h", "c/include/*.h", "c/tools/*.c"]},
+                  "mlpack.runtime": ["c/src/*.c", "c/src/*.h", "c/include/*.h", "c/tools/*.c",
+                                     "c/vendor/monocypher/*"]},
     ext_modules=[libmlpack],
     cmdclass={"build_py": build_runtime_py, "build_ext": build_libmlpack,
               "bdist_wheel": bdist_runtime_wheel, "sdist": sdist_runtime},

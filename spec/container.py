@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import io
 import json
 import mmap
 import os
@@ -42,7 +43,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Callable
 
-from mlpack.spec import media, sizes
+from mlpack.spec import jsondepth, media, sizes
 from mlpack.spec.errors import (DigestError, FormatError, ManifestError, MediaTypeError,
                                 MissingBlobError, NotAContainerError, TarError, TruncatedError,
                                 VersionError)
@@ -313,9 +314,19 @@ class _Member:
 
 
 def _pread(f, offset: int, size: int) -> bytes:
-    f.seek(offset)
-    out = f.read(size)
-    return out if out is not None else b""
+    """``size`` bytes at ``offset`` (fewer at the end of the file); the file position is left
+    alone, so readers on several threads do not disturb each other."""
+    if not hasattr(f, "fileno") or isinstance(f, io.BytesIO):   # bytes in memory (tests, corpus)
+        return f.getvalue()[offset:offset + size]
+    fd, parts = f.fileno(), []
+    while size > 0:
+        chunk = os.pread(fd, min(size, 1 << 30), offset)
+        if not chunk:
+            break
+        parts.append(chunk)
+        offset += len(chunk)
+        size -= len(chunk)
+    return b"".join(parts) if len(parts) != 1 else parts[0]
 
 
 def _tar_number(raw: bytes, what: str, where: str) -> int:
@@ -458,6 +469,18 @@ def _add_member(f, members, raw_name, typeflag, data, size, where) -> None:
 
 
 @dataclass(frozen=True)
+class Signature:
+    """One signature of the container (format 1.2): cosign's simple-signing ``payload`` (the
+    verified bytes) and the base64 Ed25519 ``signature`` of them, from the signature manifest
+    ``manifest``; ``key`` is the signer's key id when the signer recorded it."""
+
+    manifest: str
+    signature: str
+    key: str | None
+    payload: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
 class LayerRef:
     """A layer of an artifact: where its verified bytes lie in the file."""
 
@@ -477,6 +500,9 @@ class Artifact:
     manifest: dict
     config: dict
     layers: list[LayerRef]
+    # False in a partial container (media.ANN_PARTIAL) for an artifact that was not pulled: no
+    # manifest, no layers, and a config holding only what the descriptor's annotations say
+    present: bool = True
 
     @property
     def platform(self) -> dict | None:
@@ -512,7 +538,11 @@ def _bad_constant(name):
 
 
 def parse_json(data: bytes, where: str) -> dict:
-    """A JSON object, strictly: UTF-8, no duplicate keys, no NaN/Infinity."""
+    """A JSON object, strictly: UTF-8, no duplicate keys, no NaN/Infinity, nested at most 512
+    levels deep (as the C engine's parser: spec/jsondepth.py)."""
+    deep = jsondepth.too_deep(data)
+    if deep is not None:
+        raise ManifestError(f"{where} is not valid JSON: nested too deeply at byte {deep}")
     try:
         doc = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates,
                          parse_constant=_bad_constant)
@@ -640,14 +670,63 @@ class Container:
             raise ManifestError(f"{where}: annotation {media.ANN_FORMAT_VERSION!r} is missing; "
                                 "not an mlpack container")
         self.format_version = parse_version(version, f"{where} {media.ANN_FORMAT_VERSION}")
+        self.partial = _string_map(index, "annotations", where).get(media.ANN_PARTIAL) == "true"
         self._check_doc_type(index, media.OCI_INDEX, where)
         entries = _field(index, "manifests", list, where)
-        if len(entries) != 1:
-            raise ManifestError(f"{where}: lists {len(entries)} entries; an mlpack container "
-                                "has exactly one (the nested index)")
-        entry = self._descriptor(entries[0], media.OCI_INDEX, f"{where} manifests[0]")
-        self.tag = _string_map(entry, "annotations", f"{where} manifests[0]").get(media.REF_NAME)
+        self.index = index
+        # one nested index, then (1.2) signature manifests: what each entry is, before reading
+        signed = [isinstance(e, dict) and e.get("mediaType") == media.OCI_MANIFEST
+                  and e.get("artifactType") == media.SIGNATURE_ARTIFACT_TYPE for e in entries]
+        nested = [i for i, s in enumerate(signed) if not s]
+        if len(nested) != 1:
+            raise ManifestError(f"{where}: lists {len(nested)} entries besides signatures; an "
+                                "mlpack container has exactly one (the nested index)")
+        w = f"{where} manifests[{nested[0]}]"
+        entry = self._descriptor(entries[nested[0]], media.OCI_INDEX, w)
+        # index.json is covered by no digest: what it must say is checked, not assumed
+        self.tag = _string_map(entry, "annotations", w).get(media.REF_NAME)
+        if self.tag is None:
+            raise ManifestError(f"{w}: annotation {media.REF_NAME!r} (the tag) is missing")
+        self.nested_digest = entry["digest"]
         self._read_nested(entry)
+        self.signatures: list[Signature] = []
+        for i, s in enumerate(signed):
+            if s:
+                self._read_signature(entries[i], f"{where} manifests[{i}]")
+
+    def _read_signature(self, entry, w: str) -> None:
+        """A signature manifest (spec/SPEC.md section 9): structure only; whether it verifies,
+        and under which key, is spec/signing.py's (only a trust policy asks)."""
+        desc = self._descriptor(entry, media.OCI_MANIFEST, w)
+        where = f"{self.path}: signature manifest {_short(desc['digest'])}"
+        manifest = self._json_blob(desc, where)
+        self._check_doc_type(manifest, media.OCI_MANIFEST, where)
+        kind = _field(manifest, "artifactType", str, where)
+        if kind != media.SIGNATURE_ARTIFACT_TYPE:
+            raise MediaTypeError(f"{where}: artifactType is {kind!r}, expected "
+                                 f"{media.SIGNATURE_ARTIFACT_TYPE!r}")
+        self._descriptor(_field(manifest, "config", dict, where), None, f"{where} config")
+        subject = self._descriptor(_field(manifest, "subject", dict, where), media.OCI_INDEX,
+                                   f"{where} subject")
+        if subject["digest"] != self.nested_digest:
+            raise ManifestError(f"{where}: refers to {_short(subject['digest'])}, not this "
+                                f"container's nested index {self.nested_digest}")
+        layers = _field(manifest, "layers", list, where)
+        if not layers:
+            raise ManifestError(f"{where}: has no signature layer")
+        for j, layer in enumerate(layers):
+            lw = f"{where} layers[{j}]"
+            d = self._descriptor(layer, None, lw)
+            if d["mediaType"] != media.SIGNATURE_PAYLOAD:
+                raise MediaTypeError(f"{lw}: mediaType is {d['mediaType']!r}, expected "
+                                     f"{media.SIGNATURE_PAYLOAD!r}")
+            ann = _string_map(d, "annotations", lw)
+            if media.ANN_SIGNATURE not in ann:
+                raise ManifestError(f"{lw}: annotation {media.ANN_SIGNATURE!r} (the signature) "
+                                    "is missing")
+            self.signatures.append(Signature(desc["digest"], ann[media.ANN_SIGNATURE],
+                                             ann.get(media.ANN_SIGNATURE_KEY),
+                                             self.read_verified(d["digest"], lw, MAX_JSON)))
 
     def _check_doc_type(self, doc: dict, media_type: str, where: str) -> None:
         found = _field(doc, "mediaType", str, where, required=False)
@@ -670,8 +749,13 @@ class Container:
             raise ManifestError(f"{where}: lists zero artifacts; a container needs at least one")
         self.artifacts = [self._read_artifact(i, d, f"{where} manifests[{i}]")
                           for i, d in enumerate(descs)]
+        if not any(a.present for a in self.artifacts):
+            raise MissingBlobError(f"{where}: a partial container holding none of its "
+                                   f"{len(descs)} artifacts")
 
     def _read_artifact(self, i: int, desc, where: str) -> Artifact:
+        if self.partial and self._absent(desc):
+            return self._absent_artifact(i, desc, where)
         desc = self._descriptor(desc, media.OCI_MANIFEST, where)
         _field(desc, "platform", dict, where, required=False)
         annotations = _string_map(desc, "annotations", where)
@@ -693,6 +777,33 @@ class Container:
                 raise ManifestError(f"{where}: annotation {key}={annotations[key]!r} disagrees "
                                     f"with its config ({value!r})")
         return Artifact(i, desc, manifest, config, layers)
+
+    def _absent(self, desc) -> bool:
+        """A descriptor whose manifest is not in the file (only allowed when partial)."""
+        digest = desc.get("digest") if isinstance(desc, dict) else None
+        return isinstance(digest, str) and bool(_DIGEST.fullmatch(digest)) and \
+            self._members.get(BLOB_DIR + digest.split(":", 1)[1]) is None
+
+    def _absent_artifact(self, i: int, desc, where: str) -> Artifact:
+        """An artifact a partial pull left out: known by its descriptor alone (selection reads
+        the annotations, which copy the config's fields; spec/SPEC.md section 2)."""
+        found = _field(desc, "mediaType", str, where)
+        if found != media.OCI_MANIFEST:
+            raise MediaTypeError(f"{where}: mediaType is {found!r}, expected {media.OCI_MANIFEST!r}")
+        _field(desc, "platform", dict, where, required=False)
+        ann = _string_map(desc, "annotations", where)
+        for key in (media.ANN_DEVICE, media.ANN_PRECISION):
+            if key not in ann:
+                raise ManifestError(f"{where}: not in this partial container and without the "
+                                    f"annotation {key!r}")
+        sm = ann.get(media.ANN_CUDA_SM)
+        config = {"artifact": {"device": ann[media.ANN_DEVICE],
+                               "precision": ann[media.ANN_PRECISION], "target": "(not pulled)",
+                               "cpu_features": [f for f in ann.get(media.ANN_CPU_FEATURES, "")
+                                                .split(",") if f],
+                               "cuda_sm": int(sm) if sm and sm.isdigit() else None},
+                  "min_runtime": ann.get(media.ANN_MIN_RUNTIME, media.MIN_RUNTIME)}
+        return Artifact(i, desc, {}, config, [], present=False)
 
     def _layer(self, desc, where: str) -> LayerRef:
         desc = self._descriptor(desc, None, where)
@@ -761,6 +872,44 @@ class Container:
         self._verified.add(digest)
 
     # ---- public
+
+    def read_verified(self, digest: str, where: str = "", limit: int | None = None) -> bytes:
+        """A blob's bytes read into memory once and checked against its digest: what an executor
+        loads is then exactly what was hashed, whatever happens to the file meanwhile."""
+        where = where or self.path
+        m = self._blob_member(digest, where)
+        if limit is not None and m.size > limit:
+            raise ManifestError(f"{where}: blob {_short(digest)} is {m.size} bytes, more than "
+                                f"{limit}")
+        data = _pread(self._file, m.offset, m.size)
+        if digest_of(data) != digest:
+            raise DigestError(f"{where}: blob {_short(digest)} does not match its digest (the "
+                              "file changed or is corrupt)")
+        return data
+
+    def fileno(self) -> int:
+        """The open file's descriptor: the C engine reads the same file through it (a dup), never
+        the path again."""
+        return self._file.fileno()
+
+    def member_names(self) -> list[str]:
+        """Every member of the tar, by name (directories end with '/', as the writer names them)."""
+        return sorted(n + "/" if m.is_dir else n for n, m in self._members.items())
+
+    def member_bytes(self, name: str) -> memoryview | None:
+        """A member's bytes, a view of the map (None for a directory): what rewriting the file
+        (spec/signing.py) copies."""
+        m = self._members[name.rstrip("/")]
+        if m.is_dir:
+            return None
+        if self._map is None:
+            raise ValueError(f"{self.path}: container is closed")
+        return memoryview(self._map)[m.offset:m.offset + m.size]
+
+    def json_blob(self, digest: str) -> dict:
+        """A JSON blob, read, verified and parsed (a manifest, say)."""
+        where = f"{self.path}: blob {_short(digest)}"
+        return parse_json(self.read_verified(digest, where, MAX_JSON), where)
 
     def blob(self, digest: str) -> memoryview:
         """A zero-copy, read-only view of a blob's bytes in the mapped file."""

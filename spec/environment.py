@@ -39,6 +39,27 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "the libmlpack.so to load (default: the one installed beside mlpack.runtime)"),
     Variable("MLPACK_NUM_THREADS", "engine",
              "threads of a run when the caller sets none (default: every core)"),
+    Variable("MLPACK_TRUSTED_KEYS", "runtime",
+             "the trust policy when the caller sets none: Ed25519 public keys (PEM files, or "
+             "folders of .pub/.pem files) separated by ':'; a container then loads only when one "
+             "of them signed it (mlpack sign), checked before any code is loaded (the engine "
+             "reads it too)"),
+    Variable("MLPACK_OCI_CACHE", "runtime",
+             "the registry cache (runtime/registry/cache.py): blobs stored once by digest, and "
+             "the containers load('oci://...') assembles from them (default: "
+             "$XDG_CACHE_HOME/mlpack/oci, else ~/.cache/mlpack/oci)"),
+    Variable("MLPACK_REGISTRY_USERNAME", "runtime",
+             "the user name mlpack push, pull and load('oci://...') give every registry that asks "
+             "(basic auth, or for a bearer token), with MLPACK_REGISTRY_PASSWORD; unset: the "
+             "registry's entry in ~/.docker/config.json's auths ($DOCKER_CONFIG/config.json)"),
+    Variable("MLPACK_REGISTRY_PASSWORD", "runtime",
+             "the password (or access token) that goes with MLPACK_REGISTRY_USERNAME"),
+    Variable("MLPACK_REGISTRY_INSECURE", "runtime",
+             "registries (HOST or HOST:PORT, comma-separated) reached over plain http instead of "
+             "https; localhost, 127.0.0.1 and [::1] always are"),
+    Variable("MLPACK_KEY_PASSWORD", "compiler",
+             "the password of an encrypted signing key (mlpack keygen encrypts with it when set; "
+             "mlpack sign decrypts with it)"),
     Variable("MLPACK_PROFILE", "engine",
              "1: time every kernel dispatch of a native artifact and print where the time went "
              "when the model is closed"),

@@ -75,6 +75,22 @@ class IndexRangeError(InterpError):
     MLPACK_ERR_INDEX); the message names the ONNX node and the index, as ONNX Runtime refuses."""
 
 
+class SignatureError(Error):
+    """A trust policy is set and the container is not signed by a trusted key: unsigned, signed
+    by an unknown key, or a signature that does not verify (spec/signing.py; the C engine's
+    MLPACK_ERR_SIGNATURE). Nothing of the container was loaded."""
+
+
+class KeyFileError(Error):
+    """A signing or trusted key file is missing, unreadable, or not an Ed25519 key."""
+
+
+class RegistryError(Error):
+    """A container registry could not be reached, refused a request (authentication, a missing
+    tag or blob) or served bytes that do not match their digest (runtime/registry/); the message
+    names the registry, the repository and the reference or digest at fault."""
+
+
 # ---- selection and loading (runtime/select.py, runtime/model.py)
 
 
@@ -90,3 +106,8 @@ class PortableFallbackError(Error):
 class PortableFallbackWarning(UserWarning):
     """``load`` runs the portable interpreter because no native artifact fits (or the container
     has none); the message says why. ``strict=True`` makes it a ``PortableFallbackError``."""
+
+
+class UnsignedContainerWarning(UserWarning):
+    """Native code is being loaded from a container that carries no signature, with no trust
+    policy set: nothing says who made the code (``mlpack sign``; ``trusted_keys``)."""

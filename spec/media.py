@@ -38,6 +38,25 @@ CODE_MEDIA_TYPES = (PROGRAM_PORTABLE, CODE_ELF, CODE_PTX, CODE_CUBIN)
 WEIGHTS = "application/vnd.mlpack.weights.v1"  # a tensor archive (spec/tensorfile.py)
 TESTVECTORS = "application/vnd.mlpack.testvectors.v1"  # a tensor archive of inputs and outputs
 
+# ---------------------------------------------------------------- signatures (format 1.2)
+
+# A signature is cosign's: a manifest that refers (``subject``) to the nested index, with one
+# "simple signing" payload layer per signature whose annotation holds the base64 Ed25519
+# signature of the payload's bytes (spec/signing.py; spec/SPEC.md section 9). index.json lists
+# it beside the nested index, tagged as cosign tags it (sha256-<hex>.sig).
+SIGNATURE_ARTIFACT_TYPE = "application/vnd.dev.cosign.artifact.sig.v1+json"
+SIGNATURE_PAYLOAD = "application/vnd.dev.cosign.simplesigning.v1+json"
+SIGNATURE_PAYLOAD_TYPE = "cosign container image signature"  # the payload's critical.type
+OCI_EMPTY = "application/vnd.oci.empty.v1+json"  # the signature manifest's config: b"{}"
+ANN_SIGNATURE = "dev.cosignproject.cosign/signature"  # on a payload layer: base64 signature
+# on index.json: "true" in a container pulled for one host (mlpack pull without --all): the
+# nested index lists every artifact, but only the pulled ones' manifests, configs and layers are
+# in the file; readers treat the others as absent (not runnable) instead of missing blobs
+ANN_PARTIAL = "org.mlpack.partial"
+# on a payload layer: "sha256:<hex>" of the signing key's DER SubjectPublicKeyInfo, so a
+# verifier can say which key signed (it still tries every trusted key)
+ANN_SIGNATURE_KEY = "org.mlpack.signature.key"
+
 # ---------------------------------------------------------------- annotation keys
 
 REF_NAME = "org.opencontainers.image.ref.name"  # the tag on index.json's single entry

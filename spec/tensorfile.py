@@ -20,6 +20,7 @@ import struct
 
 import numpy as np
 
+from mlpack.spec import jsondepth
 from mlpack.spec.errors import FormatError
 
 MAGIC = b"MLPKTNS1"
@@ -87,8 +88,12 @@ def read_header(buf) -> dict:
     (hlen,) = struct.unpack("<Q", bytes(mv[len(MAGIC):len(MAGIC) + 8]))
     if hlen > len(mv) - len(MAGIC) - 8:
         raise FormatError(f"tensor archive header length {hlen} exceeds the blob ({len(mv)} bytes)")
+    raw = bytes(mv[len(MAGIC) + 8:len(MAGIC) + 8 + hlen])
+    deep = jsondepth.too_deep(raw)   # json.loads would recurse into a RecursionError
+    if deep is not None:
+        raise FormatError(f"tensor archive header is not valid JSON: nested too deeply at byte {deep}")
     try:
-        header = json.loads(bytes(mv[len(MAGIC) + 8:len(MAGIC) + 8 + hlen]))
+        header = json.loads(raw)
     except ValueError as e:
         raise FormatError(f"tensor archive header is not valid JSON: {e}") from None
     if not isinstance(header, dict) or not isinstance(header.get("tensors"), dict):

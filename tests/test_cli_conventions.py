@@ -23,7 +23,8 @@ import support
 
 invoke = support.cli
 
-ORDER = ["build", "inspect", "validate", "run", "import", "run-reference", "conformance", "bench"]
+ORDER = ["build", "inspect", "validate", "run", "push", "pull", "keygen", "sign", "verify",
+         "import", "run-reference", "conformance", "bench"]
 OK_MINIMAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spec", "conformance",
                           "ok_minimal.mlpack")
 

@@ -1,7 +1,7 @@
 /* mlpack_run_example: open a container, show what the engine chose and why, run it once (or -r N
  * times), print each output's shape and first values.
  *
- *   mlpack_run_example [-t THREADS] [-d DEVICE] [-p PRECISION] [-S] [-n COUNT] [-r REPEAT]
+ *   mlpack_run_example [-t THREADS] [-d DEVICE] [-p PRECISION] [-S] [-k KEYS] [-n COUNT] [-r REPEAT]
  *                      [-o PREFIX] MODEL.mlpack [INPUT ...]
  *
  * INPUT is one of
@@ -11,7 +11,9 @@
  *                             FILE.bin is the next input in signature order
  * An input not given is random (fixed seed) with its symbolic dims set to 1. -o PREFIX writes
  * each output to PREFIX<name>.bin. THREADS 0 (default) lets the engine read MLPACK_NUM_THREADS,
- * else use every core. -S (strict) refuses the portable interpreter as a fallback. Every failure
+ * else use every core. -S (strict) refuses the portable interpreter as a fallback. -k KEYS sets the
+ * trust policy (Ed25519 public key files or folders, ':'-separated; default MLPACK_TRUSTED_KEYS):
+ * the container must be signed by one of them, checked before any code loads. Every failure
  * prints the engine's message and exits non-zero.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -221,17 +223,18 @@ int main(int argc, char **argv) {
   mlpack_options_init(&opts);
   const char *out_prefix = NULL;
   int show = 8, repeat = 1, c;
-  while ((c = getopt(argc, argv, "t:d:p:Sn:r:o:h")) != -1) {
+  while ((c = getopt(argc, argv, "t:d:p:Sk:n:r:o:h")) != -1) {
     switch (c) {
       case 't': opts.threads = atoi(optarg); break;
       case 'd': opts.device = optarg; break;
       case 'p': opts.precision = optarg; break;
       case 'S': opts.strict = 1; break;
+      case 'k': opts.trusted_keys = optarg; break;
       case 'n': show = atoi(optarg); break;
       case 'r': repeat = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
       case 'o': out_prefix = optarg; break;
       default:
-        fprintf(stderr, "usage: %s [-t THREADS] [-d DEVICE] [-p PRECISION] [-S] [-n COUNT] [-r REPEAT] "
+        fprintf(stderr, "usage: %s [-t THREADS] [-d DEVICE] [-p PRECISION] [-S] [-k KEYS] [-n COUNT] [-r REPEAT] "
                 "[-o PREFIX] MODEL.mlpack [NAME=D0,D1,...[:FILE.bin] | NAME:FILE.bin | FILE.bin ...]\n",
                 argv[0]);
         return 2;
@@ -245,6 +248,7 @@ int main(int argc, char **argv) {
   mlpack_model *m = mlpack_open(path, &opts, &err);
   if (!m) die_err("mlpack_open", err);
   printf("mlpack %s: opened %s in %.1f ms\n", mlpack_version_string(), path, (now() - t0) * 1e3);
+  if (mlpack_signer(m)) printf("signed by trusted key %s\n", mlpack_signer(m));
 
   /* what was chosen, then every artifact's verdict: the reasons say what to change to get another */
   size_t na = mlpack_artifact_count(m);

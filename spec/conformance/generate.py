@@ -239,12 +239,121 @@ def _document_cases(members: list):
     }
 
 
+def _nested(depth: int) -> bytes:
+    """A config with an unknown field whose innermost value lies at ``depth`` (the document's
+    value is at depth 0: spec/jsondepth.py); a reader allows 512."""
+    config = c.canonical_json(portable().config)
+    return config[:-1] + b',"x-nested":' + b"[" * (depth - 1) + b"0" + b"]" * (depth - 1) + b"}"
+
+
+def _nesting_cases():
+    """JSON nested to the readers' limit (512 levels, as runtime/c/src/json.c) and past it."""
+    def with_raw(which: str, raw: bytes):
+        return lambda k, doc, i: raw if k == which else doc
+
+    deep_index = b'{"x-nested":' + b"[" * 2000 + b"]" * 2000 + b"}"   # past Python's recursion
+    return {
+        "ok_json_nested_512.mlpack": (tar(layout(edit=with_raw("config", _nested(512)))), None),
+        "err_json_nested_513.mlpack": (tar(layout(edit=with_raw("config", _nested(513)))),
+                                       ("ManifestError", "is not valid JSON: nested too deeply")),
+        "err_index_json_nested.mlpack": (
+            tar(layout(edit=with_raw("index", deep_index))),
+            ("ManifestError", "index.json is not valid JSON: nested too deeply at byte 524")),
+    }
+
+
+SIGNING_KEY = bytes(range(32))  # a fixed Ed25519 key: the corpus is the same bytes on every run
+
+
+def _signed(members: list, edit=None) -> bytes:
+    """``members`` signed with SIGNING_KEY (spec/signing.py); ``edit`` may change the signature
+    manifest, whose digest and index.json entry are then recomputed (digests stay right)."""
+    import tempfile
+
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from mlpack.spec import signing
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "c.mlpack")
+        with open(path, "wb") as f:
+            f.write(tar(members))
+        with c.open_container(path) as box:
+            key = ed25519.Ed25519PrivateKey.from_private_bytes(SIGNING_KEY)
+            signed = dict((n, None if v is None else bytes(v))
+                          for n, v in signing.signed_members(box, key))
+    if edit:
+        index = json.loads(signed["index.json"])
+        entry = next(e for e in index["manifests"] if e.get("artifactType"))
+        old = c.BLOB_DIR + entry["digest"].split(":")[1]
+        manifest = c.canonical_json(edit(json.loads(signed.pop(old))))
+        entry.update(digest=c.digest_of(manifest), size=len(manifest))
+        signed[c.BLOB_DIR + entry["digest"].split(":")[1]] = manifest
+        signed["index.json"] = c.canonical_json(index)
+    return tar(sorted(signed.items()))
+
+
+def _signature_cases(members: list):
+    """Format 1.2: index.json lists a signature manifest beside the nested index (the readers
+    check its structure; whether it verifies is the trust policy's, tests/runtime/test_trust.py)."""
+    untagged = _edit("index", lambda d: _set(d, ["manifests", 0, "annotations"], {}))
+    first_layer = ["layers", 0]
+
+    manifest_digest = next(c.digest_of(data) for n, data in members
+                           if data and data.startswith(b'{"artifactType"'))
+    manifest_size = next(len(data) for n, data in members
+                         if data and data.startswith(b'{"artifactType"'))
+    return {
+        "ok_signed.mlpack": (_signed(members), None),
+        "err_tag_missing.mlpack": (tar(layout(edit=untagged)),
+                                   ("ManifestError", "(the tag) is missing")),
+        "err_signature_subject.mlpack": (
+            _signed(members, lambda d: _set(d, ["subject"], {
+                "mediaType": m.OCI_INDEX, "digest": manifest_digest, "size": manifest_size})),
+            ("ManifestError", "not this container's nested index")),
+        "err_signature_layer_type.mlpack": (
+            _signed(members, lambda d: _set(d, first_layer + ["mediaType"], m.CONFIG)),
+            ("MediaTypeError", "simplesigning")),
+        "err_signature_unannotated.mlpack": (
+            _signed(members, lambda d: _set(d, first_layer + ["annotations"], {})),
+            ("ManifestError", "(the signature) is missing")),
+    }
+
+
+def _partial(keep: set[int]) -> bytes:
+    """ok_multi pulled for one host (spec/SPEC.md "Partial containers"): index.json annotated
+    partial, only the manifests, configs and layers of the artifacts in ``keep`` left."""
+    members = layout(multi(), _edit("index", lambda d: _set(
+        d, ["annotations", m.ANN_PARTIAL], "true")))
+    docs = dict(members)
+    nested_name = c.BLOB_DIR + json.loads(docs["index.json"])["manifests"][0]["digest"][7:]
+    wanted = {"blobs/", c.BLOB_DIR, "index.json", "oci-layout", nested_name}
+    for i, entry in enumerate(json.loads(docs[nested_name])["manifests"]):
+        if i not in keep:
+            continue
+        manifest = json.loads(docs[c.BLOB_DIR + entry["digest"][7:]])
+        for d in [entry, manifest["config"], *manifest["layers"]]:
+            wanted.add(c.BLOB_DIR + d["digest"][7:])
+    return tar([mb for mb in members if mb[0] in wanted])
+
+
+def _partial_cases():
+    return {
+        "ok_partial.mlpack": (_partial({0, 4}), None),   # portable and cuda: validates anywhere
+        "err_partial_empty.mlpack": (_partial(set()),
+                                     ("MissingBlobError", "holding none of its 5 artifacts")),
+    }
+
+
 def cases() -> dict[str, tuple[bytes, tuple[str, str] | None]]:
     """Every case: file name -> (bytes, None if valid else (error class, message fragment))."""
     members = layout()
     out = _valid_cases()
     out.update(_tar_cases(tar(members), members))
     out.update(_document_cases(members))
+    out.update(_nesting_cases())
+    out.update(_signature_cases(members))
+    out.update(_partial_cases())
     return dict(sorted(out.items()))
 
 

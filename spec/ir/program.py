@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
+from mlpack.spec import jsondepth
 from mlpack.spec.errors import FormatError
 from mlpack.spec.ir import dtypes as dt
 from mlpack.spec.ir import origins as org
@@ -252,12 +254,27 @@ class _Decoder:
         return g
 
 
+# A program nests at most jsondepth.MAX_DEPTH levels (512, as the C reader allows), so its
+# expressions almost as deep; decoding, verifying (verify.py) and interpreting (interp.py) one
+# recurse up to 4 frames a level, past Python's default limit of 1,000 frames. The limit is raised
+# to fit once a program is read, and never lowered (another thread may be deep in a run).
+_RECURSION_LIMIT = 1000 + 4 * jsondepth.MAX_DEPTH
+
+
+def _room_to_recurse() -> None:
+    if sys.getrecursionlimit() < _RECURSION_LIMIT:
+        sys.setrecursionlimit(_RECURSION_LIMIT)
+
+
 def decode_program(raw: bytes, weights: dict) -> Graph:
     """The graph of a portable program (``weights``: name -> array, e.g. from the weights blob).
 
     Raises FormatError for a newer major version or a malformed program; the caller verifies it
     (verify.verify) before running it.
     """
+    deep = jsondepth.too_deep(raw)   # json.loads would recurse into a RecursionError
+    if deep is not None:
+        raise FormatError(f"portable program is not valid JSON: nested too deeply at byte {deep}")
     try:
         j = json.loads(raw)
     except ValueError as e:
@@ -270,9 +287,12 @@ def decode_program(raw: bytes, weights: dict) -> Graph:
     if version[0] > VERSION[0]:
         raise FormatError(f"portable program version {version[0]}.{version[1] if len(version) > 1 else 0} "
                           f"is newer than this runtime reads ({VERSION[0]}.x); upgrade mlpack")
+    _room_to_recurse()
     try:
         return _Decoder().program(j, weights)
     except FormatError:
         raise
+    except RecursionError:   # only where the caller was deep already: still no crash
+        raise FormatError("portable program nests too deeply for this Python runtime") from None
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise FormatError(f"portable program is malformed ({type(e).__name__}: {e})") from None

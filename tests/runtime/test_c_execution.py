@@ -2,7 +2,8 @@
 
 The C suite (`make -C runtime/c test`, whose test_run.c runs hand-written kernel libraries and
 portable programs made by runtime/c/tests/make_fixtures.py) must pass, under valgrind too when
-it is installed; and through runtime/native.py the C portable interpreter must give the NumPy
+it is installed, and the pool's test and test_threads.c under ThreadSanitizer where cc has it;
+and through runtime/native.py the C portable interpreter must give the NumPy
 interpreter's outputs on the MLP and BERT block of tests/models (compiled from ONNX) and on a procedure with a
 data-dependent output size. The Python part skips cleanly where native.py or libmlpack is absent.
 """
@@ -10,6 +11,7 @@ data-dependent output size. The Python part skips cleanly where native.py or lib
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -60,11 +62,17 @@ def _tsan_works() -> bool:
 
 
 @pytest.mark.skipif(not _tsan_works(), reason="needs a C compiler with a working ThreadSanitizer")
-def test_pool_under_thread_sanitizer():
-    """Every workgroup of every job runs once, with no data race (pool.c's job protocol)."""
+def test_pool_and_threaded_runs_under_thread_sanitizer():
+    """Every workgroup of every job runs once, with no data race (pool.c's job protocol); one
+    model run from 8 threads at once (test_threads.c: native plans on a shared pool, portable
+    programs, data-dependent output sizes, mlpack_run and mlpack_run_into) gives the serial
+    runs' bytes, with no ThreadSanitizer report."""
     r = _make("tsan")
+    out = r.stdout + r.stderr
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert "test_pool:" in r.stdout and "0 failures" in r.stdout
+    assert "ThreadSanitizer" not in out, out[-6000:]
+    for test in ("test_pool", "test_threads"):
+        assert re.search(rf"^{test}: [1-9][0-9]* checks, 0 failures$", r.stdout, re.M), out[-4000:]
 
 
 # ---------------------------------------------------------------- through runtime/native.py

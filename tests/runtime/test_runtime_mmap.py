@@ -1,4 +1,6 @@
-"""Zero-copy loading: opening a model with ~100 MB of weights must not make them resident.
+"""Loading holds one copy of the weights: the executor's own, hashed as it was read (what runs is
+what was verified, even if the file changes while open: spec/SPEC.md section 9), and no second
+one (the file's pages are read, never kept mapped besides).
 
 The container is written here; a fresh interpreter loads it and reports its resident set
 (/proc/self/statm) before and after ``load``, so nothing this test allocated counts.
@@ -48,7 +50,7 @@ def _big_graph() -> Graph:
     return g
 
 
-def test_load_maps_weights_without_reading_them(tmp_path):
+def test_load_holds_one_verified_copy_of_the_weights(tmp_path):
     g = _big_graph()
     path = write(tmp_path / "big.mlpack", g, [artifact(g)])
     del g
@@ -56,5 +58,7 @@ def test_load_maps_weights_without_reading_them(tmp_path):
     out = subprocess.run([sys.executable, "-c", PROBE, path], capture_output=True, text=True,
                          check=True).stdout.split()
     grew, first, last = int(out[0]), float(out[1]), float(out[2])
-    assert grew < 20 << 20, f"load made {grew >> 20} MB resident; the weights are 100 MB"
+    weights = N * N * 4
+    assert weights * 0.9 < grew < weights + (20 << 20), \
+        f"load made {grew >> 20} MB resident; the weights are {weights >> 20} MB, held once"
     assert (first, last) == (1 + N % 7, 1 + (2 * N - 1) % 7)  # row 1 of w, plus ones

@@ -1,7 +1,11 @@
 """The kernel library as one LLVM module: kernels, the kernel table, optimization, object code.
 
 Everything is ``internal`` except ``mlpack_kernel_table_v1``, so the shared object's dynamic
-symbol table holds that one symbol. Every function carries ``"no-builtins"`` so that LLVM does
+symbol table holds that one symbol. Its table (runtime/c/include/mlpack_abi.h) is version 2 (ABI
+1.3): per kernel its function, its name and its bindings, one character per buffer its dispatches
+bind ('w' written, 'r' only read: procedure.binding_kinds), which the engine checks the plan
+against; the string is built from the same list the lowering binds (``bound``), so the two
+cannot drift. Every function carries ``"no-builtins"`` so that LLVM does
 not turn a fill or copy loop into a ``memset``/``memcpy`` call the library could not resolve.
 Innermost loops get ``llvm.loop.vectorize.enable`` (a distinct, self-referencing loop id each:
 codegen/llvm/loops.py).
@@ -20,11 +24,12 @@ from mlpack.codegen.llvm.loops import LoopIds
 from mlpack.codegen.llvm.types import I32, PTR
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
 from mlpack.codegen.targets.cpu.lower import KernelLowering
-from mlpack.codegen.targets.cpu.procedure import PROCEDURE, ProcedureLowering
+from mlpack.codegen.targets.cpu.procedure import (PROCEDURE, ProcedureLowering, binding_kinds,
+                                                   kernel_bindings)
 from mlpack.codegen.targets.cpu.target import CpuTarget
 
 TABLE_SYMBOL = "mlpack_kernel_table_v1"
-ABI_VERSION = 1
+TABLE_VERSION = 2   # the table's layout (mlpack_abi.h's abi_version): with bindings, ABI 1.3
 _INIT = threading.Lock()
 _initialized = False
 
@@ -54,7 +59,7 @@ def _cstring(module: ir.Module, name: str, s: str) -> ir.GlobalVariable:
     return g
 
 
-def _table(module: ir.Module, fns: list[ir.Function], names: list[str]) -> None:
+def _table(module: ir.Module, fns: list[ir.Function], names: list[str], bindings: list[str]) -> None:
     n = len(fns)
     arr = ir.ArrayType(PTR, n)
     kt = ir.GlobalVariable(module, arr, name="mlpack.kernels")
@@ -63,10 +68,17 @@ def _table(module: ir.Module, fns: list[ir.Function], names: list[str]) -> None:
     nt = ir.GlobalVariable(module, arr, name="mlpack.names")
     nt.global_constant, nt.linkage = True, "internal"
     nt.initializer = ir.Constant(arr, [_cstring(module, f"mlpack.name.{i}", s) for i, s in enumerate(names)])
-    sty = ir.LiteralStructType([I32, I32, PTR, PTR])
+    kinds: dict[str, ir.GlobalVariable] = {}   # one string per distinct signature ("wrr")
+    for s in bindings:
+        if s not in kinds:
+            kinds[s] = _cstring(module, f"mlpack.bindings.{len(kinds)}", s)
+    bt = ir.GlobalVariable(module, arr, name="mlpack.bindings")
+    bt.global_constant, bt.linkage = True, "internal"
+    bt.initializer = ir.Constant(arr, [kinds[s] for s in bindings])
+    sty = ir.LiteralStructType([I32, I32, PTR, PTR, PTR])
     tab = ir.GlobalVariable(module, sty, name="mlpack.table")
     tab.global_constant, tab.linkage = True, "internal"
-    tab.initializer = ir.Constant(sty, [ir.Constant(I32, ABI_VERSION), ir.Constant(I32, n), kt, nt])
+    tab.initializer = ir.Constant(sty, [ir.Constant(I32, TABLE_VERSION), ir.Constant(I32, n), kt, nt, bt])
     f = ir.Function(module, ir.FunctionType(PTR, []), name=TABLE_SYMBOL)
     f.attributes.add("nounwind")
     b = ir.IRBuilder(f.append_basic_block("entry"))
@@ -113,10 +125,16 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     # chain (pow, fmod, f64 casts) into one f64 -> f16 fptrunc, which is a __truncdfhf2 call.
     native_f16 = (t.arch == "arm64" or "f16c" in t.features, t.arch == "arm64")
     # (procedures, sequential code: procedure.py)
-    fns = [(ProcedureLowering if k.strategy == PROCEDURE else KernelLowering)(
-        module, k, buffers, symbols, ids, native_f16).emit() for k in kernels]
+    lowerings = [(ProcedureLowering if k.strategy == PROCEDURE else KernelLowering)(
+        module, k, buffers, symbols, ids, native_f16) for k in kernels]
+    fns = [lowering.emit() for lowering in lowerings]
+    for k, lowering in zip(kernels, lowerings):
+        # the table records what the plan binds (kernel_bindings); the code loads `bound`
+        if list(lowering.bound) != kernel_bindings(k):
+            raise AssertionError(f"cpu: kernel {k.name} loads bindings {lowering.bound}, but its "
+                                 f"dispatch binds {kernel_bindings(k)}")
     _table(module, _share_identical(module, fns, [k.name for k in kernels]),
-           [k.name for k in kernels])
+           [k.name for k in kernels], [binding_kinds(k) for k in kernels])
     text = LoopIds.finalize(str(module))
     # every definition: no libcalls synthesized from loops
     return re.sub(r"^(define .*\))( [^\n{]*)?\n\{", lambda m: f'{m.group(1)}{m.group(2) or ""}'

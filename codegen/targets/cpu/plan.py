@@ -221,7 +221,7 @@ def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
         index[t] = len(entries)
         entries.append({"kind": "arena", "offset": encode_expr(off), "size": encode_expr(size)})
     dispatches = [{"kernel": i, "workgroups": encode_expr(workgroups(k, bufs[k.out])),
-                   "bindings": [index[t] for t in [*procedure.kernel_writes(k), *k.reads]]}
+                   "bindings": [index[t] for t in procedure.kernel_bindings(k)]}
                   for i, k in enumerate(kernels)]
     computed = procedure.computed_sources(g, kernels)
     plan = {"abi": 1, "symbols": syms, "symbol_sources": sources + computed, "buffers": entries,

@@ -59,6 +59,18 @@ def kernel_writes(k: Kernel) -> list[str]:
     return list(k.writes) if isinstance(k, ProcedureKernel) else [k.out]
 
 
+def kernel_bindings(k: Kernel) -> list[str]:
+    """The tensors a kernel binds, in its dispatches' "bindings" order: those it writes, then
+    those it reads (plan.py binds them so; each lowering's ``bound`` is this list)."""
+    return [*kernel_writes(k), *k.reads]
+
+
+def binding_kinds(k: Kernel) -> str:
+    """What the kernel table records of ``kernel_bindings`` (ABI 1.3, module.py): one character
+    per binding, 'w' written, 'r' only read; the engine checks every dispatch against it."""
+    return "w" * len(kernel_writes(k)) + "r" * len(k.reads)
+
+
 def computed_bounds(g: Graph) -> dict[str, Expr]:
     """Each data-dependent symbol -> its upper bound over input symbols only (a bound may name
     a symbol an earlier procedure computes: NonZero of a Compress; substitute to a fixpoint)."""
@@ -435,5 +447,6 @@ def output_shapes(g: Graph) -> dict[int, dict]:
 
 
 __all__ = ["ProcedureKernel", "ProcedureLowering", "procedure_kernel", "kernel_writes",
+           "kernel_bindings", "binding_kinds",
            "computed_bounds", "bounded_tensors", "add_procedure_buffers", "alloc_sizes", "PROCEDURE",
            "check_procedures", "computed_sources", "output_shapes", "ABI_MINOR"]

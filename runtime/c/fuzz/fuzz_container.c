@@ -3,7 +3,8 @@
  * Every input is parsed twice by mp_container_open_memory: strictly, and with tar checksums
  * and digests forced to match (mp_fuzz_lax, fuzz builds only) so mutations reach the JSON,
  * descriptor and config checks. A container that opens is then taken further: selection on a
- * fixed AVX-512 host and on an arm64 host, and the tensor archives of every artifact. */
+ * fixed AVX-512 host and on an arm64 host, the tensor archives of every artifact, the trust
+ * check of its signatures (format 1.2) and the verified copies executors load. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +42,30 @@ static void mp_fuzz_tensors(const mp_blob *b) {
   mlpack_error_free(err);
 }
 
+/* The trust check over whatever signatures the input carries, under a fixed key (RFC 8032's
+ * first test key), and the executors' verified copies of every layer. */
+static void mp_fuzz_trust(const mp_container *c) {
+  static uint8_t key[1][32] = {{0xd7, 0x5a, 0x98, 0x01, 0x82, 0xb1, 0x0a, 0xb7, 0xd5, 0x4b, 0xfe,
+                                0xd3, 0xc9, 0x64, 0x07, 0x3a, 0x0e, 0xe1, 0x72, 0xf3, 0xda, 0xa6,
+                                0x23, 0x25, 0xaf, 0x02, 0x1a, 0x68, 0xf7, 0x07, 0x51, 0x1a}};
+  static char id[1][72] = {"sha256:0"};
+  mp_keyring k = {.keys = key, .ids = id, .count = 1, .source = "fuzz"};
+  const char *signer;
+  mlpack_error *err = NULL;
+  if (mp_trust_check(c, &k, &signer, &err) != MLPACK_OK && !err) abort();
+  mlpack_error_free(err);
+  for (size_t i = 0; i < c->artifact_count; i++) {
+    const mp_blob *blobs[3] = {&c->artifacts[i].code, &c->artifacts[i].weights, &c->artifacts[i].vectors};
+    for (int j = 0; j < 3; j++) {
+      uint8_t *copy = NULL;
+      err = NULL;
+      if (blobs[j]->size && mp_blob_copy(c, blobs[j], "fuzz", &copy, &err) != MLPACK_OK && !err) abort();
+      free(copy);
+      mlpack_error_free(err);
+    }
+  }
+}
+
 static void mp_fuzz_open(const uint8_t *data, size_t size, int lax) {
   mp_container *c = NULL;
   mlpack_error *err = NULL;
@@ -55,6 +80,7 @@ static void mp_fuzz_open(const uint8_t *data, size_t size, int lax) {
       mp_fuzz_tensors(&c->artifacts[i].weights);
       mp_fuzz_tensors(&c->artifacts[i].vectors);
     }
+    mp_fuzz_trust(c);
     mp_container_close(c);
   } else if (!err) {
     abort();  /* every failure must come with a message */

@@ -9,12 +9,21 @@
  *   mlpack_tensor in = {.name = "x", .dtype = MLPACK_F32, .rank = 2, .shape = shape, .data = buf};
  *   mlpack_tensor out[1];
  *   if (mlpack_run(m, &in, 1, out, 1, &err) != MLPACK_OK) { ... }
- *   // out[0].data is owned by the model and valid until the next run or close
+ *   // out[0].data is owned by the model, valid until this thread's next run of m or close
  *   mlpack_close(m);
  *
  * Every failure is a status code plus an mlpack_error carrying a message that names what is at
  * fault (file, blob, field, input, dim). Functions never abort or read out of bounds on bad input.
- * libmlpack needs libc, libdl and pthreads only. A model may be run from one thread at a time.
+ * libmlpack needs libc, libdl and pthreads only.
+ *
+ * Threads: mlpack_run and mlpack_run_into may be called on one model from any number of threads
+ * at once; each run gives what it would give alone, bit for bit. The outputs (and output shapes)
+ * a run hands back belong to the calling thread's context in the model: valid until that
+ * thread's next run of the model, or mlpack_close, whatever other threads run meanwhile. The
+ * model's thread pool (opts.threads) serves one run at a time: while one run holds it, a run
+ * from another thread executes on its own calling thread instead of waiting, so N callers at
+ * once keep the pool and the other N-1 callers' threads busy, and none waits. The queries below
+ * may be called during runs too; mlpack_close may not (no run may be inside the model).
  */
 #ifndef MLPACK_H
 #define MLPACK_H
@@ -44,6 +53,8 @@ typedef enum mlpack_status {
   MLPACK_ERR_NOMEM = 10,
   MLPACK_ERR_INDEX = 11,       /* an index taken from data (Gather, GatherND, ScatterND...) is out
                                   of range: the message names the ONNX node and the index */
+  MLPACK_ERR_SIGNATURE = 12,   /* a trust policy is set and the container is not signed by a
+                                  trusted key (unsigned, unknown key, bad signature) */
 } mlpack_status;
 
 typedef enum mlpack_dtype {
@@ -62,9 +73,17 @@ typedef struct mlpack_options {
   const char *precision;     /* "fp32", "fp16", "bf16", "int8" or NULL for any */
   double accuracy_budget;    /* max recorded abs error accepted; < 0 for no budget */
   int strict;                /* non-zero: refuse to fall back to the portable interpreter */
-  int verify;                /* non-zero (default): check every blob's digest when opening */
+  int verify;                /* non-zero (default): also check the digest of every blob of the
+                                container when opening; what an executor loads (code, weights)
+                                is always hashed from the engine's own copy, whatever this says */
   int pin_artifact;          /* 0 (default): selection decides; i + 1: run artifact i, which the host
                                 must be able to run (validating each artifact of a container) */
+  const char *trusted_keys;  /* the trust policy: Ed25519 public keys (PEM files, or directories of
+                                .pub and .pem files, separated by ':'). Set, a container loads only when a
+                                trusted key signed it, checked before any code is loaded. NULL:
+                                MLPACK_TRUSTED_KEYS from the environment; "" or both unset: none */
+  int select_only;           /* non-zero: open, check and select, but load no code (mlpack_run
+                                then fails): what `mlpack inspect --host` asks */
 } mlpack_options;
 
 typedef struct mlpack_tensor_info {
@@ -101,6 +120,13 @@ typedef struct mlpack_artifact_info {
 void mlpack_options_init(mlpack_options *opts);
 
 mlpack_model *mlpack_open(const char *path, const mlpack_options *opts, mlpack_error **err);
+/* mlpack_open over a file the caller opened (the engine dup()s fd; the caller keeps its own):
+ * what the engine checks and loads is then that file, whatever later happens to the path.
+ * `name` names it in messages. */
+mlpack_model *mlpack_open_fd(int fd, const char *name, const mlpack_options *opts, mlpack_error **err);
+/* The key id ("sha256:<hex>") whose signature the trust policy accepted, or NULL when the model
+ * was opened without a policy. */
+const char *mlpack_signer(const mlpack_model *model);
 void mlpack_close(mlpack_model *model);
 
 size_t mlpack_input_count(const mlpack_model *model);
@@ -111,6 +137,9 @@ mlpack_status mlpack_output_info(const mlpack_model *model, size_t i, mlpack_ten
 size_t mlpack_artifact_count(const mlpack_model *model);
 mlpack_status mlpack_artifact_info_get(const mlpack_model *model, size_t i, mlpack_artifact_info *out);
 
+/* Run the model on inputs (matched by name). On success outputs[0..n_outputs) are filled in, in
+ * the model's output order, with memory owned by the model: valid until this thread's next run
+ * of the model or mlpack_close (see Threads above). */
 mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
                          mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err);
 
@@ -119,7 +148,7 @@ mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_
  * outputs[i].name must be that output's name. No copy is made. Every output's shape must follow
  * from the inputs' shapes (mlpack_output_info: fixed dims, or symbols an input binds), and the
  * memory must be aligned to the element size and overlap no input and no other output. On
- * success name, dtype, rank, shape (owned by the model) and nbytes are filled in and data is
+ * success name, dtype, rank, shape (the model's, as mlpack_run's) and nbytes are filled in and data is
  * left as given; on failure the tensors are left as given (their memory may be partly written). */
 mlpack_status mlpack_run_into(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
                               mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err);

@@ -12,10 +12,13 @@
  * the order workgroups run in, and two workgroups of one dispatch never write the same element.
  * Dispatches run in plan order with a barrier between them.
  *
- * Versioning: abi_version changes when any type below changes incompatibly; an engine refuses a
- * table whose version it does not know, with a message naming both versions. MLPACK_ABI_MINOR
- * counts compatible additions to what a plan may ask of the engine (the plan's "abi_minor"; an
- * engine refuses a plan whose minor is newer than its own):
+ * Versioning: MLPACK_ABI_VERSION (the plan's "abi") changes when any type below changes
+ * incompatibly. The table's first field, abi_version, says which table layout the library
+ * exports: 1 (ABI 1.0 to 1.2: kernels and names) or MLPACK_KERNEL_TABLE_VERSION, 2 (ABI 1.3:
+ * and each kernel's bindings); both run plans of ABI 1. An engine refuses a table version it
+ * does not know, with a message naming both. MLPACK_ABI_MINOR counts compatible additions to the
+ * ABI; those a plan may ask of the engine it names in its "abi_minor" (an engine refuses a plan
+ * whose minor is newer than its own):
  *   1.1  computed symbols: a plan symbol may be computed by one dispatch (one workgroup), whose
  *        kernel writes the symbol's value into its push slot; later dispatches read it. Outputs
  *        whose shape needs such a symbol carry a "shape" and are allocated at run time.
@@ -25,6 +28,13 @@
  *        the dispatch's "checks" list (plan) says what each check number indexes, so the engine
  *        names the ONNX node and the index (MLPACK_ERR_INDEX). Kernels of older plans never read
  *        `error`, so an engine that knows 1.2 runs them unchanged.
+ *   1.3  bindings in the table (table version 2): per kernel, how many buffers it binds and which
+ *        of them it writes (`bindings`). The engine refuses a plan whose dispatch binds another
+ *        number of buffers than its kernel takes, or binds a buffer the kernel writes to a weight
+ *        (the file's mapping) or an input (the caller's array), naming the dispatch and kernel.
+ *        Nothing in a plan changed, so no plan says "abi_minor": 3; an engine older than 1.3
+ *        refuses a version-2 table when it loads the library. A version-1 table (an older
+ *        compiler's library, or a hand-written one) still runs, unchecked.
  */
 #ifndef MLPACK_ABI_H
 #define MLPACK_ABI_H
@@ -32,7 +42,8 @@
 #include <stdint.h>
 
 #define MLPACK_ABI_VERSION 1u
-#define MLPACK_ABI_MINOR 2u
+#define MLPACK_ABI_MINOR 3u
+#define MLPACK_KERNEL_TABLE_VERSION 2u   /* the newest table layout (ABI 1.3); an engine reads 1 and 2 */
 #define MLPACK_KERNEL_TABLE_SYMBOL "mlpack_kernel_table_v1"
 
 /* Where a kernel reports an index out of range (ABI 1.2). The engine zeroes it before the
@@ -63,11 +74,20 @@ typedef struct mlpack_dispatch {
  * was out of range (d->error says which; ABI 1.2); any other non-zero means a bug in the artifact. */
 typedef int32_t (*mlpack_kernel_fn)(const mlpack_dispatch *d, uint32_t workgroup);
 
+/* What a kernel does with one binding (ABI 1.3): a character of its `bindings` string. */
+#define MLPACK_BINDING_READ 'r'    /* only reads the buffer: it may be any buffer of the plan */
+#define MLPACK_BINDING_WRITE 'w'   /* writes it (and may read it): an output or an arena slice */
+
 typedef struct mlpack_kernel_table {
-  uint32_t abi_version;             /* MLPACK_ABI_VERSION the library was built for */
+  uint32_t abi_version;             /* the table's layout: 1, or MLPACK_KERNEL_TABLE_VERSION (2) */
   uint32_t kernel_count;
   const mlpack_kernel_fn *kernels;  /* kernel_count entries; plan dispatches index this */
   const char *const *names;         /* kernel_count NUL-terminated names, for messages and profiles */
+  /* table version 2 (ABI 1.3) only: a version-1 table ends above, so an engine reads this field
+   * only when abi_version >= 2. kernel_count NUL-terminated strings, one MLPACK_BINDING_*
+   * character per buffer the kernel binds, in the order of its dispatches' "bindings": "wrr" is
+   * a kernel that writes binding 0 and reads bindings 1 and 2. */
+  const char *const *bindings;
 } mlpack_kernel_table;
 
 /* The exported symbol's type: `const mlpack_kernel_table *mlpack_kernel_table_v1(void);` */

@@ -6,6 +6,8 @@
  * live as long as the model.
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,9 +132,23 @@ static const char *mp_canonical(const char *s, const char *const *words) {
   return NULL;
 }
 
-static mlpack_status mp_model_open(mlpack_model *m, const char *path, mlpack_error **err) {
-  mlpack_status st = mp_container_open(path, m->options.verify, &m->container, err);
+/* The trust policy (options.trusted_keys, else MLPACK_TRUSTED_KEYS): with one, a container whose
+ * signatures do not include one by a trusted key is refused here, before selection and before any
+ * executor loads anything. Without one nothing is checked (mlpack_signer says NULL). */
+static mlpack_status mp_apply_policy(mlpack_model *m, mlpack_error **err) {
+  const char *spec = m->options.trusted_keys;
+  if (!spec) spec = getenv("MLPACK_TRUSTED_KEYS");
+  m->options.trusted_keys = NULL;   /* the caller's string may not outlive mlpack_open */
+  if (!spec || !*spec) return MLPACK_OK;
+  mlpack_status st = mp_keyring_load(spec, &m->trusted, err);
   if (st) return st;
+  return mp_trust_check(m->container, &m->trusted, &m->signer, err);
+}
+
+static mlpack_status mp_model_open(mlpack_model *m, int fd, const char *path, mlpack_error **err) {
+  mlpack_status st = mp_container_open_fd(fd, path, m->options.verify, &m->container, err);
+  if (st) return st;
+  if ((st = mp_apply_policy(m, err))) return st;
   mp_host_detect(&m->host);
   m->verdicts = calloc(m->container->artifact_count, sizeof *m->verdicts);
   if (!m->verdicts) return mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
@@ -146,9 +162,28 @@ static mlpack_status mp_model_open(mlpack_model *m, const char *path, mlpack_err
   int threads = 0;
   if ((st = mp_thread_count(m->options.threads, &threads, err))) return st;
   m->options.threads = threads;
+  if (m->options.select_only) return MLPACK_OK;   /* no pool, no code: inspect --host */
   if (!(m->pool = mp_pool_create(threads)))
     return mp_fail(err, MLPACK_ERR_NOMEM, "cannot start a pool of %d threads", threads);
   return mp_executor_open(m, a, err);
+}
+
+/* Both entry points: fd is the engine's own (closed on failure). */
+static mlpack_model *mp_open(int fd, const char *name, const mlpack_options *opts, mlpack_error **err) {
+  mlpack_model *m = calloc(1, sizeof *m);
+  if (!m) {
+    close(fd);
+    mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
+    return NULL;
+  }
+  pthread_mutex_init(&m->run_mu, NULL);   /* (api_run.c's per-thread run contexts) */
+  if (opts) m->options = *opts;
+  else mlpack_options_init(&m->options);
+  if (mp_model_open(m, fd, name, err)) {
+    mlpack_close(m);
+    return NULL;
+  }
+  return m;
 }
 
 mlpack_model *mlpack_open(const char *path, const mlpack_options *opts, mlpack_error **err) {
@@ -157,29 +192,38 @@ mlpack_model *mlpack_open(const char *path, const mlpack_options *opts, mlpack_e
     mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_open: path is NULL");
     return NULL;
   }
-  mlpack_model *m = calloc(1, sizeof *m);
-  if (!m) {
-    mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    mp_fail(err, MLPACK_ERR_IO, "cannot open container %s: %s", path, strerror(errno));
     return NULL;
   }
-  if (opts) m->options = *opts;
-  else mlpack_options_init(&m->options);
-  if (mp_model_open(m, path, err)) {
-    mlpack_close(m);
-    return NULL;
-  }
-  return m;
+  return mp_open(fd, path, opts, err);
 }
+
+mlpack_model *mlpack_open_fd(int fd, const char *name, const mlpack_options *opts, mlpack_error **err) {
+  if (err) *err = NULL;
+  int own = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+  if (own < 0) {
+    mp_fail(err, MLPACK_ERR_IO, "mlpack_open_fd: %s: not an open file descriptor (%d): %s",
+            name ? name : "container", fd, strerror(errno));
+    return NULL;
+  }
+  return mp_open(own, name ? name : "<file descriptor>", opts, err);
+}
+
+const char *mlpack_signer(const mlpack_model *m) { return m ? m->signer : NULL; }
 
 void mlpack_close(mlpack_model *m) {
   if (!m) return;
   if (m->executor) m->executor_kind->close(m->executor);
   if (m->pool) mp_pool_destroy(m->pool);
   mp_run_release(m);
+  pthread_mutex_destroy(&m->run_mu);
   free(m->inputs);
   free(m->outputs);
   free(m->verdicts);
   mp_container_close(m->container);
+  mp_keyring_free(&m->trusted);
   free(m);
 }
 

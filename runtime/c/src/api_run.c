@@ -4,10 +4,18 @@
  * given); size symbols are bound from the first input that has them and every later use must
  * agree. Output shapes follow from the signature; an output dim whose symbol no input binds is
  * data-dependent (NonZero, TopK with a dynamic k): its buffer is left NULL and the executor
- * allocates it through mp_run_output once it knows the size. Outputs are owned by the model and
- * freed at the next run or at close (mp_run_release).
+ * allocates it through mp_run_output once it knows the size.
+ *
+ * Any number of threads may run one model at once. mlpack_run's outputs (and the shapes both
+ * entry points hand back) live in the calling thread's run context, found by pthread_self() in
+ * the model's list under run_mu and made on the thread's first run: they stay valid until that
+ * thread's next run of the model, whatever other threads run meanwhile, and are freed at close
+ * (mp_run_release). A run leases the model's pool for its whole length when no other run holds
+ * it, and otherwise runs on its calling thread (pool.c).
  */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,43 +170,115 @@ static mlpack_status mp_bind_inputs(const mlpack_model *m, const mlpack_tensor *
   return st;
 }
 
+/* A calling thread's outputs: those of its last run, and the memory kept for its next. */
+struct mp_run_ctx {
+  pthread_t owner;
+  int busy;                  /* a run of the owner is inside the model (a nested one fails) */
+  void **data;               /* the outputs of the owner's last run (owned) */
+  int64_t *shapes;           /* output_count x 8 */
+  /* each output's allocation while no run holds it, kept for the next run of that size or
+   * less (a fresh allocation of megabytes per run costs page faults), and its capacity */
+  void **keep;
+  size_t *cap;
+  mp_run_ctx *next;          /* in the model's list */
+};
+
+static void mp_ctx_free(mp_run_ctx *c, size_t outputs) {
+  for (size_t i = 0; i < outputs; i++) {
+    if (c->data) free(c->data[i]);
+    if (c->keep) free(c->keep[i]);
+  }
+  free(c->data);
+  free(c->shapes);
+  free(c->keep);
+  free(c->cap);
+  free(c);
+}
+
 void mp_run_release(mlpack_model *m) {
   if (!m) return;
-  for (size_t i = 0; i < m->output_count; i++) {
-    if (m->out_data) free(m->out_data[i]);
-    if (m->out_keep) free(m->out_keep[i]);
+  while (m->runs) {
+    mp_run_ctx *c = m->runs;
+    m->runs = c->next;
+    mp_ctx_free(c, m->output_count);
   }
-  free(m->out_data);
-  free(m->out_shapes);
-  free(m->out_keep);
-  free(m->out_cap);
-  m->out_data = NULL;
-  m->out_shapes = NULL;
-  m->out_keep = NULL;
-  m->out_cap = NULL;
 }
 
 /* The last run's outputs go back to the keep list (their memory is reused, not freed). */
-static void mp_outputs_clear(mlpack_model *m) {
+static void mp_outputs_clear(const mlpack_model *m, mp_run_ctx *c) {
   for (size_t i = 0; i < m->output_count; i++) {
-    if (m->out_data[i]) {
-      m->out_keep[i] = m->out_data[i];
-      m->out_data[i] = NULL;
+    if (c->data[i]) {
+      c->keep[i] = c->data[i];
+      c->data[i] = NULL;
     }
   }
 }
 
+/* Each thread remembers the context of the model it ran last, so a thread running one model
+ * over and over finds its context without the lock. A model is known by its serial number
+ * (unique in the process, given with its first context), not only its address: a model opened
+ * where a closed one was is another model, whose contexts this thread has not seen. */
+static _Thread_local struct { const mlpack_model *model; uint64_t serial; mp_run_ctx *ctx; } mp_last;
+static atomic_uint_fast64_t mp_serials;
+
+/* The calling thread's context, made on its first run (the list is searched under the lock;
+ * only this thread ever adds its own, so making it needs no lock), marked busy and cleared of
+ * the last run's outputs. */
+static mlpack_status mp_ctx_enter(mlpack_model *m, mp_run_ctx **out, mlpack_error **err) {
+  mp_run_ctx *c = NULL;
+  if (mp_last.model == m && mp_last.serial == atomic_load_explicit(&m->run_serial, memory_order_relaxed))
+    c = mp_last.ctx;
+  pthread_t self = c ? c->owner : pthread_self();
+  if (!c) {
+    pthread_mutex_lock(&m->run_mu);
+    c = m->runs;
+    while (c && !pthread_equal(c->owner, self)) c = c->next;
+    pthread_mutex_unlock(&m->run_mu);
+  }
+  if (!c) {
+    size_t n = m->output_count ? m->output_count : 1;
+    c = calloc(1, sizeof *c);
+    if (c) {
+      c->owner = self;
+      c->data = calloc(n, sizeof *c->data);
+      c->shapes = calloc(n * 8, sizeof *c->shapes);
+      c->keep = calloc(n, sizeof *c->keep);
+      c->cap = calloc(n, sizeof *c->cap);
+    }
+    if (!c || !c->data || !c->shapes || !c->keep || !c->cap) {
+      if (c) mp_ctx_free(c, 0);
+      return mp_fail(err, MLPACK_ERR_NOMEM, "mlpack_run: out of memory");
+    }
+    pthread_mutex_lock(&m->run_mu);
+    c->next = m->runs;
+    m->runs = c;
+    if (atomic_load_explicit(&m->run_serial, memory_order_relaxed) == 0)
+      atomic_store_explicit(&m->run_serial, atomic_fetch_add(&mp_serials, 1) + 1, memory_order_relaxed);
+    pthread_mutex_unlock(&m->run_mu);
+  }
+  mp_last.model = m;
+  mp_last.serial = atomic_load_explicit(&m->run_serial, memory_order_relaxed);
+  mp_last.ctx = c;
+  if (c->busy)   /* a kernel or callback running the model again: its outputs are in use */
+    return mp_fail(err, MLPACK_ERR_RUNTIME, "mlpack_run: this thread is already inside a run of "
+                   "this model");
+  c->busy = 1;
+  mp_outputs_clear(m, c);
+  *out = c;
+  return MLPACK_OK;
+}
+
 /* Output i's memory for `need` bytes: the kept allocation when it is large enough. */
-static void *mp_output_memory(mlpack_model *m, size_t i, size_t need) {
-  if (m->out_keep[i] && m->out_cap[i] >= need) {
-    void *p = m->out_keep[i];
-    m->out_keep[i] = NULL;
+static void *mp_output_memory(mp_run_ctx *c, size_t i, size_t need) {
+  if (c->keep[i] && c->cap[i] >= need) {
+    void *p = c->keep[i];
+    c->keep[i] = NULL;
     return p;
   }
-  free(m->out_keep[i]);
-  m->out_keep[i] = NULL;
+  free(c->keep[i]);
+  c->keep[i] = NULL;
   void *p = mp_alloc_aligned(need);
-  m->out_cap[i] = p ? need : 0;
+  c->cap[i] = p ? need : 0;
   return p;
 }
 
@@ -237,21 +317,22 @@ static mlpack_status mp_output_shapes(const mlpack_model *m, const mp_binding *b
 }
 
 /* Output i's bytes at the shape mp_output_shapes found for it. */
-static mlpack_status mp_planned_bytes(const mlpack_model *m, size_t i, size_t *need,
+static mlpack_status mp_planned_bytes(const mlpack_model *m, const mp_run_ctx *c, size_t i, size_t *need,
                                       mlpack_error **err) {
-  if (mp_shape_bytes(&m->out_shapes[i * 8], m->outputs[i].rank, m->outputs[i].dtype, need) != MLPACK_OK)
+  if (mp_shape_bytes(&c->shapes[i * 8], m->outputs[i].rank, m->outputs[i].dtype, need) != MLPACK_OK)
     return mp_fail(err, MLPACK_ERR_INPUT, "output '%s' would be too large", m->outputs[i].name);
   return MLPACK_OK;
 }
 
-static mlpack_status mp_alloc_outputs(mlpack_model *m, const int *known, mlpack_error **err) {
+static mlpack_status mp_alloc_outputs(const mlpack_model *m, mp_run_ctx *c, const int *known,
+                                      mlpack_error **err) {
   for (size_t i = 0; i < m->output_count; i++) {
     if (!known[i]) continue;
-    size_t need;
-    mlpack_status st = mp_planned_bytes(m, i, &need, err);
+    size_t need = 0;
+    mlpack_status st = mp_planned_bytes(m, c, i, &need, err);
     if (st != MLPACK_OK) return st;
-    m->out_data[i] = mp_output_memory(m, i, need);
-    if (!m->out_data[i])
+    c->data[i] = mp_output_memory(c, i, need);
+    if (!c->data[i])
       return mp_fail(err, MLPACK_ERR_NOMEM, "cannot allocate output '%s' (%zu bytes)",
                      m->outputs[i].name, need);
   }
@@ -260,42 +341,43 @@ static mlpack_status mp_alloc_outputs(mlpack_model *m, const int *known, mlpack_
 
 mlpack_status mp_run_output(const mp_run *run, size_t i, const int64_t *shape, void **data,
                             mlpack_error **err) {
-  mlpack_model *m = run->model;
+  const mlpack_model *m = run->model;
+  mp_run_ctx *c = run->ctx;
   if (i >= m->output_count)
     return mp_fail(err, MLPACK_ERR_RUNTIME, "executor set output %zu of %zu", i, m->output_count);
   const mp_sig *s = &m->outputs[i];
-  int64_t *have = &m->out_shapes[i * 8];
+  int64_t *have = &c->shapes[i * 8];
   for (size_t d = 0; d < s->rank; d++) {
     if (shape[d] < 0 || (s->dim_syms[d] == NULL && shape[d] != s->dims[d]) ||
-        (m->out_data[i] && shape[d] != have[d]))
+        (c->data[i] && shape[d] != have[d]))
       return mp_fail(err, MLPACK_ERR_RUNTIME, "output '%s' dim '%s' came out as %lld, expected %lld",
                      s->name, s->dim_names[d], (long long)shape[d],
-                     (long long)(m->out_data[i] ? have[d] : s->dims[d]));
+                     (long long)(c->data[i] ? have[d] : s->dims[d]));
   }
-  if (!m->out_data[i]) {
+  if (!c->data[i]) {
     size_t need;
     if (mp_shape_bytes(shape, s->rank, s->dtype, &need) != MLPACK_OK)
       return mp_fail(err, MLPACK_ERR_RUNTIME, "output '%s' is too large", s->name);
-    m->out_data[i] = mp_output_memory(m, i, need);
-    if (!m->out_data[i])
+    c->data[i] = mp_output_memory(c, i, need);
+    if (!c->data[i])
       return mp_fail(err, MLPACK_ERR_NOMEM, "cannot allocate output '%s' (%zu bytes)", s->name, need);
     for (size_t d = 0; d < s->rank; d++) have[d] = shape[d];
   }
-  run->outputs[i] = m->out_data[i];
-  *data = m->out_data[i];
+  run->outputs[i] = c->data[i];
+  *data = c->data[i];
   return MLPACK_OK;
 }
 
-static void mp_fill_outputs(const mlpack_model *m, mlpack_tensor *outputs) {
+static void mp_fill_outputs(const mlpack_model *m, const mp_run_ctx *c, mlpack_tensor *outputs) {
   for (size_t i = 0; i < m->output_count; i++) {
     const mp_sig *s = &m->outputs[i];
     size_t nbytes = 0;
-    mp_shape_bytes(&m->out_shapes[i * 8], s->rank, s->dtype, &nbytes);
+    mp_shape_bytes(&c->shapes[i * 8], s->rank, s->dtype, &nbytes);
     outputs[i].name = s->name;
     outputs[i].dtype = s->dtype;
     outputs[i].rank = s->rank;
-    outputs[i].shape = &m->out_shapes[i * 8];
-    outputs[i].data = m->out_data[i];
+    outputs[i].shape = &c->shapes[i * 8];
+    outputs[i].data = c->data[i];
     outputs[i].nbytes = nbytes;
   }
 }
@@ -314,22 +396,10 @@ static mlpack_status mp_check_args(mlpack_model *m, const mlpack_tensor *inputs,
   return MLPACK_OK;
 }
 
-static mlpack_status mp_prepare_storage(mlpack_model *m, mlpack_error **err) {
-  size_t n = m->output_count ? m->output_count : 1;
-  if (!m->out_data) m->out_data = calloc(n, sizeof(void *));
-  if (!m->out_shapes) m->out_shapes = calloc(n * 8, sizeof(int64_t));
-  if (!m->out_keep) m->out_keep = calloc(n, sizeof(void *));
-  if (!m->out_cap) m->out_cap = calloc(n, sizeof(size_t));
-  if (!m->out_data || !m->out_shapes || !m->out_keep || !m->out_cap)
-    return mp_fail(err, MLPACK_ERR_NOMEM, "mlpack_run: out of memory");
-  mp_outputs_clear(m);
-  return MLPACK_OK;
-}
-
 /* mlpack_run_into: output i goes to the caller's memory. Its shape must follow from the inputs,
  * the memory must hold it, be aligned to its element, and overlap no input and no other output
  * (a kernel would read what another wrote). */
-static mlpack_status mp_use_caller_outputs(mlpack_model *m, const mlpack_tensor *given,
+static mlpack_status mp_use_caller_outputs(const mlpack_model *m, mp_run_ctx *c, const mlpack_tensor *given,
                                            const int *known, const void **in_data,
                                            const int64_t *in_shapes, mlpack_error **err) {
   size_t ni = m->input_count;
@@ -342,8 +412,8 @@ static mlpack_status mp_use_caller_outputs(mlpack_model *m, const mlpack_tensor 
     if (!known[i])
       return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_into: the shape of output '%s' depends "
                      "on the data, not only on the inputs' shapes; run it with mlpack_run", s->name);
-    size_t need;
-    mlpack_status st = mp_planned_bytes(m, i, &need, err);
+    size_t need = 0;
+    mlpack_status st = mp_planned_bytes(m, c, i, &need, err);
     if (st != MLPACK_OK) return st;
     if (!t->data && need > 0)
       return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_into: output '%s' has no memory", s->name);
@@ -358,7 +428,7 @@ static mlpack_status mp_use_caller_outputs(mlpack_model *m, const mlpack_tensor 
     for (size_t k = 0; k < ni + i && need > 0; k++) {   /* the inputs, then the outputs before */
       int input = k < ni;
       const mp_sig *o = input ? &m->inputs[k] : &m->outputs[k - ni];
-      const int64_t *shape = input ? &in_shapes[k * 8] : &m->out_shapes[(k - ni) * 8];
+      const int64_t *shape = input ? &in_shapes[k * 8] : &c->shapes[(k - ni) * 8];
       uintptr_t olo = (uintptr_t)(input ? in_data[k] : given[k - ni].data);
       size_t on = 0;
       mp_shape_bytes(shape, o->rank, o->dtype, &on);
@@ -366,7 +436,7 @@ static mlpack_status mp_use_caller_outputs(mlpack_model *m, const mlpack_tensor 
         return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_into: output '%s' overlaps %s '%s'",
                        s->name, input ? "input" : "output", o->name);
     }
-    m->out_data[i] = t->data;
+    c->data[i] = t->data;
   }
   return MLPACK_OK;
 }
@@ -377,7 +447,8 @@ static mlpack_status mp_run_model(mlpack_model *model, const mlpack_tensor *inpu
                                   mlpack_error **err) {
   mlpack_status st = mp_check_args(model, inputs, n_inputs, outputs, n_outputs, err);
   if (st != MLPACK_OK) return st;
-  st = mp_prepare_storage(model, err);
+  mp_run_ctx *ctx = NULL;
+  st = mp_ctx_enter(model, &ctx, err);
   if (st != MLPACK_OK) return st;
   size_t ni = model->input_count, no = model->output_count;
   mlpack_tensor *given = into ? calloc(no ? no : 1, sizeof *given) : NULL;
@@ -393,12 +464,12 @@ static mlpack_status mp_run_model(mlpack_model *model, const mlpack_tensor *inpu
   if (st == MLPACK_OK) st = mp_sym_collect(model->inputs, ni, b, err);
   if (st == MLPACK_OK) st = mp_sym_collect(model->outputs, no, b, err);
   if (st == MLPACK_OK) st = mp_bind_inputs(model, inputs, n_inputs, b, in_data, in_shapes, err);
-  if (st == MLPACK_OK) st = mp_output_shapes(model, b, model->out_shapes, known, err);
+  if (st == MLPACK_OK) st = mp_output_shapes(model, b, ctx->shapes, known, err);
   if (st == MLPACK_OK)
-    st = into ? mp_use_caller_outputs(model, given, known, in_data, in_shapes, err)
-              : mp_alloc_outputs(model, known, err);
+    st = into ? mp_use_caller_outputs(model, ctx, given, known, in_data, in_shapes, err)
+              : mp_alloc_outputs(model, ctx, known, err);
   if (st == MLPACK_OK) {
-    for (size_t i = 0; i < no; i++) out_data[i] = model->out_data[i];
+    for (size_t i = 0; i < no; i++) out_data[i] = ctx->data[i];
     /* unbound symbols (data-dependent) are not passed: only what the inputs determine */
     const char *names[MP_MAX_SYMS];
     int64_t values[MP_MAX_SYMS];
@@ -407,18 +478,28 @@ static mlpack_status mp_run_model(mlpack_model *model, const mlpack_tensor *inpu
       if (b->bound_by[k]) { names[count] = b->names[k]; values[count++] = b->values[k]; }
     mp_run run = {.inputs = in_data, .outputs = out_data, .sym_names = names, .sym_values = values,
                   .sym_count = count, .model = model, .in_shapes = in_shapes,
-                  .out_shapes = model->out_shapes};
+                  .out_shapes = ctx->shapes, .pool = mp_pool_acquire(model->pool), .ctx = ctx};
     st = model->executor_kind->run(model->executor, &run, err);
+    mp_pool_release(run.pool);
     for (size_t i = 0; st == MLPACK_OK && i < no; i++)
-      if (!model->out_data[i])
+      if (!ctx->data[i])
         st = mp_fail(err, MLPACK_ERR_RUNTIME, "the executor did not produce output '%s'",
                      model->outputs[i].name);
   }
-  if (st == MLPACK_OK) mp_fill_outputs(model, outputs);
-  if (into)   /* the caller's memory: never kept, reused or freed by the model */
-    for (size_t i = 0; i < no; i++) model->out_data[i] = NULL;
-  else if (st != MLPACK_OK)
-    mp_outputs_clear(model);
+  if (st == MLPACK_OK) mp_fill_outputs(model, ctx, outputs);
+  if (into) {   /* the caller's memory: never kept, reused or freed by the model */
+    for (size_t i = 0; i < no; i++) {
+      /* (an empty output given no memory, which an executor allocated: kept, not handed out) */
+      if (given && ctx->data[i] && ctx->data[i] != given[i].data) {
+        free(ctx->keep[i]);
+        ctx->keep[i] = ctx->data[i];
+      }
+      if (given && st == MLPACK_OK) outputs[i].data = given[i].data;
+      ctx->data[i] = NULL;
+    }
+  } else if (st != MLPACK_OK)
+    mp_outputs_clear(model, ctx);
+  ctx->busy = 0;
   free(given);
   free(b);
   free(in_data);

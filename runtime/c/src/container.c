@@ -927,23 +927,69 @@ static mlpack_status mp_check_agreement(mp_reader *r, const mp_json *ann, const 
   return MLPACK_OK;
 }
 
+/* A manifest blob: verified, JSON, an image manifest whose artifactType is `type`. */
+static mlpack_status mp_manifest_doc(mp_reader *r, const char *digest, const char *type, const char *where,
+                                     const mp_json **manifest) {
+  char pbuf[160];
+  const mp_json *v;
+  mlpack_status st;
+  if ((st = mp_json_blob(r, digest, where, manifest))) return st;
+  if (mp_check_doc_type(r, *manifest, MP_OCI_MANIFEST, where)) return MLPACK_ERR_FORMAT;
+  if (mp_field(r, *manifest, "artifactType", MP_T_STR, where, 1, &v)) return MLPACK_ERR_FORMAT;
+  if (strcmp(v->string, type) != 0)
+    return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: artifactType is '%s', expected '%s'", where,
+                   mp_printable(v->string, pbuf, sizeof pbuf), type);
+  return MLPACK_OK;
+}
+
+/* In a partial container: a descriptor whose manifest is not in the file. */
+static int mp_is_absent(mp_reader *r, const mp_json *desc) {
+  const char *d = r->c->partial && desc && desc->kind == MP_JSON_OBJECT ? mp_json_get_string(desc, "digest") : NULL;
+  if (!d || !mp_digest_ok(d)) return 0;
+  char name[sizeof MP_BLOB_DIR + 64];
+  mp_snprintf(name, sizeof name, MP_BLOB_DIR "%s", d + 7);
+  return mp_member_find(r, name) == NULL;
+}
+
+/* An artifact a partial pull left out: known by its descriptor alone (spec/container.py
+ * _absent_artifact): selection reads the annotations, which copy the config's fields. */
+static mlpack_status mp_read_absent(mp_reader *r, size_t i, const mp_json *desc, const char *where,
+                                    mp_artifact *a) {
+  char pbuf[160];
+  const mp_json *v, *ann;
+  if (mp_field(r, desc, "mediaType", MP_T_STR, where, 1, &v)) return MLPACK_ERR_FORMAT;
+  if (strcmp(v->string, MP_OCI_MANIFEST) != 0)
+    return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: mediaType is '%s', expected '%s'", where,
+                   mp_printable(v->string, pbuf, sizeof pbuf), MP_OCI_MANIFEST);
+  if (mp_field(r, desc, "platform", MP_T_OBJ, where, 0, &v)) return MLPACK_ERR_FORMAT;
+  if (mp_string_map(r, desc, "annotations", where, &ann)) return MLPACK_ERR_FORMAT;
+  const char *keys[2] = {MP_ANN_DEVICE, MP_ANN_PRECISION};
+  for (int k = 0; k < 2; k++)
+    if (!mp_json_get_string(ann, keys[k]))
+      return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: not in this partial container and without the "
+                     "annotation '%s'", where, keys[k]);
+  a->index = i;
+  a->descriptor = desc;
+  a->absent = 1;
+  mlpack_status st = mp_artifact_fields(r, a, ann, r->c->docs[r->c->doc_count - 1]);
+  a->device = mp_json_get_string(ann, MP_ANN_DEVICE);
+  a->precision = mp_json_get_string(ann, MP_ANN_PRECISION);
+  return st;
+}
+
 static mlpack_status mp_read_artifact(mp_reader *r, size_t i, const mp_json *desc, const char *nested_where,
                                       mp_artifact *a) {
-  char where[MP_WHERE], cwhere[MP_WHERE], w[MP_WHERE], sbuf[32], pbuf[160];
+  char where[MP_WHERE], cwhere[MP_WHERE], w[MP_WHERE], sbuf[32];
   const mp_json *v, *ann, *manifest, *cdesc, *config, *layers;
   const char *digest, *cdigest;
   mlpack_status st;
   mp_snprintf(where, sizeof where, "%s manifests[%zu]", nested_where, i);
+  if (mp_is_absent(r, desc)) return mp_read_absent(r, i, desc, where, a);
   if ((st = mp_descriptor(r, desc, MP_OCI_MANIFEST, where, &digest, NULL))) return st;
   if (mp_field(r, desc, "platform", MP_T_OBJ, where, 0, &v)) return MLPACK_ERR_FORMAT;
   if (mp_string_map(r, desc, "annotations", where, &ann)) return MLPACK_ERR_FORMAT;
   mp_snprintf(where, sizeof where, "%s: manifest %s (artifact %zu)", r->path, mp_short(digest, sbuf), i);
-  if ((st = mp_json_blob(r, digest, where, &manifest))) return st;
-  if (mp_check_doc_type(r, manifest, MP_OCI_MANIFEST, where)) return MLPACK_ERR_FORMAT;
-  if (mp_field(r, manifest, "artifactType", MP_T_STR, where, 1, &v)) return MLPACK_ERR_FORMAT;
-  if (strcmp(v->string, MP_ARTIFACT_TYPE) != 0)
-    return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: artifactType is '%s', expected '%s'", where,
-                   mp_printable(v->string, pbuf, sizeof pbuf), MP_ARTIFACT_TYPE);
+  if ((st = mp_manifest_doc(r, digest, MP_ARTIFACT_TYPE, where, &manifest))) return st;
   if (mp_field(r, manifest, "config", MP_T_OBJ, where, 1, &cdesc)) return MLPACK_ERR_FORMAT;
   mp_snprintf(w, sizeof w, "%s config", where);
   if ((st = mp_descriptor(r, cdesc, MP_CONFIG, w, &cdigest, NULL))) return st;
@@ -985,9 +1031,89 @@ static mlpack_status mp_read_nested(mp_reader *r, const char *digest) {
     return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: lists zero artifacts; a container needs at least one", where);
   c->artifacts = calloc(descs->length, sizeof *c->artifacts);
   if (!c->artifacts) return mp_nomem(r);
+  size_t present = 0;
   for (size_t i = 0; i < descs->length; i++) {
     if ((st = mp_read_artifact(r, i, descs->items[i], where, &c->artifacts[i]))) return st;
     c->artifact_count = i + 1;
+    present += !c->artifacts[i].absent;
+  }
+  if (!present)
+    return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: a partial container holding none of its %zu artifacts",
+                   where, descs->length);
+  return MLPACK_OK;
+}
+
+/* A private copy of a blob of at most `limit` bytes, read once and checked against its digest. */
+static mlpack_status mp_read_verified(mp_reader *r, const char *digest, uint64_t limit, const char *where,
+                                      uint8_t **out, size_t *size) {
+  char sbuf[32];
+  const mp_member *m = mp_blob_member(r, digest, where);
+  if (!m) return MLPACK_ERR_FORMAT;
+  if (m->size > limit)
+    return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: blob %s is %llu bytes, more than %llu", where,
+                   mp_short(digest, sbuf), (unsigned long long)m->size, (unsigned long long)limit);
+  uint8_t *buf = malloc(m->size ? (size_t)m->size : 1);
+  if (!buf) return mp_nomem(r);
+  mlpack_status st = r->fd < 0 ? (memcpy(buf, r->mem + m->offset, (size_t)m->size), MLPACK_OK)
+                               : mp_read_at(r, m->offset, buf, (size_t)m->size);
+  uint8_t hash[32];
+  if (!st) {
+    mp_sha256 s;
+    mp_sha256_init(&s);
+    mp_sha256_update(&s, buf, (size_t)m->size);
+    mp_sha256_final(&s, hash);
+    if (!mp_digest_matches(hash, digest))
+      st = mp_fail(r->err, MLPACK_ERR_DIGEST, "%s: blob %s does not match its digest", where,
+                   mp_short(digest, sbuf));
+  }
+  if (st) { free(buf); return st; }
+  *out = buf;
+  *size = (size_t)m->size;
+  return MLPACK_OK;
+}
+
+/* A signature manifest (format 1.2, spec/SPEC.md section 9): it refers to the nested index and
+ * carries cosign simple-signing payload layers. Structure is checked here; whether a signature
+ * verifies, and under which key, is trust.c's (only a trust policy asks). */
+static mlpack_status mp_read_signature(mp_reader *r, const mp_json *entry, const char *w) {
+  mp_container *c = r->c;
+  char where[MP_WHERE], lw[MP_WHERE], sbuf[32], pbuf[160];
+  const mp_json *manifest, *v, *subject, *layers, *ann;
+  const char *digest, *sdigest, *ldigest, *media;
+  mlpack_status st;
+  if ((st = mp_descriptor(r, entry, MP_OCI_MANIFEST, w, &digest, NULL))) return st;
+  mp_snprintf(where, sizeof where, "%s: signature manifest %s", r->path, mp_short(digest, sbuf));
+  if ((st = mp_manifest_doc(r, digest, MP_SIGNATURE_ARTIFACT_TYPE, where, &manifest))) return st;
+  if (mp_field(r, manifest, "config", MP_T_OBJ, where, 1, &v)) return MLPACK_ERR_FORMAT;
+  mp_snprintf(lw, sizeof lw, "%s config", where);
+  if ((st = mp_descriptor(r, v, NULL, lw, &ldigest, NULL))) return st;
+  if (mp_field(r, manifest, "subject", MP_T_OBJ, where, 1, &subject)) return MLPACK_ERR_FORMAT;
+  mp_snprintf(lw, sizeof lw, "%s subject", where);
+  if ((st = mp_descriptor(r, subject, MP_OCI_INDEX, lw, &sdigest, NULL))) return st;
+  if (strcmp(sdigest, c->nested_digest) != 0)
+    return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: refers to %s, not this container's nested index %s",
+                   where, mp_short(sdigest, sbuf), c->nested_digest);
+  if (mp_field(r, manifest, "layers", MP_T_LIST, where, 1, &layers)) return MLPACK_ERR_FORMAT;
+  if (!layers->length) return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: has no signature layer", where);
+  mp_signature *more = realloc(c->signatures, (c->signature_count + layers->length) * sizeof *more);
+  if (!more) return mp_nomem(r);
+  c->signatures = more;
+  for (size_t j = 0; j < layers->length; j++) {
+    mp_snprintf(lw, sizeof lw, "%s layers[%zu]", where, j);
+    if ((st = mp_descriptor(r, layers->items[j], NULL, lw, &ldigest, &media))) return st;
+    if (strcmp(media, MP_SIGNATURE_PAYLOAD) != 0)
+      return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: mediaType is '%s', expected '%s'", lw,
+                     mp_printable(media, pbuf, sizeof pbuf), MP_SIGNATURE_PAYLOAD);
+    if (mp_string_map(r, layers->items[j], "annotations", lw, &ann)) return MLPACK_ERR_FORMAT;
+    mp_signature *s = &c->signatures[c->signature_count];
+    memset(s, 0, sizeof *s);
+    if (!ann || !(s->signature = mp_json_get_string(ann, MP_ANN_SIGNATURE)))
+      return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: annotation '%s' (the signature) is missing", lw,
+                     MP_ANN_SIGNATURE);
+    s->key_hint = mp_json_get_string(ann, MP_ANN_SIGNATURE_KEY);
+    s->manifest_digest = digest;
+    if ((st = mp_read_verified(r, ldigest, MP_MAX_JSON, lw, &s->payload, &s->payload_size))) return st;
+    c->signature_count++;
   }
   return MLPACK_OK;
 }
@@ -1009,16 +1135,42 @@ static mlpack_status mp_read_documents(mp_reader *r) {
                    MP_ANN_FORMAT_VERSION);
   mp_snprintf(w, sizeof w, "%s %s", where, MP_ANN_FORMAT_VERSION);
   if ((st = mp_parse_version(r, version, w, &c->format_major, &c->format_minor))) return st;
+  const char *partial = mp_json_get_string(ann, MP_ANN_PARTIAL);
+  c->partial = partial && !strcmp(partial, "true");
   if (mp_check_doc_type(r, index, MP_OCI_INDEX, where)) return MLPACK_ERR_FORMAT;
   if (mp_field(r, index, "manifests", MP_T_LIST, where, 1, &entries)) return MLPACK_ERR_FORMAT;
-  if (entries->length != 1)
+  /* one nested index, then (1.2) signature manifests: what each entry is, before reading any */
+  size_t nested = entries->length, count = 0, signatures = 0;
+  for (size_t i = 0; i < entries->length; i++) {
+    const mp_json *e = entries->items[i];
+    const char *mt = e && e->kind == MP_JSON_OBJECT ? mp_json_get_string(e, "mediaType") : NULL;
+    const char *at = e && e->kind == MP_JSON_OBJECT ? mp_json_get_string(e, "artifactType") : NULL;
+    if (mt && !strcmp(mt, MP_OCI_MANIFEST) && at && !strcmp(at, MP_SIGNATURE_ARTIFACT_TYPE)) {
+      signatures++;
+    } else {
+      if (nested == entries->length) nested = i;
+      count++;
+    }
+  }
+  if (count != 1)
     return mp_fail(r->err, MLPACK_ERR_FORMAT,
-                   "%s: lists %zu entries; an mlpack container has exactly one (the nested index)", where,
-                   entries->length);
-  mp_snprintf(w, sizeof w, "%s manifests[0]", where);
-  if ((st = mp_descriptor(r, entries->items[0], MP_OCI_INDEX, w, &digest, NULL))) return st;
-  if (mp_string_map(r, entries->items[0], "annotations", w, &ann)) return MLPACK_ERR_FORMAT;
-  return mp_read_nested(r, digest);
+                   "%s: lists %zu entries besides signatures; an mlpack container has exactly one (the "
+                   "nested index)", where, count);
+  mp_snprintf(w, sizeof w, "%s manifests[%zu]", where, nested);
+  if ((st = mp_descriptor(r, entries->items[nested], MP_OCI_INDEX, w, &digest, NULL))) return st;
+  if (mp_string_map(r, entries->items[nested], "annotations", w, &ann)) return MLPACK_ERR_FORMAT;
+  /* index.json is covered by no digest: what it must say is checked, not assumed */
+  if (!ann || !(c->tag = mp_json_get_string(ann, MP_REF_NAME)))
+    return mp_fail(r->err, MLPACK_ERR_FORMAT, "%s: annotation '%s' (the tag) is missing", w, MP_REF_NAME);
+  mp_snprintf(c->nested_digest, sizeof c->nested_digest, "%s", digest);
+  if ((st = mp_read_nested(r, digest))) return st;
+  if (signatures && !(c->signatures = calloc(signatures, sizeof *c->signatures))) return mp_nomem(r);
+  for (size_t i = 0; i < entries->length; i++) {
+    if (i == nested) continue;
+    mp_snprintf(w, sizeof w, "%s manifests[%zu]", where, i);
+    if ((st = mp_read_signature(r, entries->items[i], w))) return st;
+  }
+  return MLPACK_OK;
 }
 
 /* ================================================================ open / close */
@@ -1077,6 +1229,13 @@ mlpack_status mp_container_open(const char *path, int verify, mp_container **out
   if (!path) return mp_fail(err, MLPACK_ERR_ARGUMENT, "path is NULL");
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return mp_fail(err, MLPACK_ERR_IO, "cannot open container %s: %s", path, strerror(errno));
+  return mp_container_open_fd(fd, path, verify, out, err);
+}
+
+mlpack_status mp_container_open_fd(int fd, const char *path, int verify, mp_container **out,
+                                   mlpack_error **err) {
+  *out = NULL;
+  if (!path) path = "<file descriptor>";
   struct stat sb;
   if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
     close(fd);
@@ -1110,8 +1269,37 @@ mlpack_status mp_container_open(const char *path, int verify, mp_container **out
   return MLPACK_OK;
 }
 
+mlpack_status mp_blob_copy(const mp_container *c, const mp_blob *b, const char *what, uint8_t **out,
+                           mlpack_error **err) {
+  *out = NULL;
+  void *buf = NULL;
+  /* page-aligned, as the blob is in the file: a tensor archive's alignment carries over */
+  if (posix_memalign(&buf, 4096, b->size ? b->size : 1) != 0)
+    return mp_fail(err, MLPACK_ERR_NOMEM, "%s: cannot allocate %zu bytes for blob %.19s", what, b->size,
+                   b->digest);
+  mp_reader r = {.c = (mp_container *)c, .path = c->path, .fd = c->fd, .mem = c->map, .size = c->size,
+                 .err = err};
+  mlpack_status st = c->fd < 0 ? (memcpy(buf, b->data, b->size), MLPACK_OK)
+                               : mp_read_at(&r, b->offset, buf, b->size);
+  if (!st) {
+    uint8_t hash[32];
+    mp_sha256 s;
+    mp_sha256_init(&s);
+    mp_sha256_update(&s, buf, b->size);
+    mp_sha256_final(&s, hash);
+    if (!mp_digest_matches(hash, b->digest))
+      st = mp_fail(err, MLPACK_ERR_DIGEST, "%s: blob %.19s... does not match its digest (the file changed "
+                   "or is corrupt)", what, b->digest);
+  }
+  if (st) { free(buf); return st; }
+  *out = buf;
+  return MLPACK_OK;
+}
+
 void mp_container_close(mp_container *c) {
   if (!c) return;
+  for (size_t i = 0; i < c->signature_count; i++) free(c->signatures[i].payload);
+  free(c->signatures);
   if (c->map && c->fd >= 0) munmap((void *)c->map, c->size);
   if (c->fd >= 0) close(c->fd);
   for (size_t i = 0; i < c->doc_count; i++) mp_json_free(c->docs[i]);

@@ -6,6 +6,10 @@
  * that can fail returns an mlpack_status and, through `mlpack_error **err`, a message naming
  * what is at fault. All names are mp_ (private).
  *
+ * Runs of one model may overlap (any number of calling threads): what was opened is only read
+ * while running; what a run writes is its own (api_run.c's per-thread output contexts, each
+ * executor's scratch taken from a free list), and the pool is leased by one run at a time.
+ *
  * Ownership of files (so they can be written in parallel):
  *   error.c      errors and messages                 json.c       JSON parser (arena, depth limit)
  *   sha256.c     SHA-256                             container.c  strict ustar + OCI layout + configs
@@ -15,12 +19,14 @@
  *   plan.c       native plan: JSON -> mp_plan        native.c     native executor: plan on the pool
  *   loader.c     kernel library from memory (memfd)  pool.c       thread pool
  *   portable.c   the portable program interpreter    executors.c  the executor table
+ *   trust.c      trusted keys, signature checks      ed25519.c    Ed25519 (vendored Monocypher)
  * Their own headers: media.h (media types, annotation keys), executor.h (the table's row and the
  * executors), plan.h (the parsed plan).
  */
 #ifndef MLPACK_ENGINE_H
 #define MLPACK_ENGINE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -99,8 +105,18 @@ typedef struct mp_artifact {
   const char *code_media_type;                    /* NULL when no layer is code we know */
   const char *min_runtime_text;                   /* as written; min_runtime[0] = -1 if unparsable */
   int has_platform;                               /* the descriptor has an OCI platform */
+  int absent;                                     /* a partial container left it out: known by
+                                                     its descriptor alone (manifest, config NULL) */
   mp_blob code, weights, vectors;                 /* size 0 when the layer is absent */
 } mp_artifact;
+
+typedef struct mp_signature {   /* one signature layer of a signature manifest (format 1.2) */
+  const char *manifest_digest;     /* the signature manifest's digest */
+  const char *signature;           /* the annotation: base64 of the Ed25519 signature */
+  const char *key_hint;            /* org.mlpack.signature.key ("sha256:<hex>") or NULL */
+  uint8_t *payload;                /* the simple-signing payload: a verified private copy (owned) */
+  size_t payload_size;
+} mp_signature;
 
 typedef struct mp_container {
   char *path;
@@ -113,6 +129,11 @@ typedef struct mp_container {
   size_t artifact_count;
   mp_json_doc **docs;   /* every parsed JSON document, freed with the container */
   size_t doc_count;
+  char nested_digest[72];   /* the nested index's digest: what a signature signs */
+  const char *tag;          /* index.json's org.opencontainers.image.ref.name */
+  int partial;              /* index.json says org.mlpack.partial: artifacts may be absent */
+  mp_signature *signatures;
+  size_t signature_count;
 } mp_container;
 
 /* Strict: every check of spec/container.py (the same corpus, spec/conformance, tests both).
@@ -122,7 +143,41 @@ mlpack_status mp_container_open(const char *path, int verify, mp_container **out
  * bytes must outlive the container; blobs point into them. */
 mlpack_status mp_container_open_memory(const void *data, size_t size, const char *what, int verify,
                                        mp_container **out, mlpack_error **err);
+/* The same over an open file descriptor (taken: closed with the container, or on failure);
+ * `path` names it in messages. */
+mlpack_status mp_container_open_fd(int fd, const char *path, int verify, mp_container **out,
+                                   mlpack_error **err);
 void mp_container_close(mp_container *c);
+/* What executors load: a private copy of blob b (page-aligned; free() it), read from the file
+ * with pread (or copied from memory), hashed, and compared with b's digest. The bytes loaded
+ * are exactly the bytes hashed, whatever happens to the file meanwhile. */
+mlpack_status mp_blob_copy(const mp_container *c, const mp_blob *b, const char *what, uint8_t **out,
+                           mlpack_error **err);
+
+/* ---------------------------------------------------------------- trust.c */
+/* Ed25519 public keys an operator trusts (the trust policy), and the check of a container's
+ * signatures against them (spec/SPEC.md section 9). */
+typedef struct mp_keyring {
+  uint8_t (*keys)[32];
+  char (*ids)[72];          /* "sha256:<hex>" of each key's DER SubjectPublicKeyInfo */
+  size_t count;
+  char source[256];         /* where they came from, for messages */
+} mp_keyring;
+
+/* `spec`: PEM files ("-----BEGIN PUBLIC KEY-----", one or more Ed25519 keys each) or
+ * directories of *.pub / *.pem files, separated by ':'. An unreadable file, a key that is not
+ * Ed25519, or no key at all is an error naming the file. */
+mlpack_status mp_keyring_load(const char *spec, mp_keyring *out, mlpack_error **err);
+void mp_keyring_free(mp_keyring *k);
+/* MLPACK_OK when one of c's signatures is by a key of k, verifies, and names c's nested index;
+ * else MLPACK_ERR_SIGNATURE saying why (unsigned, unknown key, bad signature, other subject).
+ * *signer (when the check passes) is the key id that signed. */
+mlpack_status mp_trust_check(const mp_container *c, const mp_keyring *k, const char **signer,
+                             mlpack_error **err);
+
+/* ---------------------------------------------------------------- ed25519.c */
+/* 1 when sig is a valid Ed25519 signature (RFC 8032) of msg by key (vendored Monocypher). */
+int mp_ed25519_verify(const uint8_t sig[64], const uint8_t key[32], const uint8_t *msg, size_t n);
 
 /* ---------------------------------------------------------------- tensors.c */
 typedef struct mp_tensor_entry {
@@ -214,6 +269,8 @@ typedef struct mp_executor mp_executor;            /* an open artifact: each exe
 typedef struct mp_executor_kind mp_executor_kind;  /* a row of the executor table (executor.h) */
 typedef struct mp_pool mp_pool;
 
+typedef struct mp_run_ctx mp_run_ctx;  /* api_run.c: a calling thread's outputs */
+
 typedef struct mp_run {          /* one call of mlpack_run, after inputs are checked */
   const void *const *inputs;     /* in signature order */
   void **outputs;                /* in signature order, allocated to their shapes; NULL for an
@@ -226,15 +283,19 @@ typedef struct mp_run {          /* one call of mlpack_run, after inputs are che
   const int64_t *in_shapes;      /* input_count x 8: the caller's input shapes */
   const int64_t *out_shapes;     /* output_count x 8: known output shapes; -1 in a dim that a
                                   * symbol no input binds (data-dependent: the executor sets it) */
+  mp_pool *pool;                 /* the model's pool while this run holds it, else NULL: other runs
+                                  * hold it, so this one runs on its calling thread alone */
+  mp_run_ctx *ctx;               /* where this run's outputs live (mp_run_output) */
 } mp_run;
 
 /* api_run.c: for an output whose shape depends on data (run->outputs[i] == NULL), the executor
- * calls this once it knows the shape; it allocates the output (owned by the model), records the
- * shape, sets run->outputs[i] and *data. Also valid for an already allocated output when the
- * shape is the same (it then just returns the buffer). */
+ * calls this once it knows the shape; it allocates the output (owned by the run's context),
+ * records the shape, sets run->outputs[i] and *data. Also valid for an already allocated output
+ * when the shape is the same (it then just returns the buffer). */
 mlpack_status mp_run_output(const mp_run *run, size_t i, const int64_t *shape, void **data,
                             mlpack_error **err);
-/* api_run.c: free the outputs of the last run (out_data, out_shapes); mlpack_close calls it. */
+/* api_run.c: free every thread's run context (the outputs of its last run); mlpack_close calls
+ * it, before destroying run_mu. */
 void mp_run_release(mlpack_model *m);
 
 struct mlpack_model {
@@ -248,13 +309,13 @@ struct mlpack_model {
   mp_pool *pool;
   const mp_executor_kind *executor_kind;  /* the row that opened executor, and runs and closes it */
   mp_executor *executor;
-  /* outputs of the last run (owned) */
-  void **out_data;
-  int64_t *out_shapes;           /* output_count x 8 */
-  /* each output's allocation while no run holds it, kept for the next run of that size or
-   * less (a fresh allocation of megabytes per run costs page faults), and its capacity */
-  void **out_keep;
-  size_t *out_cap;
+  const char *signer;            /* the trusted key id that signed it (api_open.c), or NULL */
+  mp_keyring trusted;            /* the trust policy's keys, while open */
+  /* runs may overlap (any number of threads): each calling thread's outputs live in its own
+   * context (api_run.c), found in this list under run_mu (initialized by mlpack_open) */
+  pthread_mutex_t run_mu;
+  mp_run_ctx *runs;
+  _Atomic uint64_t run_serial;   /* the model's number in the process, given with its first context */
 };
 
 /* ---------------------------------------------------------------- loader.c, pool.c */
@@ -266,8 +327,13 @@ mlpack_status mp_library_load(const void *elf, size_t size, const char *what, mp
                               const mlpack_kernel_table **table, mlpack_error **err);
 void mp_library_unload(mp_library *lib);
 
-/* pool.c: run fn(ctx, i) for i in [0, count) on the pool's threads (the caller's included). */
+/* pool.c: run fn(ctx, i) for i in [0, count) on the pool's threads (the caller's included).
+ * A pool has one caller at a time: a run leases it with mp_pool_acquire (NULL when another run
+ * holds it: that run then passes NULL to mp_pool_run, which runs on the calling thread) and
+ * gives it back with mp_pool_release. */
 mp_pool *mp_pool_create(int threads);
+mp_pool *mp_pool_acquire(mp_pool *p);
+void mp_pool_release(mp_pool *p);
 int mp_pool_threads(const mp_pool *p);
 void mp_pool_run(mp_pool *p, uint32_t count, void (*fn)(void *ctx, uint32_t i), void *ctx);
 void mp_pool_destroy(mp_pool *p);

@@ -22,7 +22,10 @@ struct mp_executor_kind {
   int (*host_fault)(const mp_artifact *a, const mp_host *h, char *why, size_t n);
   /* Load `a` for model m, whose signature, options and pool are set: *out, or NULL and an error. */
   mlpack_status (*open)(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err);
-  /* One run: read run->inputs, write run->outputs (mp_run_output for those the run sizes). */
+  /* One run: read run->inputs, write run->outputs (mp_run_output for those the run sizes).
+   * Runs of one executor may overlap (threads): x is shared (anything of it a run changes, it
+   * changes under a lock), what a run writes is its own, and it spreads work only over
+   * run->pool (NULL: the calling thread alone). */
   mlpack_status (*run)(mp_executor *x, const mp_run *run, mlpack_error **err);
   void (*close)(mp_executor *x);   /* also for x == NULL */
 };

@@ -1,16 +1,19 @@
 /* loader.c: load a native artifact's kernel library straight from the container's bytes.
  *
- * The ELF is copied into an anonymous memfd and dlopen()ed through /proc/self/fd/N: no file is
- * ever written to disk (nothing to clean up, nothing another user could swap under us). The fd
+ * The ELF (the engine's verified copy of the code blob) is copied into an anonymous memfd, sealed
+ * against every change, and dlopen()ed through /proc/self/fd/N: no file is ever written to disk
+ * (nothing to clean up, nothing another user could swap under us). The fd
  * stays open as long as the library is loaded: the dynamic loader matches a new dlopen() against
  * loaded objects by path name, so if the fd number were freed, the next model's memfd could get
  * the same number and dlopen() would hand back the earlier model's library. The library exports
  * one symbol,
- * MLPACK_KERNEL_TABLE_SYMBOL; its table's abi_version must be one we know.
+ * MLPACK_KERNEL_TABLE_SYMBOL; its table's abi_version must be one we know (1 or 2) and, in a
+ * version-2 table, every kernel's bindings one 'r' or 'w' per buffer.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,14 @@
 
 #include "engine.h"
 
+#ifndef F_ADD_SEALS   /* Linux 3.17's values; older libc headers (glibc 2.17, the wheel's) lack them */
+#define F_ADD_SEALS 1033
+#define F_SEAL_SEAL 0x0001
+#define F_SEAL_SHRINK 0x0002
+#define F_SEAL_GROW 0x0004
+#define F_SEAL_WRITE 0x0008
+#endif
+
 struct mp_library {
   void *handle;
   int fd; /* the memfd the library was loaded from, open until unload (see above) */
@@ -28,7 +39,7 @@ struct mp_library {
 static int mp_memfd(const char *name) {
 #ifdef SYS_memfd_create
   /* the raw syscall: works with a libc older than memfd_create's wrapper (glibc 2.27) */
-  return (int)syscall(SYS_memfd_create, name, 1u /* MFD_CLOEXEC */);
+  return (int)syscall(SYS_memfd_create, name, 3u /* MFD_CLOEXEC | MFD_ALLOW_SEALING */);
 #else
   (void)name;
   errno = ENOSYS;
@@ -56,16 +67,27 @@ static mlpack_status mp_check_table(const mlpack_kernel_table *t, const char *wh
   if (!t)
     return mp_fail(err, MLPACK_ERR_LOAD, "%s: %s() returned no kernel table", what,
                    MLPACK_KERNEL_TABLE_SYMBOL);
-  if (t->abi_version != MLPACK_ABI_VERSION)
+  /* table versions: 1 (ABI 1.0-1.2), 2 (ABI 1.3: adds `bindings`, which plan.c checks plans against) */
+  if (t->abi_version < 1 || t->abi_version > MLPACK_KERNEL_TABLE_VERSION)
     return mp_fail(err, MLPACK_ERR_VERSION,
-                   "%s: kernel library is built for kernel ABI %u, this runtime knows ABI %u",
-                   what, t->abi_version, MLPACK_ABI_VERSION);
+                   "%s: kernel library's table is version %u, this runtime reads versions 1 to %u "
+                   "(kernel ABI %u.%u)", what, t->abi_version, MLPACK_KERNEL_TABLE_VERSION,
+                   MLPACK_ABI_VERSION, MLPACK_ABI_MINOR);
   if (t->kernel_count > 0 && !t->kernels)
     return mp_fail(err, MLPACK_ERR_LOAD, "%s: kernel table lists %u kernels but no functions",
                    what, t->kernel_count);
-  for (uint32_t i = 0; i < t->kernel_count; i++)
+  if (t->abi_version >= 2 && t->kernel_count > 0 && !t->bindings)
+    return mp_fail(err, MLPACK_ERR_LOAD, "%s: kernel table (version %u) lists %u kernels but no "
+                   "bindings", what, t->abi_version, t->kernel_count);
+  for (uint32_t i = 0; i < t->kernel_count; i++) {
     if (!t->kernels[i])
       return mp_fail(err, MLPACK_ERR_LOAD, "%s: kernel %u of the table is NULL", what, i);
+    static const char kinds[] = {MLPACK_BINDING_READ, MLPACK_BINDING_WRITE, '\0'};
+    const char *b = t->abi_version >= 2 ? t->bindings[i] : "";
+    if (!b || b[strspn(b, kinds)] != '\0')
+      return mp_fail(err, MLPACK_ERR_LOAD, "%s: kernel %u of the table has %s bindings (one 'r' "
+                     "or 'w' per buffer)", what, i, b ? "malformed" : "no");
+  }
   return MLPACK_OK;
 }
 
@@ -96,6 +118,10 @@ mlpack_status mp_library_load(const void *elf, size_t size, const char *what, mp
     return mp_fail(err, MLPACK_ERR_LOAD, "%s: memfd_create failed: %s", what, strerror(errno));
   void *handle = NULL;
   mlpack_status st = mp_write_all(fd, elf, size, what, err);
+  /* sealed: from here on nobody (another thread, anyone with /proc/PID/fd) can change the bytes
+   * the dynamic loader maps; they are the engine's verified copy (mp_blob_copy) */
+  if (st == MLPACK_OK && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+    st = mp_fail(err, MLPACK_ERR_LOAD, "%s: cannot seal the kernel library's memfd: %s", what, strerror(errno));
   if (st == MLPACK_OK) st = mp_dlopen_fd(fd, what, &handle, err);
   if (st != MLPACK_OK) { close(fd); return st; }
   dlerror();

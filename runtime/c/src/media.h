@@ -28,6 +28,15 @@
  * which of these run here. */
 #define MP_CODE_MEDIA_TYPES MP_PROGRAM_PORTABLE, MP_CODE_ELF, MP_CODE_PTX, MP_CODE_CUBIN
 
+/* signatures (format 1.2): cosign's signature manifest, payload and annotation (trust.c) */
+#define MP_SIGNATURE_ARTIFACT_TYPE "application/vnd.dev.cosign.artifact.sig.v1+json"
+#define MP_SIGNATURE_PAYLOAD "application/vnd.dev.cosign.simplesigning.v1+json"
+#define MP_SIGNATURE_PAYLOAD_TYPE "cosign container image signature"
+#define MP_ANN_SIGNATURE "dev.cosignproject.cosign/signature"
+#define MP_ANN_SIGNATURE_KEY "org.mlpack.signature.key"
+#define MP_REF_NAME "org.opencontainers.image.ref.name"
+#define MP_ANN_PARTIAL "org.mlpack.partial"
+
 /* annotation keys: on the indexes (the format version on both, the model name on the nested one) */
 #define MP_ANN_FORMAT_VERSION "org.mlpack.format.version"
 #define MP_ANN_MODEL_NAME "org.mlpack.model.name"

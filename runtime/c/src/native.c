@@ -1,13 +1,22 @@
 /* native.c: the native CPU executor: runs a cpu artifact's plan on the thread pool
  * (spec/SPEC.md section 7; its row in the executor table is application/vnd.mlpack.code.elf.v1).
  *
- * At open: the kernel library is loaded from memory (loader.c), the weights archive is opened
- * (weights stay in the file's mapping, never copied) and the config's "plan" is parsed and
+ * At open: the kernel library is loaded from memory (loader.c) and the weights archive is opened,
+ * each from the engine's own copy of its blob, hashed as read (mp_blob_copy: what runs is what was
+ * verified, whatever happens to the file), and the config's "plan" is parsed and
  * checked against the kernel table and the signature (plan.c). At run: symbols are read from the
  * input shapes (symbol_sources), the arena is grown if the symbols need more (64-byte aligned,
  * kept between runs), every buffer's base address is resolved, and the dispatches run in order,
  * each spread over the pool; mp_pool_run returns after the last workgroup, which is the barrier
  * between dispatches.
+ *
+ * Runs may overlap: the executor (library, table, plan, weights) is only read while running, and
+ * everything a run writes (arena, push constants, base addresses, bindings, profile counts) is a
+ * scratch context taken from the executor's free list (under its mutex; one spare context is
+ * swapped in and out with an atomic exchange, no lock) and returned after, so runs on N threads
+ * at once use N scratch contexts and a lone caller always reuses the same one.
+ * The pool is the run's (run->pool, leased in api_run.c): NULL when another run holds it, and
+ * then the dispatches run on the calling thread.
  *
  * Computed symbols (plan ABI 1.1): a symbol_sources entry {"symbol", "dispatch", "bound"} is a
  * data-dependent size that the kernel of that dispatch (one workgroup) writes into its push
@@ -23,9 +32,11 @@
  *
  * MLPACK_PROFILE=1 in the environment times every dispatch (wall clock around the pool run) and
  * prints, when the model is closed, one line per dispatch sorted by total time: where a model's
- * time goes, kernel by kernel.
+ * time goes, kernel by kernel. A scratch context counts its own runs; they are added to the
+ * executor's totals when it is returned.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,19 +53,31 @@ typedef struct mp_native {
   const mlpack_kernel_table *table;
   mp_tensor_archive weights;
   int have_weights;
+  uint8_t *weights_copy;           /* the weights the plan binds: the engine's verified copy */
   mp_plan plan;
-  void *arena;
-  size_t arena_cap;
-  /* per-run scratch */
-  int64_t *push;                   /* the symbols' values, in the plan's order */
-  const char **names_now;          /* symbols as plan expressions see them: NULL until known */
-  void **bases;                    /* every buffer's base address */
-  void **bind;                     /* one dispatch's bindings */
+  pthread_mutex_t mu;              /* guards idle and the profile totals */
+  struct mp_scratch *idle;         /* scratch contexts no run holds */
+  _Atomic(struct mp_scratch *) spare;  /* one more, taken and given back without the lock */
   /* MLPACK_PROFILE: per dispatch, total seconds and the last workgroup count */
   double *prof_seconds;
   int64_t *prof_groups;
   size_t prof_runs;
 } mp_native;
+
+/* One run's scratch, sized by the plan. */
+typedef struct mp_scratch {
+  const mp_native *n;
+  struct mp_scratch *next;         /* in the executor's idle list */
+  void *arena;
+  size_t arena_cap;
+  int64_t *push;                   /* the symbols' values, in the plan's order */
+  const char **names_now;          /* symbols as plan expressions see them: NULL until known */
+  void **bases;                    /* every buffer's base address */
+  void **bind;                     /* one dispatch's bindings */
+  double *prof_seconds;            /* MLPACK_PROFILE: as the executor's, since last returned */
+  int64_t *prof_groups;
+  size_t prof_runs;
+} mp_scratch;
 
 typedef struct mp_job {
   mlpack_kernel_fn fn;
@@ -63,75 +86,79 @@ typedef struct mp_job {
   atomic_int failed;
 } mp_job;
 
-static mlpack_status mp_eval(mp_native *n, const mp_json *e, const char *what, int64_t *out,
+static mlpack_status mp_eval(const mp_scratch *s, const mp_json *e, const char *what, int64_t *out,
                              mlpack_error **err) {
-  mlpack_status st = mp_expr_eval(e, n->names_now, n->push, n->plan.symbol_count, out, err);
+  const mp_native *n = s->n;
+  mlpack_status st = mp_expr_eval(e, s->names_now, s->push, n->plan.symbol_count, out, err);
   if (st != MLPACK_OK) return st;
   if (*out < 0)
     return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: plan %s evaluates to %lld", n->what, what, (long long)*out);
   return MLPACK_OK;
 }
 
-static mlpack_status mp_read_symbols(mp_native *n, const mp_run *run, mlpack_error **err) {
+static mlpack_status mp_read_symbols(mp_scratch *s, const mp_run *run, mlpack_error **err) {
+  const mp_native *n = s->n;
   for (size_t i = 0; i < n->plan.symbol_count; i++) {
     int computed = n->plan.src_dispatch[i] != SIZE_MAX;
-    n->push[i] = computed ? 0 : run->in_shapes[n->plan.src_input[i] * 8 + n->plan.src_axis[i]];
-    n->names_now[i] = computed ? NULL : n->plan.symbols[i];   /* unknown until its dispatch ran */
+    s->push[i] = computed ? 0 : run->in_shapes[n->plan.src_input[i] * 8 + n->plan.src_axis[i]];
+    s->names_now[i] = computed ? NULL : n->plan.symbols[i];   /* unknown until its dispatch ran */
   }
   for (size_t k = 0; k < n->plan.source_count; k++) {   /* every other source must agree */
     size_t i = n->plan.sources[k][0], in = n->plan.sources[k][1], ax = n->plan.sources[k][2];
     int64_t v = run->in_shapes[in * 8 + ax];
-    if (v != n->push[i]) {
-      const mp_sig *s = &n->model->inputs[in], *f = &n->model->inputs[n->plan.src_input[i]];
+    if (v != s->push[i]) {
+      const mp_sig *a = &n->model->inputs[in], *f = &n->model->inputs[n->plan.src_input[i]];
       return mp_fail(err, MLPACK_ERR_INPUT, "input '%s' dim '%s' is %lld, but input '%s' bound %s=%lld",
-                     s->name, s->dim_names[ax], (long long)v, f->name, n->plan.symbols[i], (long long)n->push[i]);
+                     a->name, a->dim_names[ax], (long long)v, f->name, n->plan.symbols[i], (long long)s->push[i]);
     }
   }
   return MLPACK_OK;
 }
 
-static mlpack_status mp_grow_arena(mp_native *n, mlpack_error **err) {
+static mlpack_status mp_grow_arena(mp_scratch *s, mlpack_error **err) {
+  const mp_native *n = s->n;
   int64_t size = 0;
   if (n->plan.arena_size) {
-    mlpack_status st = mp_eval(n, n->plan.arena_size, "arena_size", &size, err);
+    mlpack_status st = mp_eval(s, n->plan.arena_size, "arena_size", &size, err);
     if (st != MLPACK_OK) return st;
   }
-  if ((uint64_t)size <= n->arena_cap && n->arena) return MLPACK_OK;
-  free(n->arena);
-  n->arena = NULL;
-  n->arena_cap = 0;
+  if ((uint64_t)size <= s->arena_cap && s->arena) return MLPACK_OK;
+  free(s->arena);
+  s->arena = NULL;
+  s->arena_cap = 0;
   size_t bytes = ((size_t)size + n->plan.arena_align - 1) / n->plan.arena_align * n->plan.arena_align;
-  if (posix_memalign(&n->arena, n->plan.arena_align, bytes ? bytes : n->plan.arena_align) != 0) {
-    n->arena = NULL;
+  if (posix_memalign(&s->arena, n->plan.arena_align, bytes ? bytes : n->plan.arena_align) != 0) {
+    s->arena = NULL;
     return mp_fail(err, MLPACK_ERR_NOMEM, "%s: cannot allocate the %lld-byte arena", n->what, (long long)size);
   }
-  n->arena_cap = bytes;
+  s->arena_cap = bytes;
   return MLPACK_OK;
 }
 
-static mlpack_status mp_resolve_buffer(mp_native *n, const mp_run *run, size_t i, mlpack_error **err) {
+static mlpack_status mp_resolve_buffer(mp_scratch *s, const mp_run *run, size_t i, mlpack_error **err) {
+  const mp_native *n = s->n;
   const mp_plan_buffer *b = &n->plan.buffers[i];
   int64_t off, size;
   mlpack_status st;
   switch (b->kind) {
-  case MP_BUF_INPUT: n->bases[i] = (void *)run->inputs[b->index]; return MLPACK_OK;
+  case MP_BUF_INPUT: s->bases[i] = (void *)run->inputs[b->index]; return MLPACK_OK;
   case MP_BUF_OUTPUT:
-    n->bases[i] = NULL;
+    s->bases[i] = NULL;
     if (!run->outputs[b->index] && b->shape) return MLPACK_OK;  /* allocated when first bound */
     if (!run->outputs[b->index])
       return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: output %zu has a data-dependent shape, which plans cannot produce",
                      n->what, b->index);
-    n->bases[i] = run->outputs[b->index];
+    s->bases[i] = run->outputs[b->index];
     return MLPACK_OK;
-  case MP_BUF_WEIGHT: n->bases[i] = (void *)b->weight; return MLPACK_OK;
+  case MP_BUF_WEIGHT: s->bases[i] = (void *)b->weight; return MLPACK_OK;
   default:
-    st = mp_eval(n, b->offset, "arena offset", &off, err);
-    if (st == MLPACK_OK) st = mp_eval(n, b->size, "arena size", &size, err);
+    st = mp_eval(s, b->offset, "arena offset", &off, err);
+    if (st == MLPACK_OK) st = mp_eval(s, b->size, "arena size", &size, err);
     if (st != MLPACK_OK) return st;
-    if ((uint64_t)off > n->arena_cap || (uint64_t)size > n->arena_cap - (uint64_t)off)
+    if ((uint64_t)off > s->arena_cap || (uint64_t)size > s->arena_cap - (uint64_t)off)
       return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan buffer %zu (arena %lld+%lld) is outside the %zu-byte arena",
-                     n->what, i, (long long)off, (long long)size, n->arena_cap);
-    n->bases[i] = (uint8_t *)n->arena + off;
+                     n->what, i, (long long)off, (long long)size, s->arena_cap);
+    s->bases[i] = (uint8_t *)s->arena + off;
     return MLPACK_OK;
   }
 }
@@ -142,27 +169,28 @@ static void mp_job_run(void *ctx, uint32_t w) {
 }
 
 /* An output sized at run time, allocated now that the symbols its shape names are known. */
-static mlpack_status mp_resolve_output(mp_native *n, const mp_run *run, size_t i, mlpack_error **err) {
-  const mp_plan_buffer *b = &n->plan.buffers[i];
+static mlpack_status mp_resolve_output(mp_scratch *s, const mp_run *run, size_t i, mlpack_error **err) {
+  const mp_plan_buffer *b = &s->n->plan.buffers[i];
   int64_t shape[8] = {0};
   for (size_t d = 0; d < b->shape->length && d < 8; d++) {
-    mlpack_status st = mp_eval(n, b->shape->items[d], "output shape", &shape[d], err);
+    mlpack_status st = mp_eval(s, b->shape->items[d], "output shape", &shape[d], err);
     if (st != MLPACK_OK) return st;
   }
-  return mp_run_output(run, b->index, shape, &n->bases[i], err);
+  return mp_run_output(run, b->index, shape, &s->bases[i], err);
 }
 
 /* After dispatch i: the symbols it computes, checked against their bounds, become known. */
-static mlpack_status mp_publish_symbols(mp_native *n, size_t i, mlpack_error **err) {
+static mlpack_status mp_publish_symbols(mp_scratch *s, size_t i, mlpack_error **err) {
+  const mp_native *n = s->n;
   for (size_t k = 0; k < n->plan.symbol_count; k++) {
     if (n->plan.src_dispatch[k] != i) continue;
-    int64_t v = n->push[k], bound;
-    mlpack_status st = mp_eval(n, n->plan.src_bound[k], "symbol bound", &bound, err);
+    int64_t v = s->push[k], bound;
+    mlpack_status st = mp_eval(s, n->plan.src_bound[k], "symbol bound", &bound, err);
     if (st != MLPACK_OK) return st;
     if (v < 0 || v > bound)
       return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: dispatch %zu computed %s=%lld, outside its bound 0..%lld",
                      n->what, i, n->plan.symbols[k], (long long)v, (long long)bound);
-    n->names_now[k] = n->plan.symbols[k];
+    s->names_now[k] = n->plan.symbols[k];
   }
   return MLPACK_OK;
 }
@@ -183,10 +211,11 @@ static mlpack_status mp_index_fail(const mp_native *n, const mp_plan_dispatch *p
   return mp_fail(err, MLPACK_ERR_INDEX, "%s: %s", n->what, msg);
 }
 
-static mlpack_status mp_dispatch(mp_native *n, const mp_run *run, size_t i, mlpack_error **err) {
+static mlpack_status mp_dispatch(mp_scratch *s, const mp_run *run, size_t i, mlpack_error **err) {
+  const mp_native *n = s->n;
   const mp_plan_dispatch *p = &n->plan.dispatches[i];
   int64_t groups;
-  mlpack_status st = mp_eval(n, p->workgroups, "workgroups", &groups, err);
+  mlpack_status st = mp_eval(s, p->workgroups, "workgroups", &groups, err);
   if (st != MLPACK_OK) return st;
   if (groups > (int64_t)UINT32_MAX)
     return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: dispatch %zu has %lld workgroups", n->what, i, (long long)groups);
@@ -197,23 +226,23 @@ static mlpack_status mp_dispatch(mp_native *n, const mp_run *run, size_t i, mlpa
                    n->what, i, (long long)groups);
   for (size_t k = 0; k < p->binding_count; k++) {
     size_t j = p->bindings[k];
-    if (!n->bases[j] && n->plan.buffers[j].kind == MP_BUF_OUTPUT && n->plan.buffers[j].shape) {
-      st = mp_resolve_output(n, run, j, err);
+    if (!s->bases[j] && n->plan.buffers[j].kind == MP_BUF_OUTPUT && n->plan.buffers[j].shape) {
+      st = mp_resolve_output(s, run, j, err);
       if (st != MLPACK_OK) return st;
     }
-    n->bind[k] = n->bases[j];
+    s->bind[k] = s->bases[j];
   }
   mp_job job = {.fn = n->table->kernels[p->kernel],
-                .d = {.bindings = n->bind, .push = n->push, .workgroup_count = (uint32_t)groups}};
+                .d = {.bindings = s->bind, .push = s->push, .workgroup_count = (uint32_t)groups}};
   job.d.error = &job.error;   /* (zeroed with job) */
   atomic_init(&job.failed, 0);
   struct timespec t0, t1;
-  if (n->prof_seconds) clock_gettime(CLOCK_MONOTONIC, &t0);
-  mp_pool_run(n->model->pool, (uint32_t)groups, mp_job_run, &job);
-  if (n->prof_seconds) {
+  if (s->prof_seconds) clock_gettime(CLOCK_MONOTONIC, &t0);
+  mp_pool_run(run->pool, (uint32_t)groups, mp_job_run, &job);
+  if (s->prof_seconds) {
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    n->prof_seconds[i] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    n->prof_groups[i] = groups;
+    s->prof_seconds[i] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    s->prof_groups[i] = groups;
   }
   if (job.error.claimed) return mp_index_fail(n, p, i, &job.error, err);
   if (atomic_load(&job.failed)) {
@@ -221,28 +250,101 @@ static mlpack_status mp_dispatch(mp_native *n, const mp_run *run, size_t i, mlpa
     return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: kernel %u (%s) of dispatch %zu failed", n->what,
                    p->kernel, name, i);
   }
-  return computes ? mp_publish_symbols(n, i, err) : MLPACK_OK;
+  return computes ? mp_publish_symbols(s, i, err) : MLPACK_OK;
+}
+
+static void mp_scratch_free(mp_scratch *s) {
+  if (!s) return;
+  free(s->arena);
+  free(s->push);
+  free(s->names_now);
+  free(s->bases);
+  free(s->bind);
+  free(s->prof_seconds);
+  free(s->prof_groups);
+  free(s);
+}
+
+/* A new scratch context: push constants, the symbols' names as expressions see them, every
+ * buffer's base address, one dispatch's bindings (and, profiling, its own counts). The arena
+ * is allocated by the first run, at the size its symbols need. */
+static mlpack_status mp_scratch_new(const mp_native *n, mp_scratch **out, mlpack_error **err) {
+  mp_scratch *s = calloc(1, sizeof *s);
+  int ok = s != NULL;
+  if (ok) {
+    s->n = n;
+    s->push = calloc(n->plan.symbol_count + 1, sizeof *s->push);
+    s->names_now = calloc(n->plan.symbol_count + 1, sizeof *s->names_now);
+    s->bases = calloc(n->plan.buffer_count + 1, sizeof *s->bases);
+    s->bind = calloc(n->plan.max_bindings + 1, sizeof *s->bind);
+    ok = s->push && s->names_now && s->bases && s->bind;
+  }
+  if (ok && n->prof_seconds) {
+    s->prof_seconds = calloc(n->plan.dispatch_count, sizeof *s->prof_seconds);
+    s->prof_groups = calloc(n->plan.dispatch_count, sizeof *s->prof_groups);
+    ok = s->prof_seconds && s->prof_groups;
+  }
+  if (!ok) {
+    mp_scratch_free(s);
+    return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory for a run's scratch", n->what);
+  }
+  *out = s;
+  return MLPACK_OK;
+}
+
+/* An idle scratch context, or a new one when every one is in a run. A lone caller takes and
+ * gives back the spare one: an exchange each way, no lock. */
+static mlpack_status mp_scratch_take(mp_native *n, mp_scratch **out, mlpack_error **err) {
+  mp_scratch *s = atomic_exchange_explicit(&n->spare, NULL, memory_order_acquire);
+  if (!s) {
+    pthread_mutex_lock(&n->mu);
+    s = n->idle;
+    if (s) n->idle = s->next;
+    pthread_mutex_unlock(&n->mu);
+  }
+  if (s) {
+    *out = s;
+    return MLPACK_OK;
+  }
+  return mp_scratch_new(n, out, err);
+}
+
+static void mp_scratch_return(mp_native *n, mp_scratch *s) {
+  mp_scratch *none = NULL;
+  if (!s->prof_seconds && atomic_compare_exchange_strong_explicit(&n->spare, &none, s, memory_order_release,
+                                                                  memory_order_relaxed))
+    return;
+  pthread_mutex_lock(&n->mu);
+  if (s->prof_seconds) {   /* the profile totals are the executor's: its counts move there */
+    for (size_t i = 0; i < n->plan.dispatch_count; i++) {
+      n->prof_seconds[i] += s->prof_seconds[i];
+      if (s->prof_groups[i]) n->prof_groups[i] = s->prof_groups[i];
+      s->prof_seconds[i] = 0;
+    }
+    n->prof_runs += s->prof_runs;
+    s->prof_runs = 0;
+  }
+  s->next = n->idle;
+  n->idle = s;
+  pthread_mutex_unlock(&n->mu);
 }
 
 mlpack_status mp_native_run(mp_executor *x, const mp_run *run, mlpack_error **err) {
   mp_native *n = (mp_native *)x;
-  n->prof_runs++;
-  mlpack_status st = mp_read_symbols(n, run, err);
-  if (st == MLPACK_OK) st = mp_grow_arena(n, err);
-  for (size_t i = 0; st == MLPACK_OK && i < n->plan.buffer_count; i++) st = mp_resolve_buffer(n, run, i, err);
-  for (size_t i = 0; st == MLPACK_OK && i < n->plan.dispatch_count; i++) st = mp_dispatch(n, run, i, err);
+  mp_scratch *s;
+  mlpack_status st = mp_scratch_take(n, &s, err);
+  if (st != MLPACK_OK) return st;
+  s->prof_runs++;
+  st = mp_read_symbols(s, run, err);
+  if (st == MLPACK_OK) st = mp_grow_arena(s, err);
+  for (size_t i = 0; st == MLPACK_OK && i < n->plan.buffer_count; i++) st = mp_resolve_buffer(s, run, i, err);
+  for (size_t i = 0; st == MLPACK_OK && i < n->plan.dispatch_count; i++) st = mp_dispatch(s, run, i, err);
   /* an output sized at run time that no dispatch bound (a plan that never writes it) */
   for (size_t i = 0; st == MLPACK_OK && i < n->plan.buffer_count; i++)
-    if (!n->bases[i] && n->plan.buffers[i].kind == MP_BUF_OUTPUT && n->plan.buffers[i].shape)
+    if (!s->bases[i] && n->plan.buffers[i].kind == MP_BUF_OUTPUT && n->plan.buffers[i].shape)
       st = mp_fail(err, MLPACK_ERR_FORMAT, "%s: no dispatch writes output %zu", n->what, n->plan.buffers[i].index);
+  mp_scratch_return(n, s);
   return st;
-}
-
-static const double *mp_prof_sort_key;
-
-static int mp_prof_order(const void *a, const void *b) {
-  double x = mp_prof_sort_key[*(const size_t *)a], y = mp_prof_sort_key[*(const size_t *)b];
-  return (x < y) - (x > y);
 }
 
 /* the MLPACK_PROFILE table, on stderr: dispatches by total time, the top ones first */
@@ -251,9 +353,12 @@ static void mp_profile_print(const mp_native *n) {
   size_t *order = malloc(n->plan.dispatch_count * sizeof *order);
   if (!order) return;
   double total = 0;
-  for (size_t i = 0; i < n->plan.dispatch_count; i++) { order[i] = i; total += n->prof_seconds[i]; }
-  mp_prof_sort_key = n->prof_seconds;   /* qsort has no context argument in C11 */
-  qsort(order, n->plan.dispatch_count, sizeof *order, mp_prof_order);
+  for (size_t i = 0; i < n->plan.dispatch_count; i++) {   /* insertion sort: no global for qsort */
+    size_t j = i;
+    for (; j > 0 && n->prof_seconds[order[j - 1]] < n->prof_seconds[i]; j--) order[j] = order[j - 1];
+    order[j] = i;
+    total += n->prof_seconds[i];
+  }
   fprintf(stderr, "mlpack profile: %s, %zu runs, %.3f ms per run in %zu dispatches\n", n->what,
           n->prof_runs, 1e3 * total / (double)n->prof_runs, n->plan.dispatch_count);
   fprintf(stderr, "%9s %6s %8s  %s\n", "ms/run", "%", "groups", "dispatch: kernel");
@@ -275,47 +380,46 @@ void mp_native_close(mp_executor *x) {
   free(n->prof_seconds);
   free(n->prof_groups);
   mp_plan_free(&n->plan);
-  free(n->bases);
-  free(n->bind);
-  free(n->names_now);
-  free(n->push);
-  free(n->arena);
+  mp_scratch_free(atomic_load(&n->spare));   /* (no run is inside: every scratch context is idle) */
+  while (n->idle) {
+    mp_scratch *s = n->idle;
+    n->idle = s->next;
+    mp_scratch_free(s);
+  }
+  pthread_mutex_destroy(&n->mu);
   if (n->have_weights) mp_tensors_close(&n->weights);
+  free(n->weights_copy);
   mp_library_unload(n->lib);
   free(n);
-}
-
-/* A run's scratch, sized by the plan: push constants, the symbols' names as expressions see
- * them, every buffer's base address and one dispatch's bindings. */
-static mlpack_status mp_alloc_scratch(mp_native *n, mlpack_error **err) {
-  n->push = calloc(n->plan.symbol_count + 1, sizeof *n->push);
-  n->names_now = calloc(n->plan.symbol_count + 1, sizeof *n->names_now);
-  n->bases = calloc(n->plan.buffer_count + 1, sizeof *n->bases);
-  n->bind = calloc(n->plan.max_bindings + 1, sizeof *n->bind);
-  if (!n->push || !n->names_now || !n->bases || !n->bind)
-    return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", n->what);
-  return MLPACK_OK;
 }
 
 mlpack_status mp_native_open(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err) {
   *out = NULL;
   mp_native *n = calloc(1, sizeof *n);
   if (!n) return mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
+  pthread_mutex_init(&n->mu, NULL);
+  atomic_init(&n->spare, NULL);
   n->model = m;
   snprintf(n->what, sizeof n->what, "artifact %zu (%s %s%s%s)", a->index, a->device ? a->device : "?",
            a->architecture ? a->architecture : "", a->variant && *a->variant ? " " : "",
            a->variant ? a->variant : "");
-  mlpack_status st = mp_library_load(a->code.data, a->code.size, n->what, &n->lib, &n->table, err);
+  /* what is loaded is what was hashed: the engine's own copies, never the file's mapping */
+  uint8_t *code = NULL;
+  mlpack_status st = mp_blob_copy(m->container, &a->code, n->what, &code, err);
+  if (st == MLPACK_OK) st = mp_library_load(code, a->code.size, n->what, &n->lib, &n->table, err);
+  free(code);
   if (st == MLPACK_OK && a->weights.size > 0) {
     char what[128];
     snprintf(what, sizeof what, "%s weights", n->what);
-    st = mp_tensors_open(&a->weights, what, &n->weights, err);
+    st = mp_blob_copy(m->container, &a->weights, what, &n->weights_copy, err);
+    mp_blob weights = a->weights;
+    weights.data = n->weights_copy;
+    if (st == MLPACK_OK) st = mp_tensors_open(&weights, what, &n->weights, err);
     n->have_weights = st == MLPACK_OK;
   }
   if (st == MLPACK_OK)
-    st = mp_plan_parse(mp_json_get(a->config, "plan"), m, n->table->kernel_count,
+    st = mp_plan_parse(mp_json_get(a->config, "plan"), m, n->table,
                        n->have_weights ? &n->weights : NULL, n->what, &n->plan, err);
-  if (st == MLPACK_OK) st = mp_alloc_scratch(n, err);
   const char *prof = getenv("MLPACK_PROFILE");
   if (st == MLPACK_OK && prof && *prof && strcmp(prof, "0") != 0 && n->plan.dispatch_count > 0) {
     n->prof_seconds = calloc(n->plan.dispatch_count, sizeof *n->prof_seconds);
@@ -323,6 +427,7 @@ mlpack_status mp_native_open(mlpack_model *m, const mp_artifact *a, mp_executor 
     if (!n->prof_seconds || !n->prof_groups)
       st = mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory for MLPACK_PROFILE", n->what);
   }
+  if (st == MLPACK_OK) st = mp_scratch_new(n, &n->idle, err);   /* the first run's, made now */
   if (st != MLPACK_OK) { mp_native_close((mp_executor *)n); return st; }
   *out = (mp_executor *)n;
   return MLPACK_OK;

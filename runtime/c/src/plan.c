@@ -5,9 +5,14 @@
  * and minor, every kernel, buffer, input and output index, every weight name (resolved to its
  * data in the weights layer, which stays in the file's mapping), the arena's alignment and that
  * every symbol has a source: an input's axis or, for a computed symbol (plan ABI 1.1), the one
- * dispatch that writes it, with the bound the arena was sized at. Checks run in the order they
- * always have, so a plan with several faults reports the same one.
+ * dispatch that writes it, with the bound the arena was sized at. And, where the kernel table
+ * records each kernel's bindings (table version 2, ABI 1.3), that every dispatch binds as many
+ * buffers as its kernel takes and binds none it writes to a weight (data every run shares) or
+ * an input (the caller's array): a plan that disagrees with its kernels would have a kernel
+ * read past its bindings or write where it must not. Checks run in the order they always have,
+ * so a plan with several faults reports the same one.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +21,7 @@
 typedef struct mp_plan_reader {
   mp_plan *p;
   const mlpack_model *model;         /* the signature the plan's indices refer to */
+  const mlpack_kernel_table *table;  /* the kernel library's (mp_library_load checked it) */
   uint32_t kernel_count;
   const mp_tensor_archive *weights;  /* NULL: the artifact has no weights layer */
   const char *what;                  /* "artifact 2 (cpu amd64 v3)" for messages */
@@ -97,6 +103,7 @@ static mlpack_status mp_parse_weight(mp_plan_reader *r, const mp_json *b, mp_pla
     return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan buffer %zu names weight '%s', which the weights layer lacks",
                    r->what, i, name);
   out->weight = e->data;
+  out->name = name;
   return MLPACK_OK;
 }
 
@@ -145,6 +152,32 @@ static mlpack_status mp_parse_buffers(mp_plan_reader *r, const mp_json *plan, ml
   return MLPACK_OK;
 }
 
+/* Dispatch i's bindings against what its kernel's table entry says it binds (table version 2;
+ * a version-1 table records nothing to check against). */
+static mlpack_status mp_check_bindings(mp_plan_reader *r, const mp_plan_dispatch *d, size_t i,
+                                       mlpack_error **err) {
+  const mlpack_kernel_table *t = r->table;
+  if (t->abi_version < 2) return MLPACK_OK;
+  const char *kinds = t->bindings[d->kernel];
+  const char *name = t->names && t->names[d->kernel] ? t->names[d->kernel] : "?";
+  size_t want = strlen(kinds);
+  if (d->binding_count != want)
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu binds %zu buffers, but its kernel %u "
+                   "('%s') takes %zu ('%s')", r->what, i, d->binding_count, d->kernel, name, want, kinds);
+  for (size_t k = 0; k < want; k++) {
+    const mp_plan_buffer *b = &r->p->buffers[d->bindings[k]];
+    if (kinds[k] != MLPACK_BINDING_WRITE || (b->kind != MP_BUF_WEIGHT && b->kind != MP_BUF_INPUT))
+      continue;
+    char buf[160];
+    if (b->kind == MP_BUF_WEIGHT) snprintf(buf, sizeof buf, "weight '%s'", b->name);
+    else snprintf(buf, sizeof buf, "input %zu '%s'", b->index, r->model->inputs[b->index].name);
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu binding %zu is buffer %zu (%s), which "
+                   "its kernel %u ('%s') writes; a kernel may write only an output or the arena",
+                   r->what, i, k, d->bindings[k], buf, d->kernel, name);
+  }
+  return MLPACK_OK;
+}
+
 static mlpack_status mp_parse_dispatch(mp_plan_reader *r, const mp_json *j, size_t i, mlpack_error **err) {
   mp_plan *p = r->p;
   mp_plan_dispatch *d = &p->dispatches[i];
@@ -168,7 +201,7 @@ static mlpack_status mp_parse_dispatch(mp_plan_reader *r, const mp_json *j, size
       return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu binding %zu is not a buffer index",
                      r->what, i, k);
   if (binds->length > p->max_bindings) p->max_bindings = binds->length;
-  return MLPACK_OK;
+  return mp_check_bindings(r, d, i, err);
 }
 
 static mlpack_status mp_parse_dispatches(mp_plan_reader *r, const mp_json *plan, mlpack_error **err) {
@@ -215,11 +248,12 @@ static mlpack_status mp_parse_plan(mp_plan_reader *r, const mp_json *plan, mlpac
   return st;
 }
 
-mlpack_status mp_plan_parse(const mp_json *json, const mlpack_model *m, uint32_t kernel_count,
+mlpack_status mp_plan_parse(const mp_json *json, const mlpack_model *m, const mlpack_kernel_table *table,
                             const mp_tensor_archive *weights, const char *what, mp_plan *p,
                             mlpack_error **err) {
   memset(p, 0, sizeof *p);
-  mp_plan_reader r = {.p = p, .model = m, .kernel_count = kernel_count, .weights = weights, .what = what};
+  mp_plan_reader r = {.p = p, .model = m, .table = table, .kernel_count = table->kernel_count,
+                      .weights = weights, .what = what};
   return mp_parse_plan(&r, json, err);
 }
 

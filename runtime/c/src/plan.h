@@ -2,7 +2,8 @@
  * "plan" into this, native.c runs it.
  *
  * Parsing checks everything that does not depend on a run (indices in range, kinds known, the
- * ABI version) so that a run only evaluates expressions. Sizes, offsets and workgroup counts are
+ * ABI version, each dispatch's bindings against its kernel's in the kernel table) so that a run
+ * only evaluates expressions. Sizes, offsets and workgroup counts are
  * expressions of the plan's symbols, so they stay JSON (owned by the config) and are evaluated
  * per run; names point into the config too.
  */
@@ -17,6 +18,7 @@ typedef struct mp_plan_buffer {
   int kind;                        /* MP_BUF_* */
   size_t index;                    /* input / output index */
   const void *weight;              /* weight data (in the mapping) */
+  const char *name;                /* weight: its name (in the config), for messages */
   const mp_json *offset, *size;    /* arena slice */
   const mp_json *shape;            /* output: its dims' expressions (ONNX order), or NULL */
 } mp_plan_buffer;
@@ -47,9 +49,10 @@ typedef struct mp_plan {
 } mp_plan;
 
 /* Parse `json` (the config's "plan") into *p, checked against model m's signature, the kernel
- * library's kernel_count and the artifact's weights (NULL when it has none); `what` names the
- * artifact in messages. On failure *p holds what was parsed so far: mp_plan_free it either way. */
-mlpack_status mp_plan_parse(const mp_json *json, const mlpack_model *m, uint32_t kernel_count,
+ * library's table (its kernel count and, in a version-2 table, each kernel's bindings) and the
+ * artifact's weights (NULL when it has none); `what` names the artifact in messages. On failure
+ * *p holds what was parsed so far: mp_plan_free it either way. */
+mlpack_status mp_plan_parse(const mp_json *json, const mlpack_model *m, const mlpack_kernel_table *table,
                             const mp_tensor_archive *weights, const char *what, mp_plan *p,
                             mlpack_error **err);
 void mp_plan_free(mp_plan *p);

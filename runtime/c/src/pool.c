@@ -13,6 +13,12 @@
  * yet (its core busy with another process) never holds a dispatch up, it finds the job closed
  * and waits for the next. mp_pool_run returns only when every workgroup has run and no worker
  * is inside the job, so ctx may live on the caller's stack.
+ *
+ * The protocol has one caller (the job fields are the caller's, unlocked). Runs of a model that
+ * overlap lease the pool for a whole run (mp_pool_acquire, a try-lock): the one that holds it
+ * spreads its dispatches over the workers, the others run theirs on their own calling threads
+ * (a NULL pool). No run waits for the pool or starts threads of its own, and a lone run always
+ * gets it, so its latency is what it was.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -49,6 +55,7 @@ struct mp_pool {
   atomic_ullong state;
   atomic_int sleepers;       /* workers waiting on work_cv */
   atomic_int stop;
+  atomic_int leased;         /* a run holds the pool (mp_pool_acquire) */
 };
 
 static inline void mp_cpu_relax(void) {
@@ -147,6 +154,20 @@ mp_pool *mp_pool_create(int threads) {
 }
 
 int mp_pool_threads(const mp_pool *p) { return p ? p->threads : 1; }
+
+/* The lease hands the job fields from one caller to the next: acquire pairs with release. */
+mp_pool *mp_pool_acquire(mp_pool *p) {
+  if (!p || p->threads == 1) return p;   /* no workers: mp_pool_run touches nothing shared */
+  int free = 0;
+  if (atomic_compare_exchange_strong_explicit(&p->leased, &free, 1, memory_order_acquire,
+                                              memory_order_relaxed))
+    return p;
+  return NULL;
+}
+
+void mp_pool_release(mp_pool *p) {
+  if (p && p->threads > 1) atomic_store_explicit(&p->leased, 0, memory_order_release);
+}
 
 void mp_pool_run(mp_pool *p, uint32_t count, void (*fn)(void *ctx, uint32_t i), void *ctx) {
   if (count == 0) return;

@@ -21,9 +21,19 @@
  * An unguarded read or a store out of range fails the run; when the program's "origins" name the
  * ONNX node that indexes that dim, the message names it and the caller's index
  * (MLPACK_ERR_INDEX, as the NumPy interpreter and native kernels say it: spec/ir/origins.py).
+ *
+ * Runs may overlap. What a run writes (the tensors' shapes, strides and data, the symbols'
+ * values, the variables, the error) sits in the mp_portable struct beside the compiled program,
+ * so a run works on a run copy: a shallow copy of the compiled struct with its own tensor table
+ * and state arrays, pointing to the program's nodes, ops and constants, which no run writes.
+ * Copies are made on demand and kept in the executor's idle list (under its mutex, and one spare
+ * copy swapped with an atomic exchange) for the next run, so a lone caller reuses one copy and
+ * N overlapping runs use N.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,6 +139,7 @@ typedef struct mp_portable {
   mp_json_doc *doc;
   mp_tensor_archive weights;
   int have_weights;
+  uint8_t *weights_copy;     /* the constants: the engine's verified copy of the weights blob */
   mp_node *nodes;
   size_t nn, ncap;
   int32_t *rix;
@@ -146,11 +157,19 @@ typedef struct mp_portable {
   mp_val *vars;
   size_t nvars;
   const mp_json *origins;           /* the program's "origins" list, or NULL */
-  /* run state */
+  /* run state (a run copy's own: tensors, symv, symset and vars above are too) */
   int failed;
   mlpack_status code;               /* of the failure: MLPACK_ERR_RUNTIME or MLPACK_ERR_INDEX */
   char msg[256];
+  struct mp_idle *idle;             /* the program's run copies no run holds (shared by the copies) */
+  struct mp_portable *next;         /* a run copy's link in idle->copies */
 } mp_portable;
+
+typedef struct mp_idle {
+  pthread_mutex_t mu;
+  mp_portable *copies;
+  _Atomic(mp_portable *) spare;     /* one more, taken and given back without the lock */
+} mp_idle;
 
 typedef struct mp_scope {           /* variable names -> slots, while compiling one op */
   const char *names[256];
@@ -1432,8 +1451,48 @@ static void mp_release_tensors(mp_portable *p) {
     if (p->tensors[i].kind != T_CONST) mp_free_data(&p->tensors[i]);
 }
 
+static void mp_copy_free(mp_portable *c) {
+  if (!c) return;
+  free(c->tensors);   /* (their data was released at the end of the copy's last run) */
+  free(c->symv);
+  free(c->symset);
+  free(c->vars);
+  free(c);
+}
+
+/* A run copy of program `prog`: its tensor table as compiled (no data but the constants') and
+ * zeroed symbols and variables; everything else is the program's, shared. */
+static mlpack_status mp_copy_new(const mp_portable *prog, mp_portable **out, mlpack_error **err) {
+  mp_portable *c = malloc(sizeof *c);
+  if (!c) return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory for a run", prog->what);
+  *c = *prog;
+  c->tensors = malloc((prog->nt + 1) * sizeof *c->tensors);
+  c->symv = calloc(prog->nsym + 1, sizeof *c->symv);
+  c->symset = calloc(prog->nsym + 1, 1);
+  c->vars = calloc(prog->nvars + MP_LOOP + 1, sizeof *c->vars);
+  c->next = NULL;
+  if (!c->tensors || !c->symv || !c->symset || !c->vars) {
+    mp_copy_free(c);
+    return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory for a run", prog->what);
+  }
+  if (prog->nt) memcpy(c->tensors, prog->tensors, prog->nt * sizeof *c->tensors);
+  *out = c;
+  return MLPACK_OK;
+}
+
 mlpack_status mp_portable_run(mp_executor *x, const mp_run *run, mlpack_error **err) {
-  mp_portable *p = (mp_portable *)x;
+  mp_portable *prog = (mp_portable *)x;
+  mp_portable *p = atomic_exchange_explicit(&prog->idle->spare, NULL, memory_order_acquire);
+  if (!p) {
+    pthread_mutex_lock(&prog->idle->mu);
+    p = prog->idle->copies;
+    if (p) prog->idle->copies = p->next;
+    pthread_mutex_unlock(&prog->idle->mu);
+  }
+  if (!p) {   /* every copy is in a run: one more */
+    mlpack_status st = mp_copy_new(prog, &p, err);
+    if (st != MLPACK_OK) return st;
+  }
   p->failed = 0;
   p->code = MLPACK_OK;
   p->msg[0] = 0;
@@ -1448,6 +1507,14 @@ mlpack_status mp_portable_run(mp_executor *x, const mp_run *run, mlpack_error **
   }
   if (st == MLPACK_OK) st = mp_write_outputs(p, run, err);
   mp_release_tensors(p);
+  mp_portable *none = NULL;
+  if (!atomic_compare_exchange_strong_explicit(&prog->idle->spare, &none, p, memory_order_release,
+                                               memory_order_relaxed)) {
+    pthread_mutex_lock(&prog->idle->mu);
+    p->next = prog->idle->copies;
+    prog->idle->copies = p;
+    pthread_mutex_unlock(&prog->idle->mu);
+  }
   return st;
 }
 
@@ -1483,16 +1550,28 @@ void mp_portable_close(mp_executor *x) {
   free(p->outputs);
   free(p->vars);
   if (p->have_weights) mp_tensors_close(&p->weights);
+  free(p->weights_copy);
   mp_json_free(p->doc);
+  if (p->idle) {   /* (no run is inside: every copy is idle) */
+    mp_copy_free(atomic_load(&p->idle->spare));
+    while (p->idle->copies) {
+      mp_portable *c = p->idle->copies;
+      p->idle->copies = c->next;
+      mp_copy_free(c);
+    }
+    pthread_mutex_destroy(&p->idle->mu);
+    free(p->idle);
+  }
   free(p);
 }
 
+/* The idle list, with the first run's copy made now (a lone caller never makes another). */
 static mlpack_status mp_portable_alloc_state(mp_portable *p, mlpack_error **err) {
-  p->symv = calloc(p->nsym + 1, sizeof *p->symv);
-  p->symset = calloc(p->nsym + 1, 1);
-  p->vars = calloc(p->nvars + MP_LOOP + 1, sizeof *p->vars);
-  if (!p->symv || !p->symset || !p->vars) return mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
-  return MLPACK_OK;
+  p->idle = calloc(1, sizeof *p->idle);
+  if (!p->idle) return mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
+  pthread_mutex_init(&p->idle->mu, NULL);
+  atomic_init(&p->idle->spare, NULL);
+  return mp_copy_new(p, &p->idle->copies, err);
 }
 
 mlpack_status mp_portable_open(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err) {
@@ -1507,12 +1586,18 @@ mlpack_status mp_portable_open(mlpack_model *m, const mp_artifact *a, mp_executo
   for (size_t i = 0; p->inputs && i < m->input_count; i++) p->inputs[i].tensor = -1;
   if (st == MLPACK_OK && a->code.size == 0)
     st = mp_fail(err, MLPACK_ERR_FORMAT, "%s has no portable program layer", p->what);
-  if (st == MLPACK_OK)
-    st = mp_json_parse((const char *)a->code.data, a->code.size, p->what, &p->doc, err);
+  /* parsed and bound from the engine's verified copies, never from the file's mapping */
+  uint8_t *code = NULL;
+  if (st == MLPACK_OK) st = mp_blob_copy(m->container, &a->code, p->what, &code, err);
+  if (st == MLPACK_OK) st = mp_json_parse((const char *)code, a->code.size, p->what, &p->doc, err);
+  free(code);
   if (st == MLPACK_OK && a->weights.size > 0) {
     char what[96];
     snprintf(what, sizeof what, "%s weights", p->what);
-    st = mp_tensors_open(&a->weights, what, &p->weights, err);
+    st = mp_blob_copy(m->container, &a->weights, what, &p->weights_copy, err);
+    mp_blob weights = a->weights;
+    weights.data = p->weights_copy;
+    if (st == MLPACK_OK) st = mp_tensors_open(&weights, what, &p->weights, err);
     p->have_weights = st == MLPACK_OK;
   }
   if (st == MLPACK_OK) st = mp_compile_program(p, mp_json_root(p->doc), err);

@@ -201,6 +201,10 @@ static int mp_runtime_fault(const mp_artifact *a, const mp_host *h, char *why, s
 }
 
 static int mp_host_fault(const mp_artifact *a, const mp_host *h, char *why, size_t n) {
+  if (a->absent) {   /* runtime/select.py NOT_PULLED */
+    snprintf(why, n, "not in this partial container (mlpack pull --all fetches every artifact)");
+    return 1;
+  }
   return mp_platform_fault(a, h, why, n) || mp_device_fault(a, h, why, n) || mp_feature_fault(a, h, why, n) ||
          mp_runtime_fault(a, h, why, n);
 }

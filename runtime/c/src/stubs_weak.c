@@ -64,6 +64,10 @@ MP_WEAK void mp_pool_run(mp_pool *p, uint32_t count, void (*fn)(void *ctx, uint3
   for (uint32_t i = 0; i < count; i++) fn(ctx, i);
 }
 
+MP_WEAK mp_pool *mp_pool_acquire(mp_pool *p) { return p; }   /* serial: nothing to share */
+
+MP_WEAK void mp_pool_release(mp_pool *p) { (void)p; }
+
 MP_WEAK void mp_pool_destroy(mp_pool *p) { free(p); }
 
 MP_WEAK mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
@@ -88,11 +92,4 @@ MP_WEAK mlpack_status mp_run_output(const mp_run *run, size_t i, const int64_t *
   return mp_fail(err, MLPACK_ERR_LOAD, "mp_run_output is not built into this libmlpack");
 }
 
-MP_WEAK void mp_run_release(mlpack_model *m) {
-  if (!m) return;
-  for (size_t i = 0; m->out_data && i < m->output_count; i++) free(m->out_data[i]);
-  free(m->out_data);
-  free(m->out_shapes);
-  m->out_data = NULL;
-  m->out_shapes = NULL;
-}
+MP_WEAK void mp_run_release(mlpack_model *m) { (void)m; }   /* (no run ever made a context) */

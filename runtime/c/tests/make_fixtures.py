@@ -3,8 +3,9 @@
     python3 runtime/c/tests/make_fixtures.py OUT_DIR
 
 Native: tests/kernels/mlp_kernels.c is compiled (cc -shared -fPIC -nostdlib) into kernel
-libraries (a good one, one with a wrong ABI version, one without the table symbol) and put in
-cpu artifacts with a plan (SPEC.md section 7). Portable: small IR graphs (spec/ir text) cover
+libraries (a good one, one with a wrong ABI version, one without the table symbol, one with a
+version-1 table that records no bindings, one whose bindings are malformed) and put in cpu artifacts with a plan (SPEC.md section
+7), some of which disagree with the kernels' bindings (ABI 1.3). Portable: small IR graphs (spec/ir text) cover
 each construct of the interpreter; their expected outputs come from the NumPy reference
 interpreter (spec.ir.interp.run_graph). For every container NAME.mlpack, NAME.vectors is a
 tensor archive of "case<i>/input/<name>" and "case<i>/output/<name>" arrays ({"cases": N}).
@@ -257,6 +258,13 @@ def mlp_plan(second_kernel: int = 1, weight_b: str = "b") -> dict:
                            {"kernel": second_kernel, "workgroups": "$batch", "bindings": [2, 3, 4]}]}
 
 
+def rebound_plan(dispatch: int, bindings: list[int]) -> dict:
+    """mlp_plan with dispatch ``dispatch`` binding ``bindings`` instead (ABI 1.3's checks)."""
+    plan = mlp_plan()
+    plan["dispatches"][dispatch]["bindings"] = bindings
+    return plan
+
+
 def computed_plan(minor: int = 1, bound="$n") -> dict:
     """Plan ABI 1.1: $count is computed by dispatch 0 (kernel `compact`), bounded by $n."""
     scratch = ["mul", "$n", 4]
@@ -299,11 +307,19 @@ def write_native(out: str) -> None:
     sig_out = [c.signature("y", "f32", [("batch", "$batch"), ("m", 3)])]
     features = ("neon",) if target == "aarch64" else ()
     libs = {"good": build_kernels(out, "kernels_good"), "bad_abi": build_kernels(out, "kernels_bad_abi", ["BAD_ABI"]),
-            "no_table": build_kernels(out, "kernels_no_table", ["NO_TABLE"])}
+            "no_table": build_kernels(out, "kernels_no_table", ["NO_TABLE"]),
+            "table_v1": build_kernels(out, "kernels_table_v1", ["TABLE_V1"]),
+            "bad_bindings": build_kernels(out, "kernels_bad_bindings", ["BAD_BINDINGS"])}
     variants = {"native_mlp": ("good", mlp_plan()), "native_bad_abi": ("bad_abi", mlp_plan()),
                 "native_no_table": ("no_table", mlp_plan()), "native_fail": ("good", mlp_plan(second_kernel=2)),
                 "native_no_weight": ("good", mlp_plan(weight_b="ghost")),
-                "native_bad_kernel": ("good", {**mlp_plan(), "dispatches": [{"kernel": 9, "workgroups": 1, "bindings": []}]})}
+                "native_bad_kernel": ("good", {**mlp_plan(), "dispatches": [{"kernel": 9, "workgroups": 1, "bindings": []}]}),
+                # ABI 1.3: a version-1 table still runs; a version-2 one is checked against
+                "native_table_v1": ("table_v1", mlp_plan()),
+                "native_bad_bindings": ("bad_bindings", mlp_plan()),
+                "native_missing_binding": ("good", rebound_plan(1, [2, 3])),
+                "native_weight_written": ("good", rebound_plan(1, [2, 4, 3])),
+                "native_input_written": ("good", rebound_plan(0, [2, 1, 0]))}
     for name, (lib, plan) in variants.items():
         config = c.make_config("mlp", sig_in, sig_out, device="cpu", precision="fp32", target=target,
                                accuracy=ACCURACY, cpu_features=features, plan=plan)

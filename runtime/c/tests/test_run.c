@@ -3,7 +3,8 @@
  * Fixtures come from tests/make_fixtures.py (`make test` builds them into build/fixtures;
  * MLPACK_FIXTURES overrides the folder). Native: hand-written kernel libraries loaded from
  * memory, the plan's arena, weights and dispatches, the pool; a wrong ABI, a missing table, a
- * failing kernel and a plan naming a missing weight or kernel. Portable: every program of
+ * failing kernel, a plan naming a missing weight or kernel, and (ABI 1.3) plans whose bindings
+ * disagree with the kernel table's, which a version-1 table does not record. Portable: every program of
  * fixtures.list against the NumPy interpreter's outputs; input checks and their messages.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -229,10 +230,23 @@ static void expect_open_error(const char *name, mlpack_status code, const char *
 }
 
 static void test_native_errors(void) {
-  expect_open_error("native_bad_abi", MLPACK_ERR_VERSION, "ABI 99");
+  expect_open_error("native_bad_abi", MLPACK_ERR_VERSION, "table is version 99");
   expect_open_error("native_no_table", MLPACK_ERR_LOAD, "mlpack_kernel_table_v1");
   expect_open_error("native_no_weight", MLPACK_ERR_FORMAT, "ghost");
   expect_open_error("native_bad_kernel", MLPACK_ERR_FORMAT, "kernel");
+  /* ABI 1.3: a dispatch binding one buffer too few would have its kernel read a NULL binding */
+  expect_open_error("native_missing_binding", MLPACK_ERR_FORMAT,
+                    "plan dispatch 1 binds 2 buffers, but its kernel 1 ('bias_relu') takes 3 ('rrw')");
+  expect_open_error("native_weight_written", MLPACK_ERR_FORMAT,
+                    "plan dispatch 1 binding 2 is buffer 3 (weight 'b'), which its kernel 1 ('bias_relu') writes");
+  expect_open_error("native_input_written", MLPACK_ERR_FORMAT,
+                    "plan dispatch 0 binding 2 is buffer 0 (input 0 'x'), which its kernel 0 ('matmul') writes");
+  expect_open_error("native_bad_bindings", MLPACK_ERR_LOAD, "kernel 4 of the table has malformed bindings");
+  mlpack_model *v1 = expect_open("native_table_v1", 1);  /* records no bindings: runs unchecked */
+  if (v1) {
+    run_cases("native_mlp", v1, 2);
+    mlpack_close(v1);
+  }
   mlpack_model *m = expect_open("native_fail", 2);
   if (!m) return;
   float x[8] = {0};

@@ -1,8 +1,10 @@
 """A small single-threaded executor of cpu artifacts, per spec/SPEC.md section 7.
 
 It loads the artifact's shared object with ctypes (from a temporary file), calls
-``mlpack_kernel_table_v1``, checks the ABI version, binds symbols from the inputs' shapes,
-lays out the arena, and runs every dispatch's workgroups in order. The codegen tests use it so
+``mlpack_kernel_table_v1``, checks the table's version, checks every dispatch's bindings against
+the table's record of its kernel's (ABI 1.3: the count, and no written binding on an input or a
+weight, as the engine's plan.c does), binds symbols from the inputs' shapes, lays out the arena,
+and runs every dispatch's workgroups in order. The codegen tests use it so
 they do not depend on the C engine.
 """
 
@@ -49,8 +51,10 @@ KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(Dispatch), ctypes.c_uin
 
 
 class Table(ctypes.Structure):
+    # `bindings` is there in a version-2 table only (ABI 1.3): read it only then
     _fields_ = [("abi_version", ctypes.c_uint32), ("kernel_count", ctypes.c_uint32),
-                ("kernels", ctypes.POINTER(ctypes.c_void_p)), ("names", ctypes.POINTER(ctypes.c_char_p))]
+                ("kernels", ctypes.POINTER(ctypes.c_void_p)), ("names", ctypes.POINTER(ctypes.c_char_p)),
+                ("bindings", ctypes.POINTER(ctypes.c_char_p))]
 
 
 def eval_expr(e, syms: dict[str, int]) -> int:
@@ -79,16 +83,35 @@ class Library:
         fn = self.lib.mlpack_kernel_table_v1
         fn.restype = ctypes.POINTER(Table)
         table = fn().contents
-        if table.abi_version != 1:
-            raise RuntimeError(f"kernel table abi {table.abi_version}, this runner reads 1")
+        if table.abi_version not in (1, 2):
+            raise RuntimeError(f"kernel table version {table.abi_version}, this runner reads 1 and 2")
         self.names = [table.names[i].decode() for i in range(table.kernel_count)]
         self.kernels = [KERNEL(table.kernels[i]) for i in range(table.kernel_count)]
+        # per kernel, 'r'/'w' per binding (version 2), else None: nothing to check against
+        self.bindings = ([table.bindings[i].decode() for i in range(table.kernel_count)]
+                         if table.abi_version >= 2 else None)
+
+    def check_plan(self, plan: dict) -> None:
+        """Raise if a dispatch binds another number of buffers than its kernel takes, or an input
+        or a weight where its kernel writes (what the engine refuses)."""
+        if self.bindings is None:
+            return
+        for i, disp in enumerate(plan["dispatches"]):
+            kinds, name = self.bindings[disp["kernel"]], self.names[disp["kernel"]]
+            if len(disp["bindings"]) != len(kinds):
+                raise RuntimeError(f"dispatch {i} binds {len(disp['bindings'])} buffers, its kernel "
+                                   f"{name} takes {len(kinds)} ({kinds})")
+            for j, (b, kind) in enumerate(zip(disp["bindings"], kinds)):
+                if kind == "w" and plan["buffers"][b]["kind"] in ("input", "weight"):
+                    raise RuntimeError(f"dispatch {i} binding {j}: kernel {name} writes "
+                                       f"a {plan['buffers'][b]['kind']} buffer")
 
 
 def run_plan(artifact, graph: Graph, inputs: dict[str, np.ndarray], lib: Library | None = None):
     """Run ``artifact`` on ``inputs`` (arrays in port layout); outputs by name, in port layout."""
     lib = lib or Library(artifact.elf)
     plan = artifact.plan
+    lib.check_plan(plan)
     arrays_in = [np.ascontiguousarray(inputs[p.name], dtype=dt.to_numpy(graph.types[p.name].dtype))
                  for p in graph.inputs]
     syms = {}

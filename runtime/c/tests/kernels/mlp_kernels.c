@@ -3,7 +3,13 @@
  * Built by make_fixtures.py with `cc -shared -fPIC -nostdlib -ffreestanding`: like the
  * compiler's libraries it imports nothing. y = relu(x @ w + b) with x f32[batch, 4],
  * w f32[4, 3], b f32[3]; one workgroup per row; push[0] is batch. Variants (-D) break one rule
- * each: BAD_ABI (abi_version 99), NO_TABLE (the symbol is not exported).
+ * each: BAD_ABI (abi_version 99), NO_TABLE (the symbol is not exported), BAD_BINDINGS (a kernel's
+ * bindings hold a character other than 'r' and 'w'); TABLE_V1 exports the table of ABI 1.0-1.2
+ * (version 1: no bindings, which the engine still runs, unchecked).
+ *
+ * The table is version 2 (ABI 1.3): each kernel's bindings, 'r' read or 'w' written, in the order
+ * its dispatches bind them; the engine refuses a plan that binds another number of buffers, or a
+ * weight or input where a kernel writes.
  *
  * A computed symbol (plan ABI 1.1): y = 2 * (the positive elements of x), x f32[n]. `compact`
  * (one workgroup) keeps the positives in a scratch at its bound n and writes their count into
@@ -66,11 +72,19 @@ static int32_t twice(const mlpack_dispatch *d, uint32_t w) {
 
 static const mlpack_kernel_fn kernels[] = {matmul, bias_relu, broken, compact, twice};
 static const char *const names[] = {"matmul", "bias_relu", "broken", "compact", "twice"};
-
-#ifdef BAD_ABI
-static const mlpack_kernel_table table = {99u, 5, kernels, names};
+/* `broken` takes bias_relu's bindings (the plan runs it in its place) */
+#ifdef BAD_BINDINGS
+static const char *const bindings[] = {"rrw", "rrw", "rrw", "wr", "wx"};
 #else
-static const mlpack_kernel_table table = {MLPACK_ABI_VERSION, 5, kernels, names};
+static const char *const bindings[] = {"rrw", "rrw", "rrw", "wr", "wr"};
+#endif
+
+#if defined(BAD_ABI)
+static const mlpack_kernel_table table = {99u, 5, kernels, names, bindings};
+#elif defined(TABLE_V1)
+static const mlpack_kernel_table table = {1u, 5, kernels, names};
+#else
+static const mlpack_kernel_table table = {MLPACK_KERNEL_TABLE_VERSION, 5, kernels, names, bindings};
 #endif
 
 #ifdef NO_TABLE
