@@ -252,6 +252,9 @@ def _run(exe: Path, path: str, art: Artifact, cases: list, emu: Emulator,
         if proc.returncode == 3:  # the emulated host cannot run it either: its verdict says why
             why = proc.stdout.strip().removeprefix("passed-over ").removeprefix("passed over: ")
             raise NotEmulated(f"{emu.qemu} passes it over too: {why}")
+        crash = _emulator_crash(proc, emu)
+        if crash:
+            raise NotEmulated(crash)
         if proc.returncode != 0:
             raise Error(_failure(proc))
         got = [{} for _ in cases]
@@ -279,6 +282,21 @@ def _input(feeds: dict, sig: dict, case: int) -> np.ndarray:
     if a.dtype != want:
         raise Error(f"test case {case}: input {name!r} is {a.dtype}, the model takes {want}")
     return a
+
+
+def _emulator_crash(proc: subprocess.CompletedProcess, emu: Emulator) -> str | None:
+    """Why the run says nothing about the artifact, when qemu itself failed: an assertion of
+    its own on stderr (qemu 7.2's RISC-V translator aborts on some vector code, ``decode_save_opc:
+    Assertion `ctx->insn_start != NULL'``, qemu issue 1441, fixed in qemu 8.1), whatever signal
+    the program then dies of. None when the program ran (or failed) on its own."""
+    if proc.returncode == 0:
+        return None
+    own = [ln.strip() for ln in proc.stderr.splitlines()
+           if ln.startswith(f"{os.path.basename(emu.qemu)}:") and "Assertion" in ln]
+    if not own:
+        return None
+    return (f"{emu.qemu} itself failed ({own[0]}), a bug of this qemu, not of the artifact; "
+            "validate it on such a machine or under a newer qemu")
 
 
 def _failure(proc: subprocess.CompletedProcess) -> str:

@@ -236,3 +236,22 @@ def test_a_run_over_the_build_limit_is_skipped_with_the_reason(mlp, tmp_path, mo
     arm = report.artifacts[AARCH64]
     assert not arm.validated and "ran over 0.001 s under qemu-aarch64" in arm.reason
     assert report.artifacts[X86].validated
+
+
+def test_a_crash_of_qemu_itself_is_not_the_artifacts(mlp, tmp_path, monkeypatch):
+    """qemu 7.2's RISC-V translator aborts on some vector code (qemu issue 1441): an assertion of
+    qemu's own on stderr says the run proved nothing either way, so the artifact is listed as
+    not validated with that reason instead of dead on arrival. A fake qemu plays the crash."""
+    path = str(mlp[0])
+    from mlpack.runtime import load
+
+    with load(path) as model:
+        verdict = model.verdicts[AARCH64]
+    fake = tmp_path / "bin" / ARM64.qemu
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho \"qemu-aarch64: ../../target/arm/translate.c:213: f: "
+                    "Assertion \\`ctx->insn_start != NULL' failed.\" >&2\nkill -SEGV $$\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(emulate.NotEmulated, match=r"qemu-aarch64 itself failed .*Assertion"):
+        emulate.validate(path, verdict.artifact, verdict.reason, ARM64)
