@@ -547,6 +547,11 @@ def _inspect_lines(doc: dict) -> list[str]:
     lines += [f"output:     {_sig_text(s)}" for s in doc["outputs"]]
     lines.append(f"artifacts:  {len(doc['artifacts'])}")
     for a in doc["artifacts"]:
+        if not a.get("present", True):   # a partial container's (spec/SPEC.md section 2)
+            lines.append(f"  [{a['index']}] {a['device']:<8} {'-':<10} {a['precision']:<5} "
+                         f"platform {_platform_doc(a['platform'])}, not in this partial "
+                         "container (mlpack pull --all fetches it)")
+            continue
         timed = a.get("latency") or {}
         speed = (f", {timed['seconds'] * 1e3:.3g} ms a run at build ({timed.get('threads', 1)} "
                  f"thread)" if isinstance(timed.get("seconds"), (int, float)) else "")

@@ -210,3 +210,10 @@ def test_run_missing_input_and_bad_device_exit_2(container, tmp_path):
 def test_run_broken_container_exit_2(tmp_path):
     bad = os.path.join(CONFORMANCE, "err_truncated.mlpack")
     _assert_user_error(invoke("run", bad, "-o", tmp_path / "out"), "truncated")
+
+
+def test_inspect_a_partial_container_says_what_was_left_out():
+    result = invoke("inspect", os.path.join(CONFORMANCE, "ok_partial.mlpack"))
+    assert result.exit_code == 0, result.output
+    left = [ln for ln in result.stdout.splitlines() if "not in this partial container" in ln]
+    assert len(left) == 3 and all("max err" not in ln for ln in left), result.stdout
