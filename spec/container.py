@@ -847,9 +847,7 @@ class Container:
         m = self._blob_member(desc["digest"], where)
         if m.size > MAX_JSON:
             raise ManifestError(f"{where} is {m.size} bytes, larger than a JSON document may be")
-        data = _pread(self._file, m.offset, m.size)
-        if digest_of(data) != desc["digest"]:  # JSON documents are always verified: they are read
-            raise DigestError(f"{where}: blob {_short(desc['digest'])} does not match its digest")
+        data = self.read_verified(desc["digest"], where)   # always verified: they are read
         self._verified.add(desc["digest"])
         return parse_json(data, where)
 
@@ -883,8 +881,7 @@ class Container:
                                 f"{limit}")
         data = _pread(self._file, m.offset, m.size)
         if digest_of(data) != digest:
-            raise DigestError(f"{where}: blob {_short(digest)} does not match its digest (the "
-                              "file changed or is corrupt)")
+            raise DigestError(f"{where}: blob {_short(digest)} does not match its digest")
         return data
 
     def fileno(self) -> int:

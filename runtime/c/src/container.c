@@ -667,9 +667,26 @@ static mlpack_status mp_verify(mp_reader *r, const char *digest, const char *whe
   return mp_mark_verified(r, digest);
 }
 
+/* n bytes at off read into buf and checked against digest: what a caller keeps is what was
+ * hashed (never a second read, never the mapping). */
+static mlpack_status mp_read_checked(mp_reader *r, uint64_t off, size_t n, const char *digest,
+                                     const char *where, uint8_t *buf) {
+  char sbuf[32];
+  mlpack_status st = mp_read_at(r, off, buf, n);
+  if (st) return st;
+  mp_sha256 s;
+  uint8_t hash[32];
+  mp_sha256_init(&s);
+  mp_sha256_update(&s, buf, n);
+  mp_sha256_final(&s, hash);
+  if (!mp_digest_matches(hash, digest))
+    return mp_fail(r->err, MLPACK_ERR_DIGEST, "%s: blob %s does not match its digest", where,
+                   mp_short(digest, sbuf));
+  return MLPACK_OK;
+}
+
 /* A JSON blob: read once, always verified (it is read anyway), parsed. */
 static mlpack_status mp_json_blob(mp_reader *r, const char *digest, const char *where, const mp_json **out) {
-  char sbuf[32];
   const mp_member *m = mp_blob_member(r, digest, where);
   if (!m) return MLPACK_ERR_FORMAT;
   if (m->size > MP_MAX_JSON)
@@ -677,17 +694,7 @@ static mlpack_status mp_json_blob(mp_reader *r, const char *digest, const char *
                    (unsigned long long)m->size);
   uint8_t *buf = malloc(m->size ? (size_t)m->size : 1);
   if (!buf) return mp_nomem(r);
-  mlpack_status st = mp_read_at(r, m->offset, buf, (size_t)m->size);
-  if (!st) {
-    mp_sha256 s;
-    uint8_t hash[32];
-    mp_sha256_init(&s);
-    mp_sha256_update(&s, buf, (size_t)m->size);
-    mp_sha256_final(&s, hash);
-    if (!mp_digest_matches(hash, digest))
-      st = mp_fail(r->err, MLPACK_ERR_DIGEST, "%s: blob %s does not match its digest", where,
-                   mp_short(digest, sbuf));
-  }
+  mlpack_status st = mp_read_checked(r, m->offset, (size_t)m->size, digest, where, buf);
   if (!st) st = mp_mark_verified(r, digest);
   if (!st) st = mp_parse_doc(r, 0, m->size, where, out, buf);
   free(buf);
@@ -1054,18 +1061,7 @@ static mlpack_status mp_read_verified(mp_reader *r, const char *digest, uint64_t
                    mp_short(digest, sbuf), (unsigned long long)m->size, (unsigned long long)limit);
   uint8_t *buf = malloc(m->size ? (size_t)m->size : 1);
   if (!buf) return mp_nomem(r);
-  mlpack_status st = r->fd < 0 ? (memcpy(buf, r->mem + m->offset, (size_t)m->size), MLPACK_OK)
-                               : mp_read_at(r, m->offset, buf, (size_t)m->size);
-  uint8_t hash[32];
-  if (!st) {
-    mp_sha256 s;
-    mp_sha256_init(&s);
-    mp_sha256_update(&s, buf, (size_t)m->size);
-    mp_sha256_final(&s, hash);
-    if (!mp_digest_matches(hash, digest))
-      st = mp_fail(r->err, MLPACK_ERR_DIGEST, "%s: blob %s does not match its digest", where,
-                   mp_short(digest, sbuf));
-  }
+  mlpack_status st = mp_read_checked(r, m->offset, (size_t)m->size, digest, where, buf);
   if (st) { free(buf); return st; }
   *out = buf;
   *size = (size_t)m->size;
@@ -1279,18 +1275,7 @@ mlpack_status mp_blob_copy(const mp_container *c, const mp_blob *b, const char *
                    b->digest);
   mp_reader r = {.c = (mp_container *)c, .path = c->path, .fd = c->fd, .mem = c->map, .size = c->size,
                  .err = err};
-  mlpack_status st = c->fd < 0 ? (memcpy(buf, b->data, b->size), MLPACK_OK)
-                               : mp_read_at(&r, b->offset, buf, b->size);
-  if (!st) {
-    uint8_t hash[32];
-    mp_sha256 s;
-    mp_sha256_init(&s);
-    mp_sha256_update(&s, buf, b->size);
-    mp_sha256_final(&s, hash);
-    if (!mp_digest_matches(hash, b->digest))
-      st = mp_fail(err, MLPACK_ERR_DIGEST, "%s: blob %.19s... does not match its digest (the file changed "
-                   "or is corrupt)", what, b->digest);
-  }
+  mlpack_status st = mp_read_checked(&r, b->offset, b->size, b->digest, what, buf);
   if (st) { free(buf); return st; }
   *out = buf;
   return MLPACK_OK;
