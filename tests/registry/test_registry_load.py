@@ -116,7 +116,7 @@ def test_cli_inspect_validate_and_run_take_oci_references(mlp_container, proxy, 
     ref = f"oci://{proxy.host}/{repo}:v1"
     r = cli("inspect", ref)
     assert r.exit_code == 0, r.output
-    assert "model:      mlp (tag v1)" in r.stdout and "(not pulled)" in r.stdout
+    assert "model:      mlp (tag v1)" in r.stdout and "not in this partial container" in r.stdout
     r = cli("validate", ref)
     assert r.exit_code == 0, r.output
     assert " ok" in r.stdout and "not in this partial container" in r.stdout
