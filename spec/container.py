@@ -61,6 +61,25 @@ _REF_NAME = re.compile(r"[A-Za-z0-9]+(?:(?:[-._:@+]|--)[A-Za-z0-9]+)*(?:/[A-Za-z
 # ================================================================ shared pieces
 
 
+def is_digest(text) -> bool:
+    """Whether ``text`` is a digest this format takes: ``sha256:`` and 64 lowercase hex."""
+    return isinstance(text, str) and bool(_DIGEST.fullmatch(text))
+
+
+def descriptor_config(ann: dict, format_version: str = media.FORMAT_VERSION_STR) -> dict:
+    """The config fields selection reads, from a manifest descriptor's annotations alone (they
+    copy the config's: spec/SPEC.md section 2): what is known of an artifact that was not
+    fetched. The caller checks that the device and precision annotations are there."""
+    sm = ann.get(media.ANN_CUDA_SM)
+    return {"mlpack_format": format_version,
+            "artifact": {"device": ann[media.ANN_DEVICE], "precision": ann[media.ANN_PRECISION],
+                         "target": "(not pulled)", "cuda_sm": int(sm) if isinstance(sm, str) and sm.isdigit()
+                         else None,
+                         "cpu_features": [f for f in ann.get(media.ANN_CPU_FEATURES, "").split(",")
+                                          if f]},
+            "min_runtime": ann.get(media.ANN_MIN_RUNTIME, media.MIN_RUNTIME)}
+
+
 def canonical_json(obj) -> bytes:
     """The one JSON serialization the format uses: sorted keys, compact, ASCII, no NaN."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
@@ -781,8 +800,7 @@ class Container:
     def _absent(self, desc) -> bool:
         """A descriptor whose manifest is not in the file (only allowed when partial)."""
         digest = desc.get("digest") if isinstance(desc, dict) else None
-        return isinstance(digest, str) and bool(_DIGEST.fullmatch(digest)) and \
-            self._members.get(BLOB_DIR + digest.split(":", 1)[1]) is None
+        return is_digest(digest) and self._members.get(BLOB_DIR + digest.split(":", 1)[1]) is None
 
     def _absent_artifact(self, i: int, desc, where: str) -> Artifact:
         """An artifact a partial pull left out: known by its descriptor alone (selection reads
@@ -796,14 +814,7 @@ class Container:
             if key not in ann:
                 raise ManifestError(f"{where}: not in this partial container and without the "
                                     f"annotation {key!r}")
-        sm = ann.get(media.ANN_CUDA_SM)
-        config = {"artifact": {"device": ann[media.ANN_DEVICE],
-                               "precision": ann[media.ANN_PRECISION], "target": "(not pulled)",
-                               "cpu_features": [f for f in ann.get(media.ANN_CPU_FEATURES, "")
-                                                .split(",") if f],
-                               "cuda_sm": int(sm) if sm and sm.isdigit() else None},
-                  "min_runtime": ann.get(media.ANN_MIN_RUNTIME, media.MIN_RUNTIME)}
-        return Artifact(i, desc, {}, config, [], present=False)
+        return Artifact(i, desc, {}, descriptor_config(ann), [], present=False)
 
     def _layer(self, desc, where: str) -> LayerRef:
         desc = self._descriptor(desc, None, where)
@@ -824,7 +835,7 @@ class Container:
             raise MediaTypeError(f"{where}: mediaType is {found!r}, expected {media_type!r}")
         digest = _field(desc, "digest", str, where)
         size = _field(desc, "size", int, where)
-        if not _DIGEST.fullmatch(digest):
+        if not is_digest(digest):
             raise ManifestError(f"{where}: digest {digest[:80]!r} is not 'sha256:' and 64 lowercase hex")
         if size < 0:
             raise ManifestError(f"{where}: size {size} is negative")
@@ -912,7 +923,7 @@ class Container:
         """A zero-copy, read-only view of a blob's bytes in the mapped file."""
         if self._map is None:
             raise ValueError(f"{self.path}: container is closed")
-        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        if not is_digest(digest):
             raise MissingBlobError(f"{self.path}: {digest!r} is not a sha256 digest")
         m = self._blob_member(digest, self.path)
         return memoryview(self._map)[m.offset:m.offset + m.size]
@@ -945,4 +956,5 @@ def open_container(path, verify: bool = True) -> Container:
 
 
 __all__ = ["Layer", "ArtifactSpec", "LayerRef", "Artifact", "Container", "FormatError",
-           "write_container", "open_container", "make_config", "signature", "canonical_json"]
+           "write_container", "open_container", "make_config", "signature", "canonical_json",
+           "is_digest", "descriptor_config"]

@@ -207,8 +207,17 @@ def _descriptor(data: bytes, media_type: str, **extra) -> dict:
     return {"mediaType": media_type, "digest": digest_of(data), "size": len(data), **extra}
 
 
-def _signature_tag(nested_digest: str) -> str:
-    return nested_digest.replace(":", "-") + ".sig"   # cosign's tag for an image's signatures
+def signature_tag(nested_digest: str) -> str:
+    """cosign's tag for an image's signatures: ``sha256-<hex of the nested index>.sig``."""
+    return nested_digest.replace(":", "-") + ".sig"
+
+
+def signature_entry(manifest_digest: str, size: int, nested_digest: str) -> dict:
+    """index.json's entry for the signature manifest of the container whose nested index is
+    ``nested_digest`` (what signing writes and a registry pull writes back)."""
+    return {"mediaType": media.OCI_MANIFEST, "digest": manifest_digest, "size": size,
+            "artifactType": media.SIGNATURE_ARTIFACT_TYPE,
+            "annotations": {media.REF_NAME: signature_tag(nested_digest)}}
 
 
 def sign(path, key_path, identity: str | None = None) -> str:
@@ -241,9 +250,7 @@ def signed_members(c: Container, key, identity: str | None = None) -> list[tuple
         "config": _descriptor(EMPTY_CONFIG, media.OCI_EMPTY),
         "layers": layers,
         "subject": {k: nested[k] for k in ("mediaType", "digest", "size")}})
-    entry = _descriptor(manifest, media.OCI_MANIFEST,
-                        artifactType=media.SIGNATURE_ARTIFACT_TYPE,
-                        annotations={media.REF_NAME: _signature_tag(c.nested_digest)})
+    entry = signature_entry(digest_of(manifest), len(manifest), c.nested_digest)
     index = dict(c.index, manifests=[nested, entry],
                  annotations={**c.index.get("annotations", {}),
                               media.ANN_FORMAT_VERSION: SIGNED_FORMAT_VERSION})
@@ -332,4 +339,5 @@ def verify_file(path, trusted) -> str:
 
 
 __all__ = ["keygen", "sign", "check", "verify_file", "load_trusted_keys", "load_signing_key",
-           "key_id", "payload", "policy_spec", "TrustedKeys", "SIGNED_FORMAT_VERSION"]
+           "key_id", "payload", "policy_spec", "TrustedKeys", "SIGNED_FORMAT_VERSION",
+           "signature_tag", "signature_entry", "signed_members"]

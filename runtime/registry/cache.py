@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import tempfile
 from pathlib import Path
 
 from mlpack.spec import environment
-from mlpack.spec.container import digest_of
+from mlpack.spec.container import digest_of, is_digest
 from mlpack.spec.errors import RegistryError
 
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def default_root() -> Path:
@@ -51,7 +49,7 @@ class Cache:
     # ---- blobs
 
     def blob_path(self, digest: str) -> Path:
-        if not _DIGEST.fullmatch(digest):
+        if not is_digest(digest):
             raise RegistryError(f"{digest!r} is not a sha256 digest")
         return self.root / "blobs" / "sha256" / digest.split(":", 1)[1]
 

@@ -20,7 +20,7 @@ import re
 from types import SimpleNamespace
 
 from mlpack.spec import media
-from mlpack.spec.container import Artifact, LayerRef
+from mlpack.spec.container import Artifact, LayerRef, descriptor_config, is_digest
 from mlpack.spec.errors import RegistryError
 
 from mlpack.runtime.host import X86_LEVELS, Host, with_aliases
@@ -29,7 +29,6 @@ from mlpack.runtime.select import Verdict, select_artifact
 # the code format each device's artifacts carry (what select.py checks a runtime can execute)
 CODE_FOR_DEVICE = {"portable": media.PROGRAM_PORTABLE, "cpu": media.CODE_ELF,
                    "cuda": media.CODE_PTX}
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def descriptor_artifacts(index: dict, where: str) -> list[Artifact]:
@@ -40,7 +39,7 @@ def descriptor_artifacts(index: dict, where: str) -> list[Artifact]:
         w = f"{where}: nested index manifests[{i}]"
         if not isinstance(desc, dict) or desc.get("mediaType") != media.OCI_MANIFEST:
             raise RegistryError(f"{w} is not an OCI image manifest descriptor")
-        if not _DIGEST.fullmatch(str(desc.get("digest"))) or not isinstance(desc.get("size"), int):
+        if not is_digest(desc.get("digest")) or not isinstance(desc.get("size"), int):
             raise RegistryError(f"{w}: digest or size missing or malformed")
         ann = desc.get("annotations") or {}
         device, precision = ann.get(media.ANN_DEVICE), ann.get(media.ANN_PRECISION)
@@ -48,13 +47,7 @@ def descriptor_artifacts(index: dict, where: str) -> list[Artifact]:
             raise RegistryError(f"{w}: without the annotations {media.ANN_DEVICE} and "
                                 f"{media.ANN_PRECISION}, a host cannot choose it without "
                                 "pulling it (mlpack pull --all)")
-        sm = ann.get(media.ANN_CUDA_SM)
-        features = [f for f in ann.get(media.ANN_CPU_FEATURES, "").split(",") if f]
-        sm = int(sm) if isinstance(sm, str) and sm.isdigit() else None
-        config = {"mlpack_format": version,
-                  "artifact": {"device": device, "precision": precision, "target": "",
-                               "cpu_features": features, "cuda_sm": sm},
-                  "min_runtime": ann.get(media.ANN_MIN_RUNTIME, media.MIN_RUNTIME)}
+        config = descriptor_config(ann, version)
         code = CODE_FOR_DEVICE.get(device)
         layers = [LayerRef(code, desc["digest"], 0, 0)] if code else []
         out.append(Artifact(i, desc, {}, config, layers))

@@ -22,12 +22,7 @@ from __future__ import annotations
 
 from mlpack.spec import media
 from mlpack.spec.container import BLOB_DIR, canonical_json
-from mlpack.spec.signing import SIGNED_FORMAT_VERSION
-
-
-def signature_tag(nested_digest: str) -> str:
-    """cosign's tag for an image's signatures: ``sha256-<hex>.sig`` (spec/signing.py's too)."""
-    return nested_digest.replace(":", "-") + ".sig"
+from mlpack.spec.signing import SIGNED_FORMAT_VERSION, signature_entry
 
 
 def index_json(nested_digest: str, nested_size: int, tag: str, format_version: str,
@@ -36,10 +31,7 @@ def index_json(nested_digest: str, nested_size: int, tag: str, format_version: s
     tagged ``tag``, with these signature manifests (digest, size), partial or whole."""
     entries = [{"mediaType": media.OCI_INDEX, "digest": nested_digest, "size": nested_size,
                 "annotations": {media.REF_NAME: tag}}]
-    for digest, size in signatures:
-        entries.append({"mediaType": media.OCI_MANIFEST, "digest": digest, "size": size,
-                        "artifactType": media.SIGNATURE_ARTIFACT_TYPE,
-                        "annotations": {media.REF_NAME: signature_tag(nested_digest)}})
+    entries += [signature_entry(digest, size, nested_digest) for digest, size in signatures]
     # signatures and partial containers are format 1.2 (spec/SPEC.md section 3); "1.2" is also
     # what spec/signing.py writes into a signed file's index.json
     annotations = {media.ANN_FORMAT_VERSION: SIGNED_FORMAT_VERSION if signatures or partial
@@ -59,4 +51,4 @@ def members(index: bytes, blobs: dict) -> list[tuple[str, object]]:
     return sorted(out.items())
 
 
-__all__ = ["index_json", "members", "signature_tag"]
+__all__ = ["index_json", "members"]

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from mlpack.spec import media
 from mlpack.spec.container import BLOB_DIR, open_container
 from mlpack.spec.errors import RegistryError
+from mlpack.spec.signing import signature_tag
 
 from mlpack.runtime.registry.cache import Cache
 from mlpack.runtime.registry.client import RegistryClient
-from mlpack.runtime.registry.layout import signature_tag
 from mlpack.runtime.registry.reference import Reference, parse
 
 

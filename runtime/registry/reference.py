@@ -17,6 +17,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from mlpack.spec.container import is_digest
 from mlpack.spec.errors import RegistryError
 
 OCI_SCHEME = "oci://"
@@ -26,7 +27,6 @@ DEFAULT_TAG = "latest"
 _COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
 _REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
                    r"(?::[0-9]{1,5})?")
 
@@ -85,7 +85,7 @@ def parse(text: str, default_tag: str | None = DEFAULT_TAG) -> Reference:
     digest = None
     if "@" in rest:
         rest, digest = rest.split("@", 1)
-        if not _DIGEST.fullmatch(digest):
+        if not is_digest(digest):
             raise RegistryError(f"{text!r}: {digest!r} is not a digest (sha256: and 64 lowercase "
                                 "hex digits)")
     registry, slash, path = rest.partition("/")

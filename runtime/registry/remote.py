@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from mlpack.spec import media
 from mlpack.spec.container import Signature, parse_json, parse_version
 from mlpack.spec.errors import RegistryError
+from mlpack.spec.signing import signature_tag
 
 from mlpack.runtime.registry.cache import Cache
 from mlpack.runtime.registry.client import Document, RegistryClient
-from mlpack.runtime.registry.layout import signature_tag
 from mlpack.runtime.registry.reference import Reference
 
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"

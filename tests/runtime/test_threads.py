@@ -13,6 +13,7 @@ test_c_execution.py.
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -100,28 +101,19 @@ def test_portable_artifact_from_threads(mlp):
         _check_threaded(m.run, _cases()[:8])
 
 
-NONZERO = """graph "nonzero" {
-  in %x: f32{n=$len} (n)
-  %idx: i64{k=$nnz}, %val: f32{k=$nnz} = proc bounds{$nnz=$len} {
-    let count: i64 = 0
-    for i in $len {
-      if ne(%x[n=i], 0.0) {
-        %idx[k=count] = i
-        %val[k=count] = %x[n=i] * 2.0
-        let count: i64 = count + 1
-      }
-    }
-    size $nnz = count
-  }
-  out %idx (k)
-  out %val (k)
-}"""
+def _nonzero_graph() -> str:
+    """The C tests' NonZero procedure (runtime/c/tests/make_fixtures.py), one graph for both."""
+    spec = importlib.util.spec_from_file_location(
+        "mlpack_c_fixtures", ROOT / "runtime" / "c" / "tests" / "make_fixtures.py")
+    fixtures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixtures)
+    return fixtures.PORTABLE["nonzero"][0]
 
 
 def test_engine_interpreter_with_data_dependent_output_from_threads(tmp_path):
     """The engine's C interpreter (run copies of its program), with outputs whose size only the
     run knows: mlpack_run allocates them in each calling thread's own context."""
-    g = parse_graph(NONZERO)
+    g = parse_graph(_nonzero_graph())
     path = write(tmp_path / "nonzero.mlpack", g, [artifact(g)])
     rng = np.random.default_rng(2)
     cases = []
