@@ -6,12 +6,14 @@ One algorithm, in three steps, written flat so the C engine can port it line for
    required CPU features, CUDA present with a high enough compute capability, ``min_runtime``
    newer than this runtime, and (when the caller says which code it can execute) a code format
    without a loader. Then drop what the caller excluded: device, precision, accuracy budget.
-2. **Rank** the rest. With an accuracy budget: the fastest: of a device, the artifact measured
-   fastest at build time (``latency``: the build timed them all on one host), and where none was
-   timed, the most specific target and then the narrowest precision. Without: the device
-   (native code before the portable interpreter, whatever its precision), the preferred
-   precision (fp32, the reference, first), then the most specific target: cuda > highest CPU
-   level > baseline CPU > portable.
+2. **Rank** the rest, fastest first, with or without an accuracy budget (the budget only drops
+   artifacts): the device (cuda > cpu > the portable interpreter, whatever the precision), then
+   of a device the artifact measured fastest at build time (``latency``: the build timed them
+   all on one host), and where none was timed, the most specific target (highest CPU level,
+   most features) and then the narrowest precision. Every artifact in a container passed its
+   precision's tolerance when it was built, so without a budget the fastest is the choice, as
+   a TensorRT engine built with fp16 allowed runs its fastest kernels; ``precision="fp32"``
+   pins the reference precision.
 3. **Explain**: every artifact gets a ``Verdict`` whose reason is a sentence a user can act on.
 
 Nothing here reads code or weights: the descriptor annotations (copies of config fields, made
@@ -31,9 +33,7 @@ from mlpack.spec.errors import Error, NoRunnableArtifactError
 
 from mlpack.runtime.host import Host
 
-# default precision preference: the reference first, then the closest to it
-PRECISION_PREFERENCE = ("fp32", "bf16", "fp16", "int8")
-# speed order under an accuracy budget: narrower is faster
+# speed order of artifacts the build did not time: narrower is faster
 PRECISION_SPEED = {"int8": 3, "fp16": 2, "bf16": 2, "fp32": 1}
 _CODE_NAMES = {media.PROGRAM_PORTABLE: "portable program", media.CODE_ELF: "native ELF code",
                media.CODE_PTX: "PTX code", media.CODE_CUBIN: "cubin code"}
@@ -246,17 +246,13 @@ def check_policy(device, precision, budget) -> None:
 # ---------------------------------------------------------------- step 2: rank
 
 
-def rank_key(art: Artifact, budget) -> tuple:
-    """Sort key, larger is better (see the module docstring)."""
-    if budget is not None:   # the measured fastest (build-time latency), else the most specific
-        seconds = latency(art)   # target and the narrowest precision
-        device, *rest = specificity(art)
-        measured = (1, -int(seconds * 1e9)) if seconds is not None else (0, 0)
-        return (device, *measured, *rest, PRECISION_SPEED.get(art.precision, 0), -art.index)
-    pref = (PRECISION_PREFERENCE.index(art.precision) if art.precision in PRECISION_PREFERENCE
-            else len(PRECISION_PREFERENCE))
+def rank_key(art: Artifact) -> tuple:
+    """Sort key, larger is better: the device, then the measured fastest (build-time latency),
+    then the most specific target and the narrowest precision (see the module docstring)."""
+    seconds = latency(art)
     device, *rest = specificity(art)   # native code before the interpreter, whatever precision
-    return (device, -pref, *rest, -art.index)
+    measured = (1, -int(seconds * 1e9)) if seconds is not None else (0, 0)
+    return (device, *measured, *rest, PRECISION_SPEED.get(art.precision, 0), -art.index)
 
 
 # ---------------------------------------------------------------- step 3: explain
@@ -272,14 +268,16 @@ def _chosen_reason(art: Artifact, device, budget, others: int) -> str:
         return "chosen: portable: runs anywhere; slower (no native artifact fits)"
     if others == 0:
         return f"chosen: {describe(art)} is the only artifact this host runs"
+    if latency(art) is not None:
+        return f"chosen: {describe(art)} is the fastest artifact this host runs (timed at build)"
     return f"chosen: {describe(art)} is the most specific artifact this host runs"
 
 
-def _loser_reason(art: Artifact, winner: Artifact, budget) -> str:
+def _loser_reason(art: Artifact, winner: Artifact) -> str:
     if art.device == "portable":
         return "portable: runs anywhere; slower"
-    if budget is None and art.precision != winner.precision:
-        return (f"passed over: {winner.precision} is preferred over {art.precision} "
+    if art.device == winner.device and art.precision != winner.precision:
+        return (f"passed over: {describe(winner)} ranks higher "
                 f"(ask for precision={art.precision!r})")
     return f"passed over: {describe(winner)} ranks higher"
 
@@ -293,8 +291,8 @@ def select_artifact(container, host: Host, *, device=None, precision=None, accur
                     code_types=None) -> tuple[Artifact, list[Verdict]]:
     """The artifact of ``container`` to run on ``host``, and a verdict for every artifact.
 
-    ``device``/``precision`` restrict the choice; ``accuracy_budget`` picks the fastest artifact
-    whose recorded ``max_error`` is within it. ``code_types`` is the set of code media types
+    ``device``/``precision`` restrict the choice; ``accuracy_budget`` drops every artifact whose
+    recorded ``max_error`` exceeds it; of the rest the fastest is chosen. ``code_types`` is the set of code media types
     the caller can execute (None: any known one, which is what ``mlpack inspect --host`` shows).
     Raises NoRunnableArtifactError naming each artifact and why it was passed over.
     """
@@ -313,14 +311,14 @@ def select_artifact(container, host: Host, *, device=None, precision=None, accur
         raise NoRunnableArtifactError(
             f"{container.path}: no artifact runs on this host ({host.describe()}) as requested:\n"
             + explain(verdicts))
-    winner = max(candidates, key=lambda a: rank_key(a, accuracy_budget))
+    winner = max(candidates, key=rank_key)
     runnable = sum(v.runnable for v in verdicts)
     for v in verdicts:
         if v.artifact is winner:
             v.chosen = True
             v.reason = _chosen_reason(winner, device, accuracy_budget, runnable - 1)
         elif not v.reason:
-            v.reason = _loser_reason(v.artifact, winner, accuracy_budget)
+            v.reason = _loser_reason(v.artifact, winner)
     return winner, verdicts
 
 

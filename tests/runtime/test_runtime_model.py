@@ -160,7 +160,7 @@ def test_validate_another_runnable_artifact(tmp_path, tiny):
     path = write(tmp_path / "v.mlpack", tiny, [
         artifact(tiny, cases=[{"x": _x(2)}]),
         artifact(tiny, precision="fp16", cases=[{"x": _x(2)}], err=1e-3, rtol=1e-2, atol=1e-3)])
-    with pytest.warns(PortableFallbackWarning), mlpack.load(path) as m:
+    with pytest.warns(PortableFallbackWarning), mlpack.load(path, precision="fp32") as m:
         assert m.artifact.precision == "fp32"
         other = m.validate(1)
         assert other.ok and other.artifact.precision == "fp16" and other.outputs[0].rtol == 1e-2

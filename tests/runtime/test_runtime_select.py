@@ -57,11 +57,15 @@ def test_missing_feature_is_named(tmp_path, tiny):
     assert _select(path, AVX2)[1][1].reason == "passed over: needs avx512f, this host lacks it"
 
 
-def test_arm64_host_picks_arm64_fp32_over_fp16(full):
+def test_arm64_host_without_a_budget_picks_the_fastest(full):
+    """No budget: the fastest artifact; none was timed, so the narrower precision of the more
+    specific target (fp16 with dotprod) outranks fp32; precision= pins fp32."""
     chosen, v = _select(full, ARM)
-    assert chosen == 4
-    assert v[5].reason == "passed over: fp32 is preferred over fp16 (ask for precision='fp16')"
+    assert chosen == 5
+    assert v[4].reason == ("passed over: arm64 cpu fp16 (artifact 5) ranks higher "
+                           "(ask for precision='fp32')")
     assert v[3].reason == "passed over: amd64, this host is arm64"
+    assert _select(full, ARM, precision="fp32")[0] == 4
 
 
 def test_old_x86_host_gets_portable(full):
@@ -73,8 +77,11 @@ def test_old_x86_host_gets_portable(full):
 
 def test_gpu_host_prefers_cuda_and_checks_the_sm(full, tmp_path, tiny):
     chosen, v = _select(full, GPU)
-    assert chosen == 6
-    assert v[2].reason == "passed over: cuda sm_80 fp32 (artifact 6) ranks higher"
+    assert chosen == 7   # cuda first; of its precisions, untimed, the narrower
+    assert v[2].reason == "passed over: cuda sm_80 fp16 (artifact 7) ranks higher"
+    assert v[6].reason == ("passed over: cuda sm_80 fp16 (artifact 7) ranks higher "
+                           "(ask for precision='fp32')")
+    assert _select(full, GPU, precision="fp32")[0] == 6
     path = write(tmp_path / "sm90.mlpack", tiny,
                  [artifact(tiny), artifact(tiny, "cuda", target="cuda", cuda_sm=90)])
     chosen, v = _select(path, GPU)
@@ -82,7 +89,7 @@ def test_gpu_host_prefers_cuda_and_checks_the_sm(full, tmp_path, tiny):
 
 
 def test_device_and_precision_requests(full):
-    chosen, v = _select(full, GPU, device="cpu")
+    chosen, v = _select(full, GPU, device="cpu", precision="fp32")
     assert chosen == 2 and v[6].reason == "passed over: device 'cpu' was requested"
     chosen, v = _select(full, GPU, precision="fp16")
     assert chosen == 7 and v[6].reason == "passed over: precision 'fp16' was requested"
@@ -123,14 +130,21 @@ def test_under_a_budget_a_measured_latency_outranks_the_precisions_name(tmp_path
         assert winner.index == 1 and "fastest artifact within the accuracy budget" in v[1].reason
     with open_container(box(1e-3, 0.5e-3)) as c:
         assert select_artifact(c, ARM, accuracy_budget=1e-2)[0].index == 2
-    with open_container(box(1e-3, 2e-3)) as c:     # no budget: fp32 first, timed or not
-        assert select_artifact(c, ARM)[0].index == 1
+    with open_container(box(1e-3, 2e-3)) as c:     # no budget: the fastest, as measured
+        winner, v = select_artifact(c, ARM)
+        assert winner.index == 1
+        assert v[1].reason == ("chosen: arm64 cpu fp32 (artifact 1) is the fastest artifact this "
+                               "host runs (timed at build)")
+    with open_container(box(1e-3, 0.5e-3)) as c:
+        assert select_artifact(c, ARM)[0].index == 2
+    with open_container(box(None, None)) as c:     # not timed: the narrower precision
+        assert select_artifact(c, ARM)[0].index == 2
 
 
 def test_without_a_budget_native_code_outranks_the_interpreter_at_any_precision(tmp_path, tiny):
     """A container whose only fp32 artifact is the portable one and whose native ones are int8
-    (`-t x86_64-v4-vnni -p int8`): the host runs the native int8 code, not the interpreter; a
-    native fp32 artifact, where there is one, still comes before the narrower precisions."""
+    (`-t x86_64-v4-vnni -p int8`): the host runs the native int8 code, not the interpreter;
+    beside a native fp32 artifact of the same target, untimed, the narrower one ranks first."""
     native = artifact(tiny, "cpu", "int8", target="aarch64", features=("neon",), err=2e-2)
     with open_container(write(tmp_path / "a.mlpack", tiny, [artifact(tiny), native])) as c:
         winner, v = select_artifact(c, ARM)
@@ -138,8 +152,9 @@ def test_without_a_budget_native_code_outranks_the_interpreter_at_any_precision(
     fp32 = artifact(tiny, "cpu", target="aarch64", features=("neon",))
     with open_container(write(tmp_path / "b.mlpack", tiny, [artifact(tiny), native, fp32])) as c:
         winner, v = select_artifact(c, ARM)
-        assert winner.index == 2
-        assert v[1].reason == "passed over: fp32 is preferred over int8 (ask for precision='int8')"
+        assert winner.index == 1
+        assert v[2].reason == ("passed over: arm64 cpu int8 (artifact 1) ranks higher "
+                               "(ask for precision='fp32')")
 
 
 def test_min_runtime_and_unknown_platforms_are_passed_over(tmp_path, tiny):
@@ -205,7 +220,7 @@ def test_selection_invariants(full_artifacts, subset, arch, level, features, sm,
         allowed = _policy_fault(v.artifact, device, precision, budget) is None
         assert v.runnable == (host_fault(v.artifact, host) is None)
         if v.runnable and allowed:
-            assert rank_key(v.artifact, budget) <= rank_key(winner, budget)
+            assert rank_key(v.artifact) <= rank_key(winner)
 
 
 @pytest.fixture(scope="module")

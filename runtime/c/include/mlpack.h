@@ -71,7 +71,8 @@ typedef struct mlpack_options {
   int threads;               /* worker threads; 0 = MLPACK_NUM_THREADS from the environment, else the core count */
   const char *device;        /* "cpu", "cuda", "portable" or NULL for any */
   const char *precision;     /* "fp32", "fp16", "bf16", "int8" or NULL for any */
-  double accuracy_budget;    /* max recorded abs error accepted; < 0 for no budget */
+  double accuracy_budget;    /* max recorded max_error accepted (of each output's scale); < 0 for
+                                no budget. Budget or not, the fastest remaining artifact wins */
   int strict;                /* non-zero: refuse to fall back to the portable interpreter */
   int verify;                /* non-zero (default): also check the digest of every blob of the
                                 container when opening; what an executor loads (code, weights)

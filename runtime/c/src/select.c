@@ -4,9 +4,9 @@
  *   1. drop what the host cannot run (platform, x86 level, CPU features, CUDA, min_runtime, code
  *      this engine has no executor for: executors.c's table, which mlpack_open loads with), then
  *      what the caller excluded (device, precision, accuracy budget);
- *   2. rank the rest: with a budget, the fastest (most specific, then narrowest precision);
- *      without, the device (native before portable), the preferred precision (fp32 first)
- *      and then the most specific target;
+ *   2. rank the rest, fastest first, budget or not: the device (native before portable), the
+ *      build-time latency where measured, then the most specific target and the narrowest
+ *      precision;
  *   3. give every artifact a reason a user can act on.
  */
 #define _GNU_SOURCE
@@ -21,8 +21,6 @@
 
 const char *const mp_devices[] = {MP_DEVICES, NULL};
 const char *const mp_precisions[] = {MP_PRECISIONS, NULL};
-/* default preference: the reference first, then the closest to it */
-static const char *const mp_precision_preference[] = {"fp32", "bf16", "fp16", "int8", NULL};
 
 static int mp_in_list(const char *s, const char *const *list) {
   for (int i = 0; list[i]; i++)
@@ -39,6 +37,7 @@ static const char *mp_join(const char *const *list, char *buf, size_t n) {
   return buf;
 }
 
+/* the speed order of artifacts the build did not time: narrower is faster */
 static int mp_precision_speed(const char *p) {
   if (!strcmp(p, "int8")) return 3;
   if (!strcmp(p, "fp16") || !strcmp(p, "bf16")) return 2;
@@ -248,35 +247,27 @@ static mlpack_status mp_check_policy(const mlpack_options *o, mlpack_error **err
 
 /* ---------------------------------------------------------------- step 2 */
 
-/* Larger is better. Under a budget: the device (cuda, cpu, portable), then a measured artifact
- * before an unmeasured one, the measured by their build-time latency (ns, lower first: the build
- * timed them on one host), the unmeasured by target specificity and their precision's name
- * (narrower first); without a budget, the device, then the preferred precision, then
- * specificity. */
+/* Larger is better, with or without a budget (a budget only drops artifacts): the device (cuda,
+ * cpu, portable), then a measured artifact before an unmeasured one, the measured by their
+ * build-time latency (ns, lower first: the build timed them on one host), the unmeasured by
+ * target specificity and their precision (narrower first). */
 #define MP_KEY 7
-static void mp_rank_key(const mp_artifact *a, int has_budget, long long key[MP_KEY]) {
+static void mp_rank_key(const mp_artifact *a, long long key[MP_KEY]) {
   long s[3];
+  int measured = a->latency >= 0;
   mp_specificity(a, s);
-  if (has_budget) {
-    int measured = a->latency >= 0;
-    key[0] = s[0];
-    key[1] = measured;
-    key[2] = measured ? -(long long)(a->latency * 1e9) : 0;
-    key[3] = s[1]; key[4] = s[2];
-    key[5] = mp_precision_speed(a->precision);
-  } else {
-    int pref = mp_in_list(a->precision, mp_precision_preference);
-    key[0] = s[0];   /* native code before the interpreter, whatever its precision */
-    key[1] = -(pref < 0 ? 4 : pref);
-    key[2] = s[1]; key[3] = s[2]; key[4] = key[5] = 0;
-  }
+  key[0] = s[0];   /* native code before the interpreter, whatever its precision */
+  key[1] = measured;
+  key[2] = measured ? -(long long)(a->latency * 1e9) : 0;
+  key[3] = s[1]; key[4] = s[2];
+  key[5] = mp_precision_speed(a->precision);
   key[6] = -(long long)a->index;
 }
 
-static int mp_ranks_above(const mp_artifact *a, const mp_artifact *b, int has_budget) {
+static int mp_ranks_above(const mp_artifact *a, const mp_artifact *b) {
   long long ka[MP_KEY], kb[MP_KEY];
-  mp_rank_key(a, has_budget, ka);
-  mp_rank_key(b, has_budget, kb);
+  mp_rank_key(a, ka);
+  mp_rank_key(b, kb);
   for (int i = 0; i < MP_KEY; i++)
     if (ka[i] != kb[i]) return ka[i] > kb[i];
   return 0;
@@ -297,21 +288,23 @@ static void mp_chosen_reason(const mp_artifact *a, const mlpack_options *o, int 
     snprintf(out, n, "chosen: portable: runs anywhere; slower (no native artifact fits)");
   else if (others == 0)
     snprintf(out, n, "chosen: %s is the only artifact this host runs", d);
+  else if (a->latency >= 0)
+    snprintf(out, n, "chosen: %.150s is the fastest artifact this host runs (timed at build)", d);
   else
     snprintf(out, n, "chosen: %s is the most specific artifact this host runs", d);
 }
 
-static void mp_loser_reason(const mp_artifact *a, const mp_artifact *winner, int has_budget, char *out, size_t n) {
+static void mp_loser_reason(const mp_artifact *a, const mp_artifact *winner, char *out, size_t n) {
   char d[200];
   if (!strcmp(a->device, "portable")) {
     snprintf(out, n, "portable: runs anywhere; slower");
-  } else if (!has_budget && strcmp(a->precision, winner->precision) != 0) {
-    snprintf(out, n, "passed over: %.40s is preferred over %.40s (ask for precision='%.40s')", winner->precision,
-             a->precision, a->precision);
-  } else {
-    mp_artifact_describe(winner, d, sizeof d);
-    snprintf(out, n, "passed over: %s ranks higher", d);
+    return;
   }
+  mp_artifact_describe(winner, d, sizeof d);
+  if (!strcmp(a->device, winner->device) && strcmp(a->precision, winner->precision) != 0)
+    snprintf(out, n, "passed over: %.150s ranks higher (ask for precision='%.40s')", d, a->precision);
+  else
+    snprintf(out, n, "passed over: %s ranks higher", d);
 }
 
 /* "  <describe>: <reason>" lines (runtime/select.py explain); only_native skips portable ones
@@ -386,7 +379,7 @@ mlpack_status mp_select(const mp_container *c, const mp_host *h, const mlpack_op
       snprintf(v->reason, sizeof v->reason, "passed over: %s", why);
       continue;
     }
-    if (!winner || mp_ranks_above(a, winner, has_budget)) winner = a;
+    if (!winner || mp_ranks_above(a, winner)) winner = a;
   }
   if (!winner) return mp_fail_explained(c, h, verdicts, err);
   for (size_t i = 0; i < c->artifact_count; i++) {
@@ -395,7 +388,7 @@ mlpack_status mp_select(const mp_container *c, const mp_host *h, const mlpack_op
       v->chosen = 1;
       mp_chosen_reason(winner, opts, has_budget, runnable - 1, v->reason, sizeof v->reason);
     } else if (!v->reason[0]) {
-      mp_loser_reason(&c->artifacts[i], winner, has_budget, v->reason, sizeof v->reason);
+      mp_loser_reason(&c->artifacts[i], winner, v->reason, sizeof v->reason);
     }
   }
   *chosen = winner->index;

@@ -83,7 +83,7 @@ static void test_avx512_host(void) {
   CHECK_CONTAINS(v[A_ARM].reason, "passed over: arm64, this host is amd64");
   CHECK(!v[A_ARM].runnable && !v[A_CUDA].runnable, "arm/cuda runnable");
   CHECK_CONTAINS(v[A_CUDA].reason, "passed over: needs a CUDA GPU, this host has none (or no CUDA driver)");
-  CHECK_CONTAINS(v[A_V3_16].reason, "passed over: fp32 is preferred over fp16 (ask for precision='fp16')");
+  CHECK_CONTAINS(v[A_V3_16].reason, "passed over: x86-64 v4 cpu fp32 (artifact 3) ranks higher (ask for precision='fp16')");
   for (size_t i = 0; i < A_COUNT; i++) CHECK(v[i].chosen == (i == A_V4), "artifact %zu chosen=%d", i, v[i].chosen);
 }
 
@@ -92,14 +92,16 @@ static void test_other_hosts(void) {
   mlpack_error *err;
   CHECK(pick(&avx2, NULL, NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_V3, "avx2 host chose %zu", c);
   CHECK_CONTAINS(v[A_V4].reason, "passed over: needs x86-64 v4, this host is x86-64 v3");
-  CHECK(pick(&arm, NULL, NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_ARM, "arm host chose %zu", c);
+  /* no budget: the fastest; unmeasured, the narrower precision of the same specificity */
+  CHECK(pick(&arm, NULL, NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_ARM16, "arm host chose %zu", c);
   CHECK_CONTAINS(v[A_V3].reason, "passed over: amd64, this host is arm64");
-  CHECK_CONTAINS(v[A_ARM16].reason, "passed over: fp32 is preferred over fp16");
+  CHECK_CONTAINS(v[A_ARM].reason, "passed over: arm64 cpu fp16 (artifact 5) ranks higher (ask for precision='fp32')");
+  CHECK(pick(&arm, NULL, "fp32", -1, 0, &c, &err) == MLPACK_OK && c == A_ARM, "arm fp32 chose %zu", c);
   CHECK(pick(&old_x86, NULL, NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_PORTABLE, "old x86 chose %zu", c);
   CHECK_CONTAINS(v[A_PORTABLE].reason, "chosen: portable: runs anywhere; slower (no native artifact fits)");
   CHECK_CONTAINS(v[A_V2].reason, "passed over: needs x86-64 v2, this host is x86-64 v1");
   /* a GPU host: the cuda artifact needs an executor this engine does not have yet */
-  CHECK(pick(&gpu, NULL, NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_V3, "gpu host chose %zu", c);
+  CHECK(pick(&gpu, NULL, "fp32", -1, 0, &c, &err) == MLPACK_OK && c == A_V3, "gpu host chose %zu", c);
   CHECK_CONTAINS(v[A_CUDA].reason, "PTX code, which this runtime cannot execute yet");
 }
 
@@ -161,8 +163,12 @@ static void test_budget(void) {
   arts[A_ARM].latency = 1e-3;
   arts[A_ARM16].latency = 2e-3;
   CHECK(pick(&arm, NULL, NULL, 0.01, 0, &c, &err) == MLPACK_OK && c == A_ARM, "measured: %zu", c);
+  /* the same without a budget: no budget picks the fastest, not the widest precision */
+  CHECK(pick(&arm, NULL, NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_ARM, "measured, no budget: %zu", c);
+  CHECK_CONTAINS(v[A_ARM].reason, "chosen: arm64 cpu fp32 (artifact 4) is the fastest artifact this host runs (timed at build)");
   arts[A_ARM16].latency = 0.5e-3;
   CHECK(pick(&arm, NULL, NULL, 0.01, 0, &c, &err) == MLPACK_OK && c == A_ARM16, "measured: %zu", c);
+  CHECK(pick(&arm, NULL, NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_ARM16, "measured, no budget: %zu", c);
   arts[A_ARM].latency = arts[A_ARM16].latency = -1;
   arts[A_ARM16].cpu_features = features16;
   arts[A_ARM].max_error = -1;
@@ -192,7 +198,7 @@ static void test_no_artifact(void) {
   arts[A_V3].cpu_features = "avx2,fma,avx512_vnni";
   arts[A_V4].min_runtime[0] = 9;
   arts[A_V4].min_runtime_text = "9.0.0";
-  CHECK(pick(&avx512, NULL, NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_V2, "degraded: %zu", c);
+  CHECK(pick(&avx512, NULL, "fp32", -1, 0, &c, &err) == MLPACK_OK && c == A_V2, "degraded: %zu", c);
   CHECK_CONTAINS(v[A_V3].reason, "passed over: needs avx512_vnni, this host lacks it");
   CHECK_CONTAINS(v[A_V4].reason, "passed over: needs mlpack runtime 9.0.0, this is 0.1.0");
   make_artifacts();
