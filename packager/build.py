@@ -46,11 +46,13 @@ from pathlib import Path
 from typing import Callable
 
 from mlpack.codegen import precisions as precision_modules
+from mlpack.codegen.precisions.int8 import quantizes
 from mlpack.codegen.targets import registry
 from mlpack.codegen.targets.base import Code
 from mlpack.spec import accuracy, media
 from mlpack.spec.container import ArtifactSpec, Layer, make_config, write_container
 from mlpack.spec.errors import Error
+from mlpack.packager import customops
 from mlpack.packager import testvectors as tv
 # config inputs and outputs; a SignatureError for a size the container cannot state
 from mlpack.packager.signature import model_signature
@@ -72,6 +74,7 @@ class DeadOnArrivalError(BuildError):
     """An artifact fails its own test vectors on the build host; no container is written."""
 
     index: int | None = None   # the failing artifact's index in the build's pairs
+    missed: bool = False       # it ran and missed its tolerance (not: it could not run)
 
 
 @dataclass
@@ -95,6 +98,8 @@ class ArtifactReport:
     # inexact passes (winograd, bf16_products) left out because the first build of it missed
     # its precision's tolerance
     dropped_passes: tuple[str, ...] = ()
+    # int8: the activations kept in f32 after quantizing them all missed the tolerance
+    f32_activations: int = 0
 
 
 @dataclass
@@ -114,6 +119,9 @@ class BuildReport:
     target_seconds: dict[str, float] = field(default_factory=dict)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (target, why) not built
     blind_spots: list[str] = field(default_factory=list)  # outputs the vectors cannot judge
+    # the kernel cache (packager/cache.py): targets x precisions reused and compiled anew,
+    # entries found corrupt; empty when the build ran without it
+    cache: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- choosing what to build
@@ -137,6 +145,10 @@ def _pick(asked, known: tuple[str, ...], implemented: tuple[str, ...], what: str
     return out
 
 
+class TargetPrecisionError(BuildError):
+    """A target named with --target builds none of the precisions asked for."""
+
+
 def plan_artifacts(targets=None, precisions=None) -> list[tuple[str, str]]:
     """(target, precision) pairs to build, each precision on the targets that build it; the
     portable fp32 artifact is always among them (the spec promises that every container runs
@@ -147,8 +159,8 @@ def plan_artifacts(targets=None, precisions=None) -> list[tuple[str, str]]:
     pairs = [(t, p) for t in names for p in wanted if p in registry.get(t).precisions]
     for t in targets or ():
         if not any(n == t for n, _ in pairs):
-            raise BuildError(f"target {t} builds {', '.join(registry.get(t).precisions)}, not "
-                             f"{', '.join(wanted)}")
+            raise TargetPrecisionError(f"target {t} builds {', '.join(registry.get(t).precisions)}, "
+                                       f"not {', '.join(wanted)}")
     if (registry.ALWAYS, "fp32") not in pairs:
         pairs.insert(0, (registry.ALWAYS, "fp32"))
     return pairs
@@ -192,7 +204,8 @@ def _number(value) -> float | None:
 
 
 def _accuracy(baseline: str, precision: str, check=None) -> dict:
-    """The config's ``accuracy``: what the errors are measured against, the tolerance, and (once
+    """The config's ``accuracy``: what the errors are measured against, the tolerance (of
+    ``precision``: the artifact's, or int8's for a model that quantizes itself), and (once
     validated) the worst errors and each output's (spec/SPEC.md, "Accuracy")."""
     acc = {"reference": accuracy.REFERENCE, "baseline": baseline,
            "tolerance": accuracy.TOLERANCES[precision].to_json()}
@@ -226,6 +239,7 @@ class _Native:
     weights: bytes
     seconds: float
     dropped: tuple[str, ...] = ()   # inexact passes left out after the first try missed
+    f32_activations: int = 0        # int8 activations kept in f32 after the first try missed
 
 
 def _skip_reason(error: Exception) -> str:
@@ -239,12 +253,19 @@ def _compile_one(graph, target: str, precision: str = "fp32", disabled=frozenset
     leave out; ``calibration``: what the precision needs beside the graph (int8's ranges)."""
     from mlpack.codegen.errors import UnsupportedTargetError
 
+    from mlpack.codegen.progress import reporting
+    from mlpack.packager.progress import done
+
     t0 = time.perf_counter()
     try:
-        code = registry.get(target).compile(
-            precision_modules.apply(precision, graph, calibration), precision, frozenset(disabled))
+        with reporting((target, precision)):   # what the progress display says is compiling
+            code = registry.get(target).compile(
+                precision_modules.apply(precision, graph, calibration), precision,
+                frozenset(disabled))
     except UnsupportedTargetError as e:
         return e, 0.0
+    finally:
+        done((target, precision))
     return code, time.perf_counter() - t0
 
 
@@ -272,7 +293,10 @@ def _compile_all(graph, pairs: list[tuple[str, str]], calibrations: dict) -> dic
     from concurrent.futures import ProcessPoolExecutor
 
     # spawn, not fork: the build process has ONNX Runtime's threads running by now
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    from mlpack.packager.progress import pool_options
+
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=context, **pool_options(context))
     processes = pool._processes  # private, but the only handle on the workers
     futures, failed = {}, []
 
@@ -306,6 +330,14 @@ def _compile_all(graph, pairs: list[tuple[str, str]], calibrations: dict) -> dic
     return {pair: results[pair] for pair in pairs}
 
 
+def _compile_tracked(progress, graph, pairs, calibrations) -> dict:
+    """_compile_all with a live line on ``progress`` saying what compiles (packager/progress.py)."""
+    from mlpack.packager.progress import tracking
+
+    with tracking(progress, pairs):
+        return _compile_all(graph, pairs, calibrations)
+
+
 def _archive(code: Code, shared: dict) -> bytes:
     """The weights archive of ``code``, one bytes object per distinct archive (``shared``): the
     writer stores equal blobs once anyway, and _layer_sizes counts by identity."""
@@ -316,21 +348,26 @@ def _archive(code: Code, shared: dict) -> bytes:
 
 
 def compile_targets(pairs, graph, explicit, step, progress,
-                    calibrations=None) -> tuple[dict, list]:
+                    calibrations=None, cache=None) -> tuple[dict, list]:
     """Compile every requested (target, precision): ({pair: _Native}, [(target, why skipped)]).
 
     A target that cannot lower the model is skipped, or a BuildError if it is in ``explicit``
-    (the portable one lowers every model)."""
+    (the portable one lowers every model). ``cache``: the KernelCache (packager/cache.py) that
+    the code of earlier builds is reused from and this one's is stored in; None compiles all."""
     from mlpack.codegen.errors import UnsupportedTargetError
+    from mlpack.packager.cache import compile_cached
 
     compiled, skipped, shared = {}, [], {}
     slow = [pair for pair in pairs if registry.get(pair[0]).parallel]
     label = ", ".join(dict.fromkeys(t for t, _ in slow))
     with step("lower", f"{label} {'/'.join(dict.fromkeys(p for _, p in slow))}" if slow else ""):
-        results = _compile_all(graph, pairs, calibrations or {})
+        results = compile_cached(cache, graph, pairs, calibrations or {},
+                                 functools.partial(_compile_tracked, progress),
+                                 lambda code: _archive(code, shared))
+    hits = set(cache.stats.hits) if cache is not None else set()
     for pair in pairs:
         target = pair[0]
-        code, seconds = results[pair]
+        code, seconds, weights = results[pair]
         if isinstance(code, UnsupportedTargetError):
             if target in explicit or target == registry.ALWAYS:
                 raise BuildError(f"{target}: {_skip_reason(code)} (asked for with --target "
@@ -338,8 +375,11 @@ def compile_targets(pairs, graph, explicit, step, progress,
                                  ) from None
             skipped.append((target, _skip_reason(code)))
             continue
-        compiled[pair] = _Native(code, _archive(code, shared), seconds)
-        if progress and pair in slow:
+        compiled[pair] = _Native(code, shared.setdefault(weights, weights) if weights
+                                 else _archive(code, shared), seconds)
+        if progress and pair in hits and pair in slow:
+            progress(f"  {target}: from the kernel cache ({seconds:.2f}s)")
+        elif progress and pair in slow:
             t = code.timings
             progress(f"  {target}: {seconds:.1f}s (lower {t.get('lower', 0):.1f}s, "
                      f"llvm {t.get('llvm', 0):.1f}s, link {t.get('link', 0):.1f}s)")
@@ -356,7 +396,8 @@ def skip_lines(skipped) -> list[str]:
 
 
 def artifact_spec(name: str, target: str, precision: str, code: Code, weights: bytes, sig,
-                  reference: str, *, vectors: bytes | None = None, check=None) -> ArtifactSpec:
+                  reference: str, *, vectors: bytes | None = None, check=None,
+                  judged_as: str | None = None) -> ArtifactSpec:
     """The ArtifactSpec of one artifact, the same for every target: ``code`` is what the target
     compiled, ``weights`` its weights archive, ``sig`` the ``model_signature``, ``check`` the
     validation that fills in measured accuracy. ``vectors`` (the test vectors layer) may be left
@@ -364,7 +405,8 @@ def artifact_spec(name: str, target: str, precision: str, code: Code, weights: b
     t = registry.get(target)
     config = make_config(name, *sig, device=t.device, precision=precision, target=target,
                          cpu_features=code.config.get("cpu_features", ()), plan=code.config.get("plan"),
-                         accuracy=_accuracy(reference, precision, check), min_runtime=media.MIN_RUNTIME)
+                         accuracy=_accuracy(reference, judged_as or precision, check),
+                         min_runtime=media.MIN_RUNTIME)
     if check is not None and check.seconds is not None:
         config["latency"] = {"seconds": check.seconds, "threads": 1, "runs": TIMED_RUNS,
                              "inputs": "test case 0", "host": _host_name()}
@@ -387,9 +429,10 @@ def _host_name() -> str:
 def _lower(pairs, name, graph, vectors, reference, checks, compiled) -> list[ArtifactSpec]:
     """One ArtifactSpec per (target, precision); ``checks`` fills in measured accuracy."""
     sig = model_signature(graph)
+    judged_as = "int8" if quantizes(graph) else None   # see check_references
     return [artifact_spec(name, target, precision, compiled[target, precision].code,
                           compiled[target, precision].weights, sig, reference, vectors=vectors,
-                          check=checks.get(i))
+                          check=checks.get(i), judged_as=judged_as)
             for i, (target, precision) in enumerate(pairs)]
 
 
@@ -420,7 +463,7 @@ def _dead_on_arrival(result, pairs, output: str,
                 "--calibration gives real ones; or build without it)")
     error = DeadOnArrivalError(f"artifact {i} ({target}, {precision}) fails its test vectors "
                                f"{where}: {detail}{hint}; nothing written to {output}")
-    error.index = i
+    error.index, error.missed = i, result.cases > 0
     return error
 
 
@@ -442,7 +485,7 @@ def _validate_one(model, i: int, pairs, output: str):
 EMULATION_SECONDS = 10.0
 
 
-def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress):
+def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, runs=None):
     """Artifact ``verdict.artifact`` of another architecture under qemu-user
     (packager/emulate.py): its ValidationResult; DeadOnArrivalError as _validate_one, or
     emulate.NotEmulated where qemu could not run it after all."""
@@ -454,7 +497,8 @@ def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress):
         progress(f"  validate {target} {precision} under {emu.qemu}")
     try:
         result = emulate.validate(path, verdict.artifact, verdict.reason, emu, progress,
-                                  timeout=EMULATION_SECONDS, trusted_keys="")   # its own file
+                                  timeout=EMULATION_SECONDS, trusted_keys="",   # its own file
+                                  runs=runs)
     except emulate.NotEmulated:
         raise
     except Error as e:  # it ran and the engine failed, or the program crashed
@@ -465,10 +509,12 @@ def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress):
     return result
 
 
-def validate_container(path: str, pairs, output: str, progress=None) -> tuple[dict, dict]:
+def validate_container(path: str, pairs, output: str, progress=None,
+                       runs=None) -> tuple[dict, dict]:
     """Open ``path`` with the runtime and run the vectors on every artifact this host can run,
     and under qemu-user on those of another architecture where it is installed
-    (packager/emulate.py).
+    (packager/emulate.py); ``runs``: the kernel cache whose stored emulated outputs of the
+    same artifact bytes are judged instead of running qemu again.
 
     Returns ({artifact index: ValidationResult}, {index: why not run}); raises
     DeadOnArrivalError for the first artifact that fails."""
@@ -498,7 +544,7 @@ def validate_container(path: str, pairs, output: str, progress=None) -> tuple[di
                     missing = emulate.missing(emu) if emu else ""
                     if emu and not missing:
                         emulated[i] = (why, pool.submit(_validate_emulated, path, verdict, emu, pairs,
-                                                        output, progress))
+                                                        output, progress, runs))
                     else:
                         passed_over[i] = why + (f"; not run under emulation: {missing}" if missing
                                                 else "")
@@ -556,8 +602,10 @@ def _model_name(proto, model, name: str | None) -> str:
     return proto.graph.name or "model"
 
 
-def _vectors(proto, graph, inputs, dims, seed: int, cases: int):
-    """(inputs, ONNX Runtime's outputs, float64 reference outputs), one dict per case."""
+def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=()):
+    """(inputs, the baseline's outputs, float64 reference outputs), one dict per case; the
+    baseline is ONNX Runtime, or with DSL custom ops (``custom``) the fp32 interpreter
+    (packager/customops.py)."""
     from mlpack.packager.reference import float64_outputs
 
     if inputs is None:
@@ -567,7 +615,7 @@ def _vectors(proto, graph, inputs, dims, seed: int, cases: int):
         feeds = [case for one in many for case in
                  (tv.user_case(one, graph, "inputs") if isinstance(one, dict)
                   else tv.load_npz(one, graph))]
-    outputs = tv.reference_outputs(proto, feeds, [p.name for p in graph.outputs])
+    outputs = customops.baseline_outputs(proto, graph, feeds, custom)
     return feeds, outputs, float64_outputs(graph, feeds)
 
 
@@ -575,15 +623,19 @@ class ReferenceMismatchError(BuildError):
     """ONNX Runtime and the float64 reference disagree: the vectors would prove nothing."""
 
 
-def check_references(expected: list[dict], references: list[dict]) -> None:
-    """Refuse vectors whose two references disagree (``accuracy.disagreement``)."""
+def check_references(expected: list[dict], references: list[dict], quantized: bool = False) -> None:
+    """Refuse vectors whose two references disagree (``accuracy.disagreement``). A model that
+    quantizes itself (QDQ, QLinear ops: ``int8.quantizes``) steps where its roundings do, and
+    ONNX Runtime's integer kernels round its requantizations otherwise than float64 does, so
+    its references may differ by a quantization step anywhere: they need only agree within
+    int8's cap, and its artifacts are judged with int8's tolerance whatever their precision."""
     worst: dict[str, accuracy.Errors] = {}
     for ort_out, ref in zip(expected, references):
         for name, r in ref.items():
             if name in ort_out:
                 e = accuracy.measure(ort_out[name], r)
                 worst[name] = worst[name].worst(e) if name in worst else e
-    why = accuracy.disagreement(worst)
+    why = accuracy.disagreement(worst, accuracy.TOLERANCES["int8"].cap if quantized else None)
     if why:
         raise ReferenceMismatchError(
             f"ONNX Runtime and mlpack's float64 reference disagree on the test inputs, {why}: "
@@ -624,7 +676,7 @@ def _layer_sizes(artifacts: list[ArtifactSpec]) -> dict[str, int]:
 
 def build(model, output, *, targets=None, precisions=None, inputs=None, dims=None, seed: int = 0,
           cases: int = 2, name: str | None = None, calibration=None,
-          progress: Callable[[str], None] | None = None) -> BuildReport:
+          progress: Callable[[str], None] | None = None, cache=True, ops=()) -> BuildReport:
     """Compile ``model`` (a path, bytes or ModelProto) into the container ``output``.
 
     ``targets``/``precisions``: names to build (default: every implemented one); ``inputs``: a
@@ -634,42 +686,66 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     ``name``: the model name (default: the file's stem); ``calibration``: the inputs int8 takes
     its activation ranges from, a directory of ``.npz`` files (or a list of input dicts;
     default: CALIBRATION_CASES seeded random input sets); ``progress``: called with a line as
-    each step starts. Raises an ``mlpack.Error`` and writes nothing if any step fails.
+    each step starts; ``cache``: reuse and store each target's compiled code in the kernel
+    cache (packager/cache.py: MLPACK_CACHE_DIR, or this folder when a path), False to compile
+    everything; ``ops``: modules (``.py`` paths or dotted names) that register custom ops
+    written in the DSL (packager/customops.py), imported first. Raises an ``mlpack.Error`` and
+    writes nothing if any step fails.
     """
     from mlpack.codegen.onnx.importer import load_model
 
     output = os.fspath(output)
-    pairs = plan_artifacts(targets, precisions)  # refuse bad names before any slow work
+    try:   # refuse bad names before any slow work
+        pairs = plan_artifacts(targets, precisions)
+    except TargetPrecisionError:
+        if precisions:
+            raise
+        pairs = None   # the default precision may be int8 (a quantized model): see below
+    customops.load(ops)
     check_output_path(output)
     step = _Steps(progress)
     with step("import"):
         proto = load_model(model)
     name = _model_name(proto, model, name)
+    custom = customops.used(proto)
+    baseline = customops.baseline_name(custom)
     with step("compile"):
         graph = _compile(proto)
         model_signature(graph)  # a size the container cannot state stops the build here
-    with step("reference", f"outputs (float64; {tv.reference_name()})"):
-        feeds, expected, references = _vectors(proto, graph, inputs, dims, seed, cases)
-        check_references(expected, references)
-        vectors = tv.pack(feeds, expected, tv.reference_name(), references)
+    quantized = quantizes(graph)
+    if quantized and not precisions:   # the default is the model's own precision
+        pairs = plan_artifacts(targets, ["int8"])
+    elif pairs is None:
+        pairs = plan_artifacts(targets, precisions)   # the error deferred above
+    with step("reference", f"outputs (float64; {baseline})"):
+        feeds, expected, references = _vectors(proto, graph, inputs, dims, seed, cases, custom)
+        check_references(expected, references, quantized)
+        vectors = tv.pack(feeds, expected, baseline, references)
     blind = accuracy.blind_spots(references)
     _warn(BlindVectorsWarning, blind, progress)
     calibrations = _calibrate(pairs, graph, calibration, dims, seed, step)
+    sensitive: list = []   # int8's full calibration, then its activations by sensitivity
+    kernels = _kernel_cache(cache)
     compiled, skipped = compile_targets(pairs, graph, set(targets or ()), step, progress,
-                                        calibrations)
+                                        calibrations, kernels)
     _warn_skipped(skipped, progress)
     pairs = [pair for pair in pairs if pair in compiled]
-    lower = functools.partial(_lower, pairs, name, graph, vectors, tv.reference_name())
+    lower = customops.recording(custom, functools.partial(_lower, pairs, name, graph, vectors,
+                                                          baseline))
     while True:
         artifacts = lower({}, compiled)
         scratch = _scratch_path(output)
         try:
             with step("validate", "every artifact this host runs"):
                 write_container(scratch, name, artifacts)
-                checks, passed_over = validate_container(scratch, pairs, output, progress)
+                checks, passed_over = validate_container(scratch, pairs, output, progress,
+                                                         kernels)
             break
         except DeadOnArrivalError as e:
-            if not _direct_again(e, pairs, compiled, graph, progress, calibrations):
+            if not (_direct_again(e, pairs, compiled, graph, progress, calibrations, kernels)
+                    or _quantize_less(e, pairs, compiled, graph, progress, calibrations, kernels,
+                                      sensitive, lambda: calibration_inputs(graph, calibration,
+                                                                            dims, seed)[0])):
                 raise
         finally:
             _remove(scratch)
@@ -680,8 +756,13 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     reports = _reports(pairs, artifacts, checks, passed_over, seconds)
     for report, pair in zip(reports, pairs):
         report.dropped_passes = compiled[pair].dropped
-    return BuildReport(output, name, os.path.getsize(output), tv.reference_name(), len(feeds),
-                       reports, _layer_sizes(artifacts), step.timings, seconds, skipped, blind)
+        report.f32_activations = compiled[pair].f32_activations
+    report = BuildReport(output, name, os.path.getsize(output), baseline, len(feeds),
+                         reports, _layer_sizes(artifacts), step.timings, seconds, skipped, blind)
+    if kernels is not None:
+        report.cache = {"folder": str(kernels.folder), "hits": len(kernels.stats.hits),
+                        "misses": len(kernels.stats.misses), "dropped": kernels.stats.dropped}
+    return report
 
 
 # random input sets int8 calibrates on when the user gives none (seeded apart from the vectors,
@@ -718,8 +799,17 @@ def _calibrate(pairs, graph, calibration, dims, seed: int, step) -> dict:
         return {p: precision_modules.calibrate(p, graph, feeds) for p in wanted}
 
 
+def _kernel_cache(cache):
+    """The KernelCache ``build``'s ``cache`` argument names: None for False."""
+    from mlpack.packager.cache import KernelCache
+
+    if cache is False or cache is None:
+        return None
+    return KernelCache(None if cache is True else cache)
+
+
 def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progress,
-                  calibrations: dict) -> bool:
+                  calibrations: dict, cache=None) -> bool:
     """Compile the failing artifact again without its inexact passes, if it ran any (the cpu
     target's Winograd convolutions: their rounding, codegen/targets/cpu/winograd.py, is the one
     difference from the direct sums that the tolerance may not cover). Whether it did so."""
@@ -731,9 +821,49 @@ def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progr
     if progress:
         progress(f"  {pair[0]}: {', '.join(passes)} misses the {pair[1]} tolerance; compiling "
                  f"without it")
-    code, seconds = _compile_one(graph, *pair, disabled=passes,
-                                 calibration=calibrations.get(pair[1]))
-    compiled[pair] = _Native(code, _archive(code, {}), native.seconds + seconds, passes)
+    from mlpack.packager.cache import compile_cached
+
+    again = lambda g, ps, cal: {p: _compile_one(g, *p, disabled=passes,  # noqa: E731
+                                                calibration=cal.get(p[1])) for p in ps}
+    code, seconds, weights = compile_cached(cache, graph, [pair], calibrations, again,
+                                            lambda c: _archive(c, {}), disabled=passes)[pair]
+    compiled[pair] = _Native(code, weights or _archive(code, {}), native.seconds + seconds,
+                             passes)
+    return True
+
+
+def _quantize_less(error: DeadOnArrivalError, pairs, compiled: dict, graph, progress,
+                   calibrations: dict, cache, sensitive: list, calibration_feed) -> bool:
+    """After an int8 artifact ran and missed its tolerance: keep the activations whose
+    quantization alone moves the outputs most (``int8.most_sensitive``, measured once into
+    ``sensitive``) in f32, 1, 2, 4, ... of them up to half, and compile every int8 artifact
+    again with the rest quantized; whether it did. The mixed precision ONNX Runtime's and
+    TensorRT's users reach by excluding layers by hand, found by measurement."""
+    from mlpack.codegen.precisions import int8
+    from mlpack.packager.cache import compile_cached
+
+    pair = pairs[error.index] if error.index is not None else None
+    if pair is None or pair[1] != "int8" or not error.missed or not calibrations.get("int8"):
+        return False
+    if not sensitive:
+        sensitive.append(dict(calibrations["int8"]))
+        sensitive.extend(int8.most_sensitive(graph, sensitive[0], calibration_feed()))
+    full, order = sensitive[0], sensitive[1:]
+    kept = max(1, 2 * compiled[pair].f32_activations)
+    if kept > len(order) // 2:
+        return False
+    if progress:
+        progress(f"  int8 misses its tolerance on {pair[0]}; compiling every int8 artifact again "
+                 f"with the {kept} most sensitive of {len(order)} quantized activations in f32")
+    calibrations["int8"] = {n: r for n, r in full.items() if n not in order[:kept]}
+    ones = [p for p in pairs if p[1] == "int8"]
+    again = lambda g, ps, cal: {p: _compile_one(g, *p, calibration=cal.get(p[1]))  # noqa: E731
+                                for p in ps}
+    results = compile_cached(cache, graph, ones, calibrations, again, lambda c: _archive(c, {}))
+    for p in ones:
+        code, seconds, weights = results[p]
+        compiled[p] = _Native(code, weights or _archive(code, {}), compiled[p].seconds + seconds,
+                              f32_activations=kept)
     return True
 
 

@@ -1,7 +1,7 @@
 """The ``mlpack`` command line (typer).
 
     mlpack build MODEL.onnx -o OUT.mlpack [--target T]... [--precision P]... [--inputs FILE.npz]
-                 [--dim NAME=SIZE]... [--seed N] [--cases N] [--name NAME] [--quiet]
+                 [--dim NAME=SIZE]... [--seed N] [--cases N] [--name NAME] [--no-cache] [--quiet]
     mlpack inspect FILE.mlpack [--host] [--json]
     mlpack validate FILE.mlpack
     mlpack run FILE.mlpack --input NAME=FILE.npy ... --output DIR [--device D] [--precision P]
@@ -205,12 +205,18 @@ def import_(
     ir: Optional[Path] = typer.Option(None, "--ir", metavar="FILE",
                                       help="write the IR text form to this file"),
     print_ir: bool = typer.Option(False, "--print-ir", help="print the IR text form"),
+    ops: list[str] = typer.Option(
+        [], "--ops", metavar="MODULE",
+        help="a Python module that registers custom ops written in mlpack.codegen.dsl, as "
+             "for build; repeatable"),
 ) -> None:
     """Import and compile an ONNX model; print a summary of its IR."""
     from mlpack.codegen.compile import compile_onnx
     from mlpack.spec.ir.printer import format_graph
     from mlpack.codegen.onnx.importer import load_model
+    from mlpack.packager import customops
 
+    customops.load(ops)
     proto = load_model(_existing(model))
     graph = compile_onnx(proto)
     for line in summary(proto, graph, str(model)):
@@ -334,7 +340,9 @@ def _progress(quiet: bool):
     """Progress lines on stderr for a person watching (a terminal), nothing for logs or pipes."""
     if quiet or not sys.stderr.isatty():
         return None
-    return lambda line: typer.echo(f"  {line}", err=True)
+    from mlpack.packager.progress import Terminal
+
+    return Terminal(sys.stderr)   # lines, and a live one while targets compile
 
 
 def _err(value) -> str:
@@ -354,7 +362,8 @@ def _build_help() -> str:
             "writing.\n\nTargets (--target, repeatable; by default every one not marked):\n\n"
             f"{listed}\n\nPrecisions (--precision, repeatable or comma-separated, or all): {made}"
             + (f"; planned: {planned}" if planned else "")
-            + ".\n\nA cpu target that cannot lower an op of the model is skipped with a warning, "
+            + ". A model quantized by its author (QDQ, QLinear ops) builds int8 by default, its "
+            "own precision, on the integer kernels.\n\nA cpu target that cannot lower an op of the model is skipped with a warning, "
             "unless named with --target.")
 
 
@@ -369,7 +378,7 @@ def build_cmd(
     precision: list[str] = typer.Option(
         [], "--precision", "-p", metavar="PRECISION",
         help="precision to build, repeatable or comma-separated; all: every implemented one "
-             "(default: fp32)"),
+             "(default: fp32; int8 for a model that is already quantized)"),
     inputs: list[Path] = typer.Option(
         [], "--inputs", metavar="FILE.npz",
         help="test inputs, an array per input; repeat for more cases"),
@@ -383,6 +392,13 @@ def build_cmd(
              "an array per model input (default: 8 seeded random input sets)"),
     name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
                                        help="model name (default: the file's stem)"),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="compile every target anew, neither reading nor writing the "
+                                  "kernel cache (MLPACK_CACHE_DIR, default ~/.cache/mlpack/kernels)"),
+    ops: list[str] = typer.Option(
+        [], "--ops", metavar="MODULE",
+        help="a Python module (a .py file or a dotted name) that registers custom ops written "
+             "in mlpack.codegen.dsl for the model's nodes of its own domain; repeatable"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing but errors"),
 ) -> None:
     """Compile a model into one container (the help text is _build_help's)."""
@@ -398,7 +414,8 @@ def build_cmd(
             report = build(_existing(model), output, targets=target, precisions=precision,
                            inputs=[_existing(p, "test inputs") for p in inputs] or None,
                            dims=_key_int(dim, "--dim"), seed=seed, cases=cases, name=name,
-                           calibration=calibration, progress=progress)
+                           calibration=calibration, progress=progress, cache=not no_cache,
+                           ops=ops)
         except KeyboardInterrupt:  # build() removes its scratch file and writes OUT last
             raise Interrupted(f"nothing written to {output}") from None
     if quiet:
@@ -409,23 +426,43 @@ def build_cmd(
     secs = sum(report.timings.values())
     typer.echo(f"wrote {report.path} ({_bytes(report.size)}) in {secs:.1f}s: model {report.name}, "
                f"{len(report.artifacts)} artifact{'s' * (len(report.artifacts) != 1)}, "
-               f"{report.cases} test case{'s' * (report.cases != 1)} ({report.reference})")
+               f"{report.cases} test case{'s' * (report.cases != 1)} ({report.reference})"
+               + _cache_note(report.cache))
     for a in report.artifacts:
-        typer.echo(f"  {a.target} {a.precision}: {_artifact_state(a)}{_dropped(a)}")
+        typer.echo(f"  {a.target} {a.precision}: "
+                   f"{_artifact_state(a, _baseline_word(report.reference))}{_dropped(a)}")
 
 
-def _artifact_state(a) -> str:
+def _cache_note(cache: dict) -> str:
+    """", 5 of 6 compiled artifacts from the kernel cache", or "" when none came from it."""
+    if not cache.get("hits"):
+        return ""
+    return (f"; {cache['hits']} of {cache['hits'] + cache['misses']} artifacts' code from the "
+            "kernel cache")
+
+
+def _baseline_word(baseline: str | None) -> str:
+    """What a transcript calls the baseline: ONNX Runtime, or for a model with custom DSL ops
+    (packager/customops.py) the fp32 interpreter."""
+    return "fp32 interpreter" if (baseline or "").startswith("mlpack interpreter") else "ONNX Runtime"
+
+
+def _artifact_state(a, baseline: str = "ONNX Runtime") -> str:
     built = f"built in {a.seconds:.1f}s, " if a.seconds is not None else ""
     if a.validated:
         where = f"under {a.emulator} " if a.emulator else ""
         return (f"{built}validated {where}on {a.cases} cases against float64: max err "
-                f"{_err(a.max_error)} (ONNX Runtime {_err(a.baseline_max_error)}), rel L2 "
+                f"{_err(a.max_error)} ({baseline} {_err(a.baseline_max_error)}), rel L2 "
                 f"{_err(a.rel_l2)}" + (f", top-1 {a.top1:.0%}" if a.top1 is not None else ""))
     return f"{built}not validated: {a.reason or 'not runnable here'}"
 
 
 def _dropped(a) -> str:
-    """The clause for an artifact compiled again without its inexact passes, or ""."""
+    """The clause for an artifact compiled again without its inexact passes or with some int8
+    activations kept in f32, or ""."""
+    if a.f32_activations:
+        return (f" ({a.f32_activations} activation{'s' * (a.f32_activations != 1)} kept in f32: "
+                f"with all quantized the artifact missed the {a.precision} tolerance)")
     if not a.dropped_passes:
         return ""
     return (f" (compiled without {', '.join(a.dropped_passes)}: with it the artifact missed "
@@ -700,8 +737,8 @@ def _accuracy_text(acc: dict) -> str:
     """A config's recorded accuracy in a few words: against float64 (format 1.1) or, in a 1.0
     container, the max abs error against what its vectors were computed by."""
     if "max_error" in acc or "baseline" in acc:
-        return (f"max err {_err(acc.get('max_error'))} vs float64 (ONNX Runtime "
-                f"{_err(acc.get('baseline_max_error'))})")
+        return (f"max err {_err(acc.get('max_error'))} vs float64 "
+                f"({_baseline_word(acc.get('baseline'))} {_err(acc.get('baseline_max_error'))})")
     return f"max abs err {_err(acc.get('max_abs_error'))} vs {acc.get('reference', '?')}"
 
 

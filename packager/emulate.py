@@ -204,20 +204,51 @@ def _remove(path: str) -> None:
 
 
 def validate(path: str, art: Artifact, reason: str, emu: Emulator, progress=None,
-             timeout: float | None = None, trusted_keys: str | None = None):
+             timeout: float | None = None, trusted_keys: str | None = None, runs=None):
     """Run ``art``'s test vectors under ``emu`` and judge them as ``Model.validate`` does: a
     ``ValidationResult`` with ``emulator`` set. ``reason`` is this host's verdict on the artifact.
     NotEmulated when it could not be run under qemu at all, or not within ``timeout`` seconds;
     another ``Error``, the engine's message or the signal that killed the program, when it ran
     and failed. ``trusted_keys`` is the emulated engine's trust policy (None: this process's
-    MLPACK_TRUSTED_KEYS; "": none, for a build checking the file it just wrote)."""
+    MLPACK_TRUSTED_KEYS; "": none, for a build checking the file it just wrote). ``runs``: a
+    store of earlier runs' outputs (packager/cache.py's get_outputs/put_outputs), by run_key."""
     from mlpack.runtime.model import judge_vectors, vector_cases
 
     exe = program(emu, progress)
     with open_container(path, verify=False) as container:  # the caller's open verified it
         cases = vector_cases(container, art)
-    got = _run(exe, path, art, cases, emu, timeout, trusted_keys) if cases else []
+    if not cases:
+        got = []
+    elif runs is None:
+        got = _run(exe, path, art, cases, emu, timeout, trusted_keys)
+    else:
+        key = run_key(exe, art, emu, timeout, trusted_keys)
+        got = runs.get_outputs(key)
+        if isinstance(got, str):
+            raise NotEmulated(got)
+        if got is None:
+            try:
+                got = _run(exe, path, art, cases, emu, timeout, trusted_keys)
+            except NotEmulated as e:   # (a run over the timeout included: it would be again)
+                runs.put_outputs(key, str(e))
+                raise
+            runs.put_outputs(key, got)
     return judge_vectors(art, cases, got, reason, emu.qemu)
+
+
+def run_key(exe: Path, art: Artifact, emu: Emulator, timeout, trusted_keys) -> str:
+    """What an emulated run's outputs follow from: the program (its folder is named by a hash
+    of libmlpack's sources and compiler), the qemu command and its binary, the artifact's
+    manifest digest (config, code, weights and vectors), the time limit and trust policy."""
+    qemu = find_qemu(emu.qemu) or emu.qemu
+    try:
+        st = os.stat(qemu)
+        qemu += f" {st.st_size} {st.st_mtime_ns}"
+    except OSError:
+        pass
+    parts = [str(exe), *emu.command(exe), qemu, art.descriptor.get("digest", ""), str(timeout),
+             _absolute_keys(trusted_keys)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 def _absolute_keys(trusted_keys: str | None) -> str:

@@ -87,15 +87,17 @@ TOLERANCES = {"fp32": Tolerance("fp32", multiple=32.0, floor=2.0 ** -20),
 REFERENCES_AGREE = 1e-3
 
 
-def disagreement(baseline: dict[str, Errors]) -> str:
+def disagreement(baseline: dict[str, Errors], agree: float | None = None) -> str:
     """Why ONNX Runtime and the float64 reference disagree (one clause), or "" when they agree
-    on every output: float outputs within REFERENCES_AGREE, exact ones element for element."""
+    on every output: float outputs within ``agree`` (REFERENCES_AGREE by default), exact ones
+    element for element."""
+    agree = REFERENCES_AGREE if agree is None else agree
     for name, e in baseline.items():
         if e.note:
             return f"output {name!r}: {e.note}"
-        if e.max_error > REFERENCES_AGREE:
+        if e.max_error > agree:
             return (f"output {name!r}: max error {e.max_error:.3g} (more than "
-                    f"{REFERENCES_AGREE:g})")
+                    f"{agree:g})")
         if e.mismatches:
             return f"output {name!r}: {e.mismatches} element(s) differ"
     return ""

@@ -30,6 +30,11 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "split_concats, winograd, and bf16_products on x86_64-v4-bf16)"),
     Variable("MLPACK_LLD", "compiler",
              "the ld.lld that links cpu kernel libraries (default: the one in the ziglang wheel)"),
+    Variable("MLPACK_CACHE_DIR", "compiler",
+             "the kernel cache, where mlpack build stores each target's compiled code by a digest "
+             "of the graph, target, precision and compiler, and a rebuild reuses it "
+             "(packager/cache.py; default: $XDG_CACHE_HOME/mlpack/kernels, else "
+             "~/.cache/mlpack/kernels; mlpack build --no-cache bypasses it)"),
     Variable("MLPACK_QEMU", "compiler",
              "0: mlpack build and validate leave other architectures' artifacts unrun instead of "
              "validating them under qemu-user, where it is installed (packager/emulate.py)"),

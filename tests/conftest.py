@@ -36,6 +36,13 @@ def make_model(nodes, inputs, outputs, initializers=(), opsets=(("", 17),), name
     return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
 
 
+@pytest.fixture(autouse=True)
+def _kernel_cache(tmp_path_factory, monkeypatch):
+    """Each test builds with a kernel cache of its own (packager/cache.py), never the user's:
+    a test that plants wrong code (by patching the compiler) must not hand it to another."""
+    monkeypatch.setenv("MLPACK_CACHE_DIR", str(tmp_path_factory.mktemp("kernels")))
+
+
 @pytest.fixture
 def tiny_model_path(tmp_path):
     """``y = relu(x + b)`` with a dynamic ``batch`` dim, saved to a file; returns its path."""

@@ -143,14 +143,15 @@ class Builder:
 
     # -------------------------------------------------------------- results
     def map(self, dtype: str, shape: Sequence, fn: Callable[[list[Expr]], Expr],
-            names: Sequence[str] = (), hint: str | None = None) -> Value:
+            names: Sequence[str] = (), hint: str | None = None, fold: bool = True) -> Value:
         """out[i...] = fn(i...): one comprehension with no reduction."""
-        return self.reduce(None, dtype, shape, (), lambda o, r: fn(o), names, (), hint)
+        return self.reduce(None, dtype, shape, (), lambda o, r: fn(o), names, (), hint, fold)
 
     def reduce(self, kind: str | None, dtype: str, shape: Sequence, rshape: Sequence,
                fn: Callable[[list[Expr], list[Expr]], Expr], names: Sequence[str] = (),
-               rnames: Sequence[str] = (), hint: str | None = None) -> Value:
-        """out[i...] = kind over r... of fn(i..., r...)."""
+               rnames: Sequence[str] = (), hint: str | None = None, fold: bool = True) -> Value:
+        """out[i...] = kind over r... of fn(i..., r...). ``fold=False`` keeps a result of
+        constants as an op (a dequantized weight, whose integers a later pass reads)."""
         shape = tuple(ex.simplify_size(s) for s in shape)
         rshape = tuple(ex.simplify_size(s) for s in rshape)
         onames = self.dim_names(names, len(shape))
@@ -166,7 +167,8 @@ class Builder:
         name = self.fresh(hint or self._hint())
         ty = TensorType("i64" if (kind or "").startswith("arg") else dtype, dict(zip(onames, shape)))
         self.graph.add_op(Comprehension(name, ty, body, kind, dict(zip(rn, rshape))))
-        return self._maybe_fold(tensor_value(name, ty.dtype, list(zip(onames, shape))))
+        value = tensor_value(name, ty.dtype, list(zip(onames, shape)))
+        return self._maybe_fold(value) if fold else value
 
     def _hint(self) -> str:
         if self.node is not None and self.node.output_names and self.node.output_names[0]:

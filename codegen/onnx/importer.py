@@ -26,6 +26,8 @@ from mlpack.codegen.onnx import ops as _ops  # noqa: F401  (registers the import
 from mlpack.codegen.onnx.builder import Builder, NeedsValue, Node, _ident
 from mlpack.codegen.onnx.checks import check_model
 from mlpack.codegen.onnx.registry import lookup
+# custom ops users write in the DSL and register (mlpack.codegen.dsl.register, build --ops)
+from mlpack.codegen.dsl.onnx_bridge import importer as custom_importer
 from mlpack.codegen.onnx.values import Value, tensor_value
 
 MIN_OPSET = 1
@@ -235,7 +237,7 @@ class _Importer:
                                  "earlier node, input or initializer defines")
             inputs.append(self.env[name])
         node = Node(proto, opset, inputs)
-        fn = lookup(domain, proto.op_type)
+        fn = lookup(domain, proto.op_type) or custom_importer(domain, proto.op_type)
         if fn is None:
             if self._expand_function(proto, domain, opset, inputs):
                 return

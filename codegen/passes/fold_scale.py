@@ -132,15 +132,6 @@ def _affine_part(e: Expr, target: str, g: Graph):
     return None
 
 
-def _swap(e: Expr, old: Expr, new: Expr) -> Expr:
-    if e is old:
-        return new
-    if not e.args:
-        return e
-    args = tuple(_swap(x, old, new) for x in e.args)
-    return e if args == e.args else ex.rebuild(e, args)
-
-
 def _fold(g: Graph, op: Comprehension, src: Comprehension, at: Expr, back: dict) -> bool:
     found = _affine_part(op.body, src.out, g)
     if found is None or found[1][0] is None:
@@ -180,7 +171,7 @@ def _fold(g: Graph, op: Comprehension, src: Comprehension, at: Expr, back: dict)
                           {v: op.type.dims[v] for v in bvars}, bvars, b)
         g.add_constant(shift)
         body = ex.add(at, ex.read(shift.name, {v: ex.var(v) for v in bvars}, shift.type.dtype))
-    op.body = _swap(op.body, part, body)
+    op.body = ex.replace_node(op.body, part, body)
     return True
 
 

@@ -2,7 +2,7 @@
 
 A contraction ``y = sum_k x[...] * W[...]`` of an f32 activation ``x`` and a weight ``W`` (a
 constant, codegen/precisions/weights16.py's ``weights``) whose depth is at least ``MIN_DEPTH``
-and that sums along a dim ``x`` could hold at unit stride in runs of four (``_quad_dim``: the
+and that sums along a dim ``x`` could hold at unit stride in runs of four (``intsum.quad_dim``: the
 shape the integer dot-product instructions take) becomes:
 
 * ``x#u8 = u8(clamp(round(x / sx) + zx, 0, 255))``: ``x`` quantized per tensor, asymmetric, with
@@ -40,19 +40,19 @@ import numpy as np
 from mlpack.codegen.errors import UnsupportedTargetError
 from mlpack.codegen.passes.dce import eliminate_dead_code
 from mlpack.codegen.passes.fuse import fuse_elementwise
+from mlpack.codegen.precisions.intsum import (MIN_DEPTH, IntegerRewrite, channels, fresh,
+                                              quad_dim)
+from mlpack.codegen.precisions.qdq import integer_contractions
 from mlpack.codegen.precisions.weights16 import weights
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.spec.ir.graph import Comprehension, Constant, Graph, TensorType
+from mlpack.spec.ir.graph import Comprehension, Graph, TensorType
 
 NAME = "int8"
 SUMMARY = "weights int8 per output channel, activations uint8 per tensor (calibrated), sums int32"
 IMPLEMENTED = True
 DEFAULT = False
 
-MIN_DEPTH = 32          # a shallower sum (a 3x3 depthwise window) gains nothing from 8 bits
-QUAD = 4                # products per 32-bit lane of the dot-product instructions
-QMAX_W = 127            # weights in [-127, 127]: symmetric, so the scale alone dequantizes
 PERCENTILES = (None, 99.9, 99.99, 99.999)   # range candidates; None: min-max
 SAMPLE = 1 << 16        # values kept per tensor and case to compare the candidates on
 
@@ -82,43 +82,12 @@ def _split_product(op: Comprehension, g: Graph, candidates: set[str],
         return None
     if int(np.prod([s.value for s in op.rdims.values()])) < MIN_DEPTH:
         return None
-    quad = _quad_dim(op, a)
-    if quad is None or _channels(op, b, g) is None:
+    quad = quad_dim(op, a)
+    if quad is None or channels(op, b, g) is None:
         return None
     if a.arg[0] in inputs and quad[1] != op.rdims[quad[0]].value:
         return None   # a first convolution over an image's channels (see the top)
     return a, b
-
-
-def _quad_dim(op: Comprehension, x: Expr) -> tuple[str, int] | None:
-    """(reduction dim, its extent rounded up to a multiple of four) of a reduction dim that
-    indexes one of ``x``'s dims alone (the dim a target lays out innermost to multiply in runs
-    of four): one whose extent is already a multiple if there is one, else the one that grows
-    least (an RGB input's three channels become four, the fourth of zero weight); or None."""
-    found = [(ix.arg, op.rdims[ix.arg].value) for ix in x.args
-             if ix.op == "var" and ix.arg in op.rdims]
-    if not found:
-        return None
-    v, ext = min(found, key=lambda f: (-f[1] % QUAD) / f[1])
-    return v, ext + -ext % QUAD
-
-
-def _channels(op: Comprehension, w: Expr, g: Graph) -> list[str] | None:
-    """The dims of weight ``w`` indexed by an output var (its output channels), when every other
-    dim is indexed by its own reduction var over the whole dim or is of size 1 read at 0 (a
-    weight read as it lies: the sum over the reduction reads each element once); else None."""
-    c = g.constants[w.arg[0]]
-    shape = dict(zip(c.layout, c.data.shape))
-    channels, seen = [], set()
-    for d, ix in zip(w.arg[1], w.args):
-        if ix.op == "var" and ix.arg in op.type.dims:
-            channels.append(d)
-        elif ix.op == "var" and ix.arg in op.rdims and ix.arg not in seen \
-                and op.rdims[ix.arg].value == shape[d]:
-            seen.add(ix.arg)
-        elif not (ix.is_const and ix.value == 0 and shape[d] == 1):
-            return None
-    return channels
 
 
 def contractions(g: Graph) -> list[tuple[Comprehension, Expr, Expr]]:
@@ -131,6 +100,20 @@ def contractions(g: Graph) -> list[tuple[Comprehension, Expr, Expr]]:
             if hit is not None:
                 out.append((op, *hit))
     return out
+
+
+def quantizes(g: Graph) -> bool:
+    """Whether ``g`` rounds values to 8-bit integers itself (``cast<u8>(... round(...))``: a
+    QuantizeLinear, QLinearConv, ...): a model that arrives quantized. Its outputs step where
+    its roundings do, so any two correct computations of it (ONNX Runtime's integer kernels, the
+    float64 reference) may differ by a quantization step anywhere, as int8 artifacts do."""
+    for op in g.ops:
+        if isinstance(op, Comprehension):
+            for n in ex.walk(op.body):
+                if n.op == "cast" and n.dtype in ("u8", "i8") and any(
+                        m.op == "round" for m in ex.walk(n.args[0])):
+                    return True
+    return False
 
 
 # ---------------------------------------------------------------- calibration
@@ -169,6 +152,8 @@ def calibrate(g: Graph, feeds: list[dict]) -> dict[str, tuple[float, float]]:
     running ``g`` (f32, the reference interpreter) on each input set of ``feeds``."""
     from mlpack.spec.ir.interp import run_graph
 
+    if quantizes(g):   # a model quantized by its author keeps its own quantization: its
+        return {}      # QDQ contractions go on the integer sums (qdq.py), nothing else does
     wanted = {x.arg[0] for _, x, _ in contractions(g)}
     if not wanted:
         return {}
@@ -190,25 +175,26 @@ def calibrate(g: Graph, feeds: list[dict]) -> dict[str, tuple[float, float]]:
             for n, s in seen.items() if s[2]}
 
 
+def most_sensitive(g: Graph, calibration: dict, feed: dict) -> list[str]:
+    """The activations ``calibration`` quantizes, the one whose quantization alone moves the
+    model's outputs most first (each quantized on its own, run on ``feed`` with the reference
+    interpreter, measured as the worst output's max_error against the f32 graph). Keeping the
+    first few in f32 is how a build whose int8 artifact misses the tolerance tries again
+    (packager/build.py); a tensor's own rounding noise ranks them worse (a long-tailed
+    activation is not always one the model amplifies)."""
+    from mlpack.spec import accuracy
+    from mlpack.spec.ir.interp import run_graph
+
+    names = [p.name for p in g.outputs]
+    want = run_graph(g, feed)
+    moved = {}
+    for n in calibration:
+        got = run_graph(rewrite(g, {n: calibration[n]}), feed)
+        moved[n] = max(accuracy.measure(got[o], want[o]).max_error for o in names)
+    return sorted(moved, key=lambda n: (-moved[n], n))
+
+
 # ---------------------------------------------------------------- the rewrite
-
-
-def _fresh(stem: str, taken: set[str]) -> str:
-    name, i = stem, 1
-    while name in taken:
-        i += 1
-        name = f"{stem}{i}"
-    taken.add(name)
-    return name
-
-
-def _quantize_weight(c: Constant, channels: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(int8 values, per-channel scale over ``channels`` in ``c.layout`` order) of ``c``."""
-    axes = tuple(i for i, d in enumerate(c.layout) if d not in channels)
-    top = np.max(np.abs(c.data.astype(np.float64)), axis=axes, keepdims=True)
-    scale = np.where(top > 0, top / QMAX_W, 1.0)
-    q = np.clip(np.round(c.data / scale), -QMAX_W, QMAX_W).astype(np.int8)
-    return q, scale
 
 
 def _quantize_map(x: str, q: str, dims: dict, sx: float, zx: int) -> Comprehension:
@@ -223,72 +209,18 @@ def _quantize_map(x: str, q: str, dims: dict, sx: float, zx: int) -> Comprehensi
     return Comprehension(q, TensorType("u8", dims), ex.cast(ex.cast(clamped, "i32"), "u8"))
 
 
-class _Rewrite:
-    """The new tensors of one int8 rewrite: constants, types and fresh names."""
-
-    def __init__(self, g: Graph):
-        self.g = g
-        self.constants, self.types = dict(g.constants), dict(g.types)
-        self.taken = set(g.types) | set(g.constants)
-
-    def constant(self, stem: str, dtype: str, dims: dict, layout, data) -> str:
-        name = _fresh(stem, self.taken)
-        self.constants[name] = Constant(name, TensorType(dtype, dict(dims)), tuple(layout), data)
-        self.types[name] = self.constants[name].type
-        return name
-
-    def contraction(self, op: Comprehension, x: Expr, w: Expr, q: str, sx: float,
-                    zx: int) -> list[Comprehension]:
-        """``op`` as the i32 sum of ``q`` (``x`` quantized) times ``w`` quantized per output
-        channel, and the map that dequantizes it into ``op``'s output."""
-        c = self.g.constants[w.arg[0]]
-        channels = _channels(op, w, self.g)
-        wq, sw = _quantize_weight(c, channels)
-        dims = dict(c.type.dims)
-        qv, qext = _quad_dim(op, x)
-        pad = None if x.arg[2] is None else zx
-        if qext != op.rdims[qv].value:   # K grown to whole quads: zero weights, x read guarded
-            d = next(d for d, ix in zip(w.arg[1], w.args) if ix.op == "var" and ix.arg == qv)
-            widths = [(0, 0)] * wq.ndim
-            widths[c.layout.index(d)] = (0, qext - dims[d].value)
-            wq, dims[d] = np.pad(wq, widths), ex.const(qext)
-            op = replace(op, rdims={**op.rdims, qv: ex.const(qext)})
-            pad = zx
-        stem = w.arg[0]
-        wname = self.constant(f"{stem}#i8", "i8", dims, c.layout, wq)
-        ch_layout = [d for d in c.layout if d in channels]
-        ch_shape = [c.data.shape[c.layout.index(d)] for d in ch_layout]
-        sums = wq.astype(np.int64).sum(axis=tuple(i for i, d in enumerate(c.layout)
-                                                  if d not in channels))
-        ch_dims = {d: dims[d] for d in ch_layout}
-        zname = self.constant(f"{stem}#zsum", "i32", ch_dims, ch_layout,
-                              (zx * sums).astype(np.int32).reshape(ch_shape))
-        sname = self.constant(f"{stem}#scale", "f32", ch_dims, ch_layout,
-                              (sx * sw).astype(np.float32).reshape(ch_shape))
-        at = dict(zip(w.arg[1], w.args))
-        ch_index = {d: at[d] for d in ch_layout}
-        xq = Expr("read", x.args, (q, x.arg[1], pad), "u8")
-        wr = Expr("read", w.args, (wname, w.arg[1], None), "i8")
-        acc = _fresh(f"{op.out}#i32", self.taken)
-        sop = replace(op, out=acc, type=TensorType("i32", dict(op.type.dims)),
-                      body=ex.mul(ex.cast(xq, "i32"), ex.cast(wr, "i32")))
-        self.types[acc] = sop.type
-        deq = ex.mul(ex.cast(ex.sub(ex.read(acc, {d: ex.var(d) for d in op.type.dims}, "i32"),
-                                    ex.read(zname, ch_index, "i32")), "f32"),
-                     ex.read(sname, ch_index, "f32"))
-        return [sop, Comprehension(op.out, op.type, deq)]
-
-
 def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
     """``g`` with its int8 contractions (``contractions``) quantized with the activation ranges
-    of ``calibration`` (``calibrate``'s result); ``g`` itself when none are."""
+    of ``calibration`` (``calibrate``'s result), after the contractions the model quantizes
+    itself (QDQ: qdq.py) are put on the same integer sums; ``g`` itself when there are none."""
+    g = integer_contractions(g)
     found = contractions(g)
     if not found:
         return g
     if calibration is None:
         raise CalibrationError("int8 needs activation ranges: calibrate the graph on inputs "
                                "first (mlpack build does, with --calibration or random inputs)")
-    rw = _Rewrite(g)
+    rw = IntegerRewrite(g)
     quantized: dict[str, tuple[str, float, int]] = {}   # x -> (its u8 tensor, scale, zero)
     changed: dict[int, list] = {}
     placed: dict[str, Comprehension] = {}   # x -> its quantization, right after x's producer
@@ -298,7 +230,7 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
             continue
         if xname not in quantized:
             sx, zx = quantize_params(*calibration[xname])
-            q = _fresh(f"{xname}#u8", rw.taken)
+            q = fresh(f"{xname}#u8", rw.taken)
             placed[xname] = _quantize_map(xname, q, dict(rw.types[xname].dims), sx, zx)
             rw.types[q] = placed[xname].type
             quantized[xname] = (q, sx, zx)

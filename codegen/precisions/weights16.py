@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from mlpack.codegen.passes.fold_constants import fold_constant_maps
 from mlpack.spec.ir import dtypes as dt
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
@@ -65,7 +66,9 @@ def _widen_reads(e: Expr, narrow: dict[str, str]) -> Expr:
 
 def store_weights(g: Graph, dtype: str) -> Graph:
     """``g`` with its weights (``weights``) stored in ``dtype`` (f16 or bf16) and read widened
-    to f32; ``g`` itself when it has none."""
+    to f32; ``g`` itself when it has none. Maps of constants (a quantized model's dequantized
+    weights) are evaluated first, so that their values are weights too."""
+    g = fold_constant_maps(g)
     names = weights(g)
     if not names:
         return g

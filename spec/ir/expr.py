@@ -384,6 +384,18 @@ def rebuild(e: Expr, args: tuple[Expr, ...]) -> Expr:
     return Expr(e.op, args, e.arg, e.dtype)
 
 
+def replace_node(e: Expr | None, node: Expr, repl: Expr) -> Expr | None:
+    """``e`` with the node ``node`` (by identity, not by equality) replaced by ``repl``."""
+    if e is None:
+        return None
+    if e is node:
+        return repl
+    if not e.args:
+        return e
+    args = tuple(replace_node(a, node, repl) for a in e.args)
+    return e if all(a is b for a, b in zip(args, e.args)) else rebuild(e, args)
+
+
 def index_value(e: Expr, env: dict[str, int]) -> int:
     """Evaluate an index/size expression with the given var and sym values (Python ints)."""
     op = e.op

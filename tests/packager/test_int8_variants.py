@@ -124,3 +124,54 @@ def test_cli_builds_int8_with_a_calibration_directory(tmp_path):
                     "--calibration", folder)
     assert r.exit_code == 0, r.stdout
     assert "x86_64-v2 int8" in r.stdout
+
+
+def test_a_quantized_model_builds_int8_by_default_and_runs_its_own_integers(tmp_path):
+    """ONNX Runtime's QDQ model: no --precision gives int8 (its own precision), its deep
+    contractions as the model's integers summed in i32, judged with int8's tolerance, and the
+    native artifact's outputs are ONNX Runtime's for the same model within an output step."""
+    import onnx
+    quantized = support.load_models_module("quantized")
+    qdq = quantized.qdq_convnet(str(tmp_path))
+    out = tmp_path / "q.mlpack"
+    report = build(qdq, out, targets=["x86_64-v2"])
+    assert [(a.target, a.precision) for a in report.artifacts] == [
+        ("portable", "fp32"), ("x86_64-v2", "int8")]
+    assert all(a.validated for a in report.artifacts), report.artifacts
+    with open_container(str(out)) as c:
+        assert [a.config["accuracy"]["tolerance"]["precision"] for a in c.artifacts] == ["int8"] * 2
+    model = onnx.load(qdq)
+    step = float(onnx.numpy_helper.to_array(next(
+        t for t in model.graph.initializer if t.name == "y_scale")))
+    with mlpack.load(str(out), device="cpu") as m:
+        assert m.artifact.precision == "int8"
+        for feed in quantized.feeds(3, 21):
+            [want] = support.oracle_outputs(model, feed)
+            np.testing.assert_allclose(m(**feed)["y"], want, rtol=0, atol=2 * step)
+
+
+def test_an_int8_artifact_that_misses_keeps_its_most_sensitive_activations_in_f32(tmp_path):
+    """A hidden layer whose one channel sits at 1000 (a bias) leaves 8 bits no steps for the
+    others, which the next layer reads: quantizing it misses int8's tolerance. The build keeps
+    that activation in f32, found by measuring each one's effect, and the artifact validates."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(3)
+    w1 = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+    b1 = np.zeros(64, np.float32)
+    b1[5] = 1000.0
+    w2 = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+    w2[5] = 0.0   # the outlier channel does not reach the output
+    model = support.one_output_model(
+        [helper.make_node("MatMul", ["x", "w1"], ["h0"]), helper.make_node("Add", ["h0", "b1"], ["h"]),
+         helper.make_node("MatMul", ["h", "w2"], ["y"])],
+        [("x", TensorProto.FLOAT, ["n", 64])], [("w1", w1), ("b1", b1), ("w2", w2)])
+    path = tmp_path / "outlier.onnx"
+    path.write_bytes(model.SerializeToString())
+    lines = []
+    report = build(str(path), tmp_path / "o.mlpack", targets=["x86_64-v2"], precisions=["int8"],
+                   progress=lines.append)
+    [art] = [a for a in report.artifacts if a.precision == "int8"]
+    assert art.f32_activations == 1 and art.validated, art
+    assert any("most sensitive of 2 quantized activations in f32" in line for line in lines)
+    assert art.max_error <= accuracy.TOLERANCES["int8"].allowed(art.baseline_max_error)

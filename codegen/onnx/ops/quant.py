@@ -107,7 +107,9 @@ def dequantize_linear(b, n):
             d = d - ex.cast(_param(zp, x.rank, axis, block, idx), "f32")
         return ex.cast(ex.cast(d, acc) * ex.cast(_param(scale, x.rank, axis, block, idx), acc), out)
 
-    return [b.map(out, x.shape, fn, x.names)]
+    # an 8-bit weight stays a map of its integers, so that codegen/passes/qdq.py can put its
+    # contraction on the integer kernels (it evaluates the maps no integer sum took)
+    return [b.map(out, x.shape, fn, x.names, fold=x.dtype not in ("i8", "u8"))]
 
 
 @op("DynamicQuantizeLinear")

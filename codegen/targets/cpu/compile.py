@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlpack.codegen import debug
+from mlpack.codegen import debug, progress
 from mlpack.codegen.passes.pipeline import run_passes
 from mlpack.codegen.targets.base import Code
 from mlpack.spec.ir.graph import Graph
@@ -99,6 +99,7 @@ def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     reject_procedures(graph)
+    progress.report("scheduling")
     graph, kernels, bufs, aliases, state = schedule_kernels(graph, t, disabled)
     copies, owners = output_copies(graph, bufs, len(kernels))
     narrowconv.unpack_ports(graph, bufs, owners)
@@ -111,9 +112,11 @@ def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     debug.log(f"cpu {target}: LLVM IR before optimization:\n{text}", 3)
     times["lower"] = time.perf_counter() - t0
     t1 = time.perf_counter()
+    progress.report("optimizing", len(kernels), len(kernels))
     obj = optimize_and_emit(text, tm)
     times["llvm"] = time.perf_counter() - t1
     t2 = time.perf_counter()
+    progress.report("linking", len(kernels), len(kernels))
     elf = link_shared(obj)
     times["link"] = time.perf_counter() - t2
     debug.log(f"cpu {target}: {len(kernels)} kernels, lower {times['lower']:.2f}s, "

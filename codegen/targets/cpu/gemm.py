@@ -17,7 +17,7 @@ import numpy as np
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.errors import UnsupportedTargetError
-from mlpack.codegen.precisions.int8 import QUAD   # K per int8 product group (INT8_DOT)
+from mlpack.codegen.precisions.intsum import QUAD   # K per int8 product group (INT8_DOT)
 
 PACK = 16                    # f32 lanes per packed column block, the same for every target
 # bf16 pairs (bf16dot.py): per LLVM feature, the instruction's intrinsic and its f32 lanes;

@@ -6,7 +6,7 @@ that dim is an outer dim of the kernel (not its row, not a reduction dim), the c
 the same for every element of a row: lowered as written, the row loop evaluates both arms,
 loads from both inputs at clamped indices and blends them, which keeps the loop from being a
 plain vector loop (squeezenet's pooled concats ran 10x slower than a plain pooling).
-``invariant_select`` finds such a select and ``replace_node`` gives the body with it replaced by
+``invariant_select`` finds such a select and ``expr.replace_node`` gives the body with it replaced by
 one arm, so the lowering can branch once per row and emit each arm's row loop separately.
 """
 
@@ -35,13 +35,3 @@ def invariant_select(exprs: list[Expr], outer: set[str]) -> Expr | None:
     return None
 
 
-def replace_node(e: Expr | None, node: Expr, repl: Expr) -> Expr | None:
-    """``e`` with the node ``node`` (by identity) replaced by ``repl``."""
-    if e is None:
-        return None
-    if e is node:
-        return repl
-    if not e.args:
-        return e
-    args = tuple(replace_node(a, node, repl) for a in e.args)
-    return e if all(a is b for a, b in zip(args, e.args)) else ex.rebuild(e, args)

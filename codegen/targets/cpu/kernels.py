@@ -26,7 +26,6 @@ from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph, Procedure
 from mlpack.spec.ir.graph import tensors_read as op_reads
-from mlpack.codegen.targets.cpu.hoist import replace_node
 from mlpack.codegen.targets.cpu.indexing import coeff, is_one
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
 from mlpack.codegen.targets.cpu.procedure import check_procedures, procedure_kernel
@@ -238,7 +237,7 @@ def unroll_window(k: Kernel) -> None:
                 return ex.select(cond, unroll(body.args[1]), unroll(body.args[2]))
         inner = _monotone_core(body, set(names))
         if inner is not body:   # max over g(x) is g(max over x) for a non-decreasing g
-            return replace_node(body, inner, unroll(inner))
+            return ex.replace_node(body, inner, unroll(inner))
         acc = start
         for point in itertools.product(*[range(s.value) for s in sizes]):
             term = ex.substitute(body, {r: ex.const(v) for r, v in zip(names, point)})

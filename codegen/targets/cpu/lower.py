@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from llvmlite import ir
 
-from mlpack.spec.ir.expr import Expr
+from mlpack.spec.ir.expr import Expr, replace_node
 from mlpack.codegen.errors import UnsupportedTargetError
 from mlpack.codegen.llvm.loops import Loops, delinearize
 from mlpack.codegen.llvm.reduce import arg_better, combine, identity
@@ -227,8 +227,8 @@ class KernelLowering:
         b.cbranch(cond, *arms)
         for block, arm in zip(arms, sel.args[1:]):
             b.position_at_end(block)
-            self.k = replace(k, body=hoist.replace_node(k.body, sel, arm),
-                             epilogue=hoist.replace_node(k.epilogue, sel, arm))
+            self.k = replace(k, body=replace_node(k.body, sel, arm),
+                             epilogue=replace_node(k.epilogue, sel, arm))
             with self.E.scope():   # values made in one arm do not dominate the other
                 self._row(row, depth + 1)
             b.branch(merge)

@@ -19,7 +19,7 @@ import threading
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from mlpack.codegen import debug
+from mlpack.codegen import debug, progress
 from mlpack.codegen.llvm.loops import LoopIds
 from mlpack.codegen.llvm.types import I32, PTR
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
@@ -127,7 +127,10 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     # (procedures, sequential code: procedure.py)
     lowerings = [(ProcedureLowering if k.strategy == PROCEDURE else KernelLowering)(
         module, k, buffers, symbols, ids, native_f16) for k in kernels]
-    fns = [lowering.emit() for lowering in lowerings]
+    fns = []
+    for lowering in lowerings:
+        fns.append(lowering.emit())
+        progress.report("lowering", len(fns), len(lowerings))   # (a build's progress display)
     for k, lowering in zip(kernels, lowerings):
         # the table records what the plan binds (kernel_bindings); the code loads `bound`
         if list(lowering.bound) != kernel_bindings(k):

@@ -1,0 +1,308 @@
+"""The kernel cache: each target's compiled code on disk, content-addressed, for rebuilds.
+
+A build compiles every (target, precision) of a model into ``Code`` (an ELF and its plan for a
+cpu target, LLVM's optimizer being most of the time). That is a pure function of its inputs, so
+``compile_cached`` keys each one by a digest of all of them (``Keys``) and reuses what an
+earlier build stored:
+
+- the graph as the compiler left it, as printed text (``spec/ir/printer.py``) with each
+  constant's data replaced by its sha256, plus the origins its index messages name;
+- the target (name, hence its CPU and feature list), the precision, the passes left out and
+  int8's calibration ranges;
+- the code that turns them into bytes: a digest of every source file of ``mlpack.codegen`` and
+  ``mlpack.spec`` (an edit anywhere there is a new key, so a stale entry can never be read),
+  mlpack's, llvmlite's, ziglang's and NumPy's versions, and the environment variables the
+  compiler reads (MLPACK_DISABLE_PASSES, MLPACK_LLD).
+
+The unit is a whole target's code, not a kernel: a key computed before lowering lets a warm
+rebuild skip the Python lowering too (a quarter of a target's compile), which a key on each
+kernel's LLVM IR could not. Within one target identical kernels are already compiled once
+(``codegen/targets/cpu/module.py``'s ``_share_identical``).
+
+Layout of the folder (MLPACK_CACHE_DIR, default ``$XDG_CACHE_HOME/mlpack/kernels``, else
+``~/.cache/mlpack/kernels``): ``entries/<key>.json`` says which blobs make the code and carries
+the sha256 of its own text; ``blobs/<sha256>`` holds the ELF, the weights archive (one file for
+every target whose packed weights are the same bytes). Every file is written to a temporary name
+and renamed, so two builds at once never see half an entry; an entry whose own digest or any
+blob's digest does not match is dropped and compiled again, never trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+from mlpack.spec import environment
+from mlpack.spec.errors import Error
+
+FORMAT = 1   # the entry's layout; a new one is a new key
+_SOURCES: str | None = None   # the code digest, computed once per process
+
+
+def default_folder() -> Path:
+    """MLPACK_CACHE_DIR, else the XDG cache's mlpack/kernels."""
+    chosen = environment.get("MLPACK_CACHE_DIR")
+    if chosen:
+        return Path(chosen).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mlpack" / "kernels"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "-"
+
+
+def code_digest() -> str:
+    """A digest of what compiles: every source file of mlpack.codegen and mlpack.spec, and the
+    versions of the libraries whose output lands in the code."""
+    global _SOURCES
+    if _SOURCES is None:
+        import mlpack
+        import mlpack.codegen
+        import mlpack.spec
+
+        h = hashlib.sha256(f"format {FORMAT} mlpack {mlpack.__version__}".encode())
+        for dist in ("llvmlite", "ziglang", "numpy"):
+            h.update(f" {dist} {_version(dist)}".encode())
+        for package in (mlpack.codegen, mlpack.spec):
+            for root in package.__path__:
+                for path in sorted(Path(root).rglob("*.py")):
+                    h.update(f"\n{path.relative_to(root)}\n".encode())
+                    h.update(path.read_bytes())
+        _SOURCES = h.hexdigest()
+    return _SOURCES
+
+
+def graph_digest(graph) -> str:
+    """The graph as printed text, each constant's data by its digest (a 500 MB model prints
+    in a second this way, not a minute), with the origins its index messages name."""
+    from mlpack.spec.ir.printer import format_graph, format_layout, format_type
+    import numpy as np
+
+    h = hashlib.sha256(format_graph(dataclasses.replace(graph, constants={})).encode())
+    for c in graph.constants.values():
+        data = np.ascontiguousarray(c.data)
+        h.update(f"const {c.name} {format_type(c.type)} {format_layout(c.layout)} {data.dtype.str} "
+                 f"{data.shape} ".encode())
+        h.update(hashlib.sha256(data.view(np.uint8).reshape(-1)).digest())
+    h.update(repr(sorted(graph.origins.items(), key=repr)).encode())
+    return h.hexdigest()
+
+
+_LAST: list = []   # [(weak reference to a graph, its digest)]: a build asks again
+
+
+def _graph_sha(graph) -> str:
+    if not _LAST or _LAST[0][0]() is not graph:
+        _LAST[:] = [(weakref.ref(graph), graph_digest(graph))]
+    return _LAST[0][1]
+
+
+def _canonical(value) -> str:
+    """A stable text of a precision's calibration (int8: {tensor: (lo, hi)})."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k!r}:{_canonical(v)}" for k, v in sorted(value.items(), key=repr)) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_canonical(v) for v in value) + "]"
+    if hasattr(value, "tobytes"):
+        return f"array:{value.dtype.str}:{getattr(value, 'shape', ())}:{_sha(value.tobytes())}"
+    return repr(float(value)) if isinstance(value, float) else repr(value)
+
+
+def key(graph_sha: str, target: str, precision: str, disabled=frozenset(), calibration=None) -> str:
+    """The cache key of one target x precision of the graph whose digest is ``graph_sha``."""
+    parts = {"code": code_digest(), "graph": graph_sha, "target": target, "precision": precision,
+             "disabled": sorted(disabled), "calibration": _canonical(calibration),
+             "env": {n: environment.get(n) for n in ("MLPACK_DISABLE_PASSES", "MLPACK_LLD")}}
+    return _sha(json.dumps(parts, sort_keys=True).encode())
+
+
+@dataclasses.dataclass
+class Stats:
+    """What a build got from the cache."""
+    hits: list[tuple[str, str]] = dataclasses.field(default_factory=list)     # (target, precision)
+    misses: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    dropped: int = 0   # entries found corrupt and compiled again
+
+
+class KernelCache:
+    """One cache folder: ``get`` a target's Code by key, ``put`` one compiled."""
+
+    def __init__(self, folder: str | os.PathLike | None = None):
+        self.folder = Path(folder) if folder is not None else default_folder()
+        self.stats = Stats()
+
+    def _entry(self, k: str) -> Path:
+        return self.folder / "entries" / f"{k}.json"
+
+    def _blob(self, digest: str) -> Path:
+        return self.folder / "blobs" / digest
+
+    def get(self, k: str):
+        """The Code stored under ``k`` with its weights archive as bytes, or None (absent, or
+        corrupt: then removed, so the next put writes it whole)."""
+        from mlpack.codegen.targets.base import Code
+        from mlpack.spec.tensorfile import read_tensors
+
+        path = self._entry(k)
+        try:
+            text = path.read_bytes()
+        except OSError:
+            return None
+        try:
+            digest, _, body = text.partition(b"\n")
+            if digest.decode() != _sha(body):
+                raise ValueError("entry digest")
+            doc = json.loads(body)
+            blobs = {}
+            for d in [d for _, d in doc["layers"]] + [doc["weights"]]:
+                data = self._blob(d).read_bytes()
+                if _sha(data) != d:
+                    self._discard(self._blob(d))
+                    raise ValueError("blob digest")
+                blobs[d] = data
+            weights = blobs[doc["weights"]]
+            code = Code([(m, blobs[d]) for m, d in doc["layers"]], read_tensors(weights),
+                        doc["config"], doc["timings"], tuple(doc["inexact"]))
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, Error):
+            self._discard(path)
+            self.stats.dropped += 1
+            return None
+        return code, weights
+
+    # An artifact of another architecture is validated under qemu (packager/emulate.py), which
+    # takes seconds even for a small model. What the emulated engine printed is a function of
+    # the program, the qemu command, the artifact's bytes and its vectors (the key: emulate's
+    # run_key), so a rebuild that makes the same artifact reuses its outputs; they are judged
+    # against the reference again, as a new run's would be.
+
+    def get_outputs(self, k: str):
+        """The outputs per case ([{output name: array}]) stored under ``k``, the message of a
+        run that could not be emulated (a str), or None."""
+        from mlpack.spec.tensorfile import read_header, read_tensors
+
+        path = self.folder / "runs" / k
+        try:
+            digest, _, body = path.read_bytes().partition(b"\n")
+            if digest.decode() != _sha(body):
+                raise ValueError("entry digest")
+            meta = read_header(body)["metadata"]
+            if "not_emulated" in meta:
+                return str(meta["not_emulated"])
+            got = [{} for _ in range(int(meta["cases"]))]
+            for name, array in read_tensors(body).items():
+                case, _, output = name.partition("/")
+                got[int(case)][output] = array
+            return got
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, Error):
+            self._discard(path)
+            self.stats.dropped += 1
+            return None
+
+    def put_outputs(self, k: str, got) -> None:
+        """Store the outputs of one emulated run (or the str saying why it could not run)."""
+        from mlpack.spec.tensorfile import write_tensors
+
+        if isinstance(got, str):
+            body = write_tensors({}, {"not_emulated": got})
+        else:
+            body = write_tensors({f"{c}/{name}": a for c, case in enumerate(got)
+                                  for name, a in case.items()}, {"cases": len(got)})
+        try:
+            self._write(self.folder / "runs" / k, _sha(body).encode() + b"\n" + body)
+        except OSError:
+            pass
+
+    def put(self, k: str, code, weights: bytes) -> None:
+        """Store ``code`` (its weights archive ``weights``) under ``k``. A cache that cannot be
+        written (a read-only home) costs the reuse, never the build."""
+        try:
+            layers = [(m, self._write_blob(data)) for m, data in code.layers]
+            doc = {"format": FORMAT, "layers": layers, "weights": self._write_blob(weights),
+                   "config": code.config, "timings": code.timings,
+                   "inexact": list(code.inexact_passes)}
+            body = json.dumps(doc).encode()   # (key order kept: the config's bytes depend on it)
+            self._write(self._entry(k), _sha(body).encode() + b"\n" + body)
+        except (OSError, TypeError, ValueError):
+            pass
+
+    def _write_blob(self, data: bytes) -> str:
+        digest = _sha(data)
+        path = self._blob(digest)
+        try:   # another entry's, or another build's: kept only if it is whole
+            whole = _sha(path.read_bytes()) == digest
+        except OSError:
+            whole = False
+        if not whole:
+            self._write(path, data)
+        return digest
+
+    @staticmethod
+    def _write(path: Path, data: bytes) -> None:
+        """Write ``data`` to a temporary file beside ``path`` and rename it there (atomic)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:16]}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o644)   # (mkstemp's 0600 would keep a shared cache folder private)
+            os.replace(tmp, path)
+        except BaseException:
+            KernelCache._discard(Path(tmp))
+            raise
+
+    @staticmethod
+    def _discard(path: Path) -> None:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def compile_cached(cache: KernelCache | None, graph, pairs, calibrations: dict, compile_all,
+                   archive, disabled=frozenset()) -> dict:
+    """``compile_all(graph, pairs, calibrations)`` for the pairs not in ``cache``: {pair: (Code
+    or UnsupportedTargetError, seconds, weights archive or None)}. Hits take no compile at all
+    (no worker is started when every pair hits); ``archive(code)`` is the weights archive of a
+    new one, stored with it; ``disabled``: the target passes ``compile_all`` leaves out."""
+    if cache is None:
+        results = compile_all(graph, pairs, calibrations)
+        return {pair: (code, seconds, None) for pair, (code, seconds) in results.items()}
+    from mlpack.codegen.errors import UnsupportedTargetError
+
+    sha = _graph_sha(graph)
+    keys = {pair: key(sha, *pair, disabled, calibrations.get(pair[1])) for pair in pairs}
+    out, misses = {}, []
+    for pair in pairs:
+        t0 = time.perf_counter()
+        found = cache.get(keys[pair])
+        if found is None:
+            misses.append(pair)
+            continue
+        cache.stats.hits.append(pair)
+        out[pair] = (found[0], time.perf_counter() - t0, found[1])
+    if misses:
+        cache.stats.misses.extend(misses)
+        for pair, (code, seconds) in compile_all(graph, misses, calibrations).items():
+            weights = None
+            if not isinstance(code, UnsupportedTargetError):
+                weights = archive(code)
+                cache.put(keys[pair], code, weights)
+            out[pair] = (code, seconds, weights)
+    return {pair: out[pair] for pair in pairs}

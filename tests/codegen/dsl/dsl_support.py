@@ -1,0 +1,43 @@
+"""What the DSL tests share: seeded data, the float64 comparison, the example modules.
+
+(A module of its own, not conftest.py: tests import it by name, and ``conftest`` is the name
+of tests/conftest.py too.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+CAPSULES = os.path.join(ROOT, "examples", "capsules")
+# fp32 results against a float64 NumPy reference, relative to the output's largest magnitude:
+# sums of at most a few thousand O(1) products stay within some 1e-6 of it
+RTOL = 1e-5
+
+
+def rand(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def assert_close(got, want, rtol=RTOL):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-30)
+    assert err <= rtol, f"max error {err:.3g} of the largest magnitude, allowed {rtol:g}"
+
+
+def example(name: str):
+    """examples/capsules/NAME.py as a module (imported once: model.py registers a torch op)."""
+    key = f"mlpack_example_capsules_{name}"
+    if key not in sys.modules:
+        if CAPSULES not in sys.path:
+            sys.path.insert(0, CAPSULES)   # build_and_run imports its neighbours by name
+        spec = importlib.util.spec_from_file_location(key, os.path.join(CAPSULES, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]

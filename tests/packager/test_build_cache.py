@@ -1,0 +1,180 @@
+"""The kernel cache (packager/cache.py): a rebuild reuses each target's compiled code and the
+outputs of emulated runs, the container's bytes are the same either way, and a damaged entry
+is compiled again, never trusted. The cheapest native target (x86_64-v2, which every x86-64 host
+runs) and the portable one keep it fast; no test depends on the host's vector unit."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from mlpack.packager import build as build_mod
+from mlpack.packager import cache as cache_mod
+from mlpack.packager.build import build
+
+pytest.importorskip("onnxruntime")
+MLP = os.path.join(os.path.dirname(os.path.dirname(__file__)), "models", "mlp.onnx")
+TARGETS = ["x86_64-v2"]
+
+
+def _build(out, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build(MLP, out, targets=TARGETS, **kw)
+
+
+def _sha(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """The (target, precision) pairs the build compiles, in order (not those it reuses)."""
+    seen, real = [], build_mod._compile_one
+
+    def counting(graph, target, precision="fp32", *args, **kw):
+        seen.append((target, precision))
+        return real(graph, target, precision, *args, **kw)
+
+    monkeypatch.setattr(build_mod, "_compile_one", counting)
+    return seen
+
+
+def test_warm_rebuild_same_bytes_no_compile(tmp_path, compiles):
+    cold = _build(tmp_path / "cold.mlpack", cache=tmp_path / "k")
+    assert sorted(compiles) == [("portable", "fp32"), ("x86_64-v2", "fp32")]
+    assert cold.cache["hits"] == 0 and cold.cache["misses"] == 2
+    compiles.clear()
+    warm = _build(tmp_path / "warm.mlpack", cache=tmp_path / "k")
+    assert compiles == []   # the compiler is not called for a cached unit
+    assert warm.cache == {**cold.cache, "hits": 2, "misses": 0}
+    none = _build(tmp_path / "none.mlpack", cache=False)
+    assert _sha(tmp_path / "cold.mlpack") == _sha(tmp_path / "warm.mlpack") \
+        == _sha(tmp_path / "none.mlpack")
+    assert none.cache == {}
+
+
+@pytest.mark.parametrize("damage", ["blob", "entry", "truncate"])
+def test_corrupt_entry_is_compiled_again(tmp_path, compiles, damage):
+    folder = tmp_path / "k"
+    _build(tmp_path / "a.mlpack", cache=folder)
+    if damage == "blob":   # every blob: the ELF and the weights archive among them
+        victims = sorted((folder / "blobs").iterdir())
+    else:
+        victims = sorted((folder / "entries").iterdir())
+    for path in victims:
+        data = bytearray(path.read_bytes())
+        if damage == "truncate":
+            data = data[:len(data) // 2]
+        else:
+            data[len(data) // 2] ^= 0x40
+        path.write_bytes(bytes(data))
+    compiles.clear()
+    report = _build(tmp_path / "b.mlpack", cache=folder)
+    assert sorted(compiles) == [("portable", "fp32"), ("x86_64-v2", "fp32")]
+    assert report.cache["dropped"] == 2 and report.cache["hits"] == 0
+    assert _sha(tmp_path / "a.mlpack") == _sha(tmp_path / "b.mlpack")
+    compiles.clear()   # and the entries written anew are whole again
+    assert _build(tmp_path / "c.mlpack", cache=folder).cache["hits"] == 2 and compiles == []
+
+
+def test_env_var_names_the_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLPACK_CACHE_DIR", str(tmp_path / "env"))
+    assert cache_mod.default_folder() == tmp_path / "env"
+    report = _build(tmp_path / "a.mlpack")
+    assert report.cache["folder"] == str(tmp_path / "env")
+    assert len(list((tmp_path / "env" / "entries").iterdir())) == 2
+    monkeypatch.delenv("MLPACK_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_mod.default_folder() == tmp_path / "xdg" / "mlpack" / "kernels"
+
+
+def test_cli_no_cache(tmp_path, monkeypatch):
+    folder = tmp_path / "k"
+    env = dict(os.environ, MLPACK_CACHE_DIR=str(folder))
+    cmd = [sys.executable, "-m", "mlpack.packager.cli", "build", MLP, "-o",
+           str(tmp_path / "a.mlpack"), "-t", "x86_64-v2"]
+    proc = subprocess.run(cmd + ["--no-cache"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not folder.exists()
+    assert proc.stderr == ""   # not a terminal: no progress lines
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and "kernel cache" not in proc.stdout
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert "2 of 2 artifacts' code from the kernel cache" in proc.stdout, proc.stdout
+
+
+def test_concurrent_builds_share_one_folder(tmp_path):
+    """Two builds at once into one cache folder: both write whole entries (temporary file and
+    rename), both containers are the same, and a third build reuses everything."""
+    env = dict(os.environ, MLPACK_CACHE_DIR=str(tmp_path / "k"))
+    script = ("import sys, warnings; warnings.simplefilter('ignore'); "
+              "from mlpack.packager.build import build; "
+              f"build({MLP!r}, sys.argv[1], targets={TARGETS!r})")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / f"{i}.mlpack")],
+                              env=env, stderr=subprocess.PIPE) for i in range(2)]
+    for p in procs:
+        assert p.wait() == 0, p.stderr.read().decode()
+    assert _sha(tmp_path / "0.mlpack") == _sha(tmp_path / "1.mlpack")
+    assert not [p for p in (tmp_path / "k").rglob("*.tmp")]   # no half-written file is left
+    report = _build(tmp_path / "2.mlpack", cache=tmp_path / "k")
+    assert report.cache["hits"] == 2 and report.cache["dropped"] == 0
+
+
+def test_key_covers_what_makes_the_bytes(monkeypatch):
+    base = cache_mod.key("g", "x86_64-v2", "fp32")
+    assert len({base, cache_mod.key("h", "x86_64-v2", "fp32"),
+                cache_mod.key("g", "x86_64-v3", "fp32"), cache_mod.key("g", "x86_64-v2", "int8"),
+                cache_mod.key("g", "x86_64-v2", "fp32", frozenset({"winograd"})),
+                cache_mod.key("g", "x86_64-v2", "fp32", calibration={"x": (0.0, 1.0)})}) == 6
+    monkeypatch.setenv("MLPACK_DISABLE_PASSES", "winograd")
+    assert cache_mod.key("g", "x86_64-v2", "fp32") != base
+    monkeypatch.setattr(cache_mod, "_SOURCES", "an edited compiler")
+    monkeypatch.delenv("MLPACK_DISABLE_PASSES")
+    assert cache_mod.key("g", "x86_64-v2", "fp32") != base
+
+
+def test_emulated_outputs_round_trip(tmp_path):
+    import numpy as np
+
+    store = cache_mod.KernelCache(tmp_path)
+    got = [{"y": np.arange(6, dtype=np.float32).reshape(2, 3)}, {"y": np.ones(3, np.float32)}]
+    store.put_outputs("k1", got)
+    back = store.get_outputs("k1")
+    assert [list(c) for c in back] == [["y"], ["y"]]
+    assert np.array_equal(back[0]["y"], got[0]["y"]) and back[1]["y"].shape == (3,)
+    store.put_outputs("k2", "its vectors ran over 10 s under qemu-riscv64")
+    assert store.get_outputs("k2") == "its vectors ran over 10 s under qemu-riscv64"
+    path = tmp_path / "runs" / "k1"
+    path.write_bytes(path.read_bytes()[:-1] + b"!")
+    assert store.get_outputs("k1") is None and not path.exists()
+    assert store.get_outputs("absent") is None
+
+
+def test_progress_quiet_when_not_a_terminal(monkeypatch):
+    from mlpack.packager import cli
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())   # not a TTY
+    assert cli._progress(False) is None and cli._progress(True) is None
+
+
+def test_live_line_says_what_compiles(tmp_path):
+    """A progress callable with ``status`` (the terminal's) is told what is compiling and how
+    far, and the live line is cleared at the end; the lines themselves are unchanged."""
+    from mlpack.packager.progress import Terminal
+
+    stream = io.StringIO()
+    terminal = Terminal(stream)
+    statuses = []
+    terminal.status = lambda text, real=terminal.status: (statuses.append(text), real(text))
+    _build(tmp_path / "a.mlpack", cache=False, progress=terminal)
+    assert any(s.startswith("  compiling: ") for s in statuses), statuses
+    assert statuses[-1] == ""
+    assert "lower x86_64-v2 fp32..." in stream.getvalue()
