@@ -120,7 +120,7 @@ class AmxGemm(GemmEmitter):
             self.epilogue(tile, m0, m_size, nt, osz)
         b.call(self._intr("tilerelease"), [])
         b.ret_void()
-        L.loops_md(L.loops.latches)
+        L.loops_md(L.loops.latches, L.loops.unroll)
 
     def _k_steps(self, scratch, panels, steps: int) -> None:
         """The K loop of one 2x2 block of accumulator tiles: six part products per step."""

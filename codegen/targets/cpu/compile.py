@@ -17,7 +17,8 @@ from mlpack.codegen.targets.cpu.concat import split_concats
 from mlpack.codegen.targets.cpu.gemm import bf16_dot
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
 from mlpack.codegen.targets.cpu.link import link_shared
-from mlpack.codegen.targets.cpu.module import build_module, optimize_and_emit, target_machine
+from mlpack.codegen.targets.cpu.module import build_module, target_machine
+from mlpack.codegen.targets.cpu.objects import emit_parts
 from mlpack.codegen.targets.cpu.plan import make_plan, output_copies, tensor_buffers
 from mlpack.codegen.targets.cpu.target import get_target
 
@@ -88,6 +89,11 @@ def schedule_kernels(graph: Graph, t, disabled=frozenset()):
     return graph, kernels, bufs, state.aliases, state
 
 
+def _log_assembly(mod, tm) -> None:
+    if debug.level() >= 3:
+        debug.log(f"cpu {tm.triple}: assembly after optimization:\n{tm.emit_assembly(mod)}", 3)
+
+
 def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     """Compile ``graph`` (the output of ``compile_onnx``) for the cpu target named ``target``.
     ``disabled``: the target's passes to leave out (``target_passes``; MLPACK_DISABLE_PASSES
@@ -107,17 +113,20 @@ def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     plan, weights = make_plan(graph, kernels, bufs, owners, aliases)
     weights = narrowconv.pack_weights(weights, bufs)
     tm = target_machine(t)
-    text = build_module(kernels, bufs, plan["symbols"], t, tm)
+    # (one part at MLPACK_DEBUG=3, so the assembly printed is the whole library's)
+    texts = build_module(kernels, bufs, plan["symbols"], t, tm,
+                         parts=1 if debug.level() >= 3 else None)
     checks.add_to_plan(plan, kernels, graph.origins)   # (known once the kernels are lowered)
-    debug.log(f"cpu {target}: LLVM IR before optimization:\n{text}", 3)
+    for text in texts:
+        debug.log(f"cpu {target}: LLVM IR before optimization:\n{text}", 3)
     times["lower"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     progress.report("optimizing", len(kernels), len(kernels))
-    obj = optimize_and_emit(text, tm)
+    objs = emit_parts(texts, t.triple, t.cpu, t.feature_string, _log_assembly)
     times["llvm"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     progress.report("linking", len(kernels), len(kernels))
-    elf = link_shared(obj)
+    elf = link_shared(objs)
     times["link"] = time.perf_counter() - t2
     debug.log(f"cpu {target}: {len(kernels)} kernels, lower {times['lower']:.2f}s, "
               f"llvm {times['llvm']:.2f}s, link {times['link']:.2f}s")

@@ -27,14 +27,17 @@ def lld_command() -> list[str]:
     return [sys.executable, "-m", "ziglang", "ld.lld"]
 
 
-def link_shared(obj: bytes, soname: str = "libmlpack_kernels.so") -> bytes:
-    """Link one relocatable object into a shared object and return its bytes."""
+def link_shared(objs: bytes | list[bytes], soname: str = "libmlpack_kernels.so") -> bytes:
+    """Link relocatable objects (a module's parts: module.py) into one shared object and return
+    its bytes."""
+    objs = [objs] if isinstance(objs, bytes) else objs
     with tempfile.TemporaryDirectory(prefix="mlpack-link-") as tmp:
-        src = os.path.join(tmp, "kernels.o")
+        srcs = [os.path.join(tmp, f"kernels{i}.o" if i else "kernels.o") for i in range(len(objs))]
         out = os.path.join(tmp, "kernels.so")
-        with open(src, "wb") as f:
-            f.write(obj)
-        cmd = [*lld_command(), *LLD_FLAGS, "-soname", soname, "-o", out, src]
+        for src, obj in zip(srcs, objs):
+            with open(src, "wb") as f:
+                f.write(obj)
+        cmd = [*lld_command(), *LLD_FLAGS, "-soname", soname, "-o", out, *srcs]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise UnsupportedTargetError(

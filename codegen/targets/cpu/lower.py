@@ -98,7 +98,9 @@ class KernelLowering:
     def _emit_impl(self, f: ir.Function) -> None:
         b = ir.IRBuilder(f.append_basic_block("entry"))
         self.b = b
-        self.loops = Loops(b, self.module)
+        # a gemm kernel's bodies are unrolled as written (tiles, windows): LLVM's unroller
+        # would only multiply its code (objects.py)
+        self.loops = Loops(b, self.module, unroll=self.k.strategy != "gemm")
         n = len(self.bound)
         bases = {t: f.args[j] for j, t in enumerate(self.bound)}
         E = ScalarEmitter(b, bases, self.buffers, self.k.name, self.native_f16, target="cpu")
@@ -139,7 +141,7 @@ class KernelLowering:
                 self.bind_unit(r, outer)
                 self._row(row)
         b.ret_void()
-        self.loops_md(self.loops.latches)
+        self.loops_md(self.loops.latches, self.loops.unroll)
         self._finish_checks(err, status)
 
     def _emit_gemm(self, wg, count) -> None:

@@ -237,7 +237,7 @@ class GemmEmitter:
             tile = b.gep(cbuf, [i64(0), i64(0)], inbounds=True)
             self.epilogue(tile, b.mul(t0, i64(c.mr)), m_size, nt, osz)
         b.ret_void()
-        L.loops_md(L.loops.latches)
+        L.loops_md(L.loops.latches, L.loops.unroll)
 
     def _single_chunk(self) -> bool:
         """Whether the outermost K dim fits one chunk, known at build time."""

@@ -1,4 +1,4 @@
-"""The kernel library as one LLVM module: kernels, the kernel table, optimization, object code.
+"""The kernel library as LLVM modules: kernels, the kernel table, parts compiled in parallel.
 
 Everything is ``internal`` except ``mlpack_kernel_table_v1``, so the shared object's dynamic
 symbol table holds that one symbol. Its table (runtime/c/include/mlpack_abi.h) is version 2 (ABI
@@ -7,21 +7,22 @@ bind ('w' written, 'r' only read: procedure.binding_kinds), which the engine che
 against; the string is built from the same list the lowering binds (``bound``), so the two
 cannot drift. Every function carries ``"no-builtins"`` so that LLVM does
 not turn a fill or copy loop into a ``memset``/``memcpy`` call the library could not resolve.
-Innermost loops get ``llvm.loop.vectorize.enable`` (a distinct, self-referencing loop id each:
-codegen/llvm/loops.py).
+Loops whose bodies are unrolled as written get ``llvm.loop.unroll.disable`` (a distinct,
+self-referencing loop id each: codegen/llvm/loops.py). A big library is cut into parts that
+LLVM compiles in parallel processes (``build_module``'s ``parts``, objects.py).
 """
 
 from __future__ import annotations
 
+import os
 import re
-import threading
 
-import llvmlite.binding as llvm
 from llvmlite import ir
 
-from mlpack.codegen import debug, progress
+from mlpack.codegen import progress
 from mlpack.codegen.llvm.loops import LoopIds
 from mlpack.codegen.llvm.types import I32, PTR
+from mlpack.codegen.targets.cpu import objects
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
 from mlpack.codegen.targets.cpu.lower import KernelLowering
 from mlpack.codegen.targets.cpu.procedure import (PROCEDURE, ProcedureLowering, binding_kinds,
@@ -30,23 +31,14 @@ from mlpack.codegen.targets.cpu.target import CpuTarget
 
 TABLE_SYMBOL = "mlpack_kernel_table_v1"
 TABLE_VERSION = 2   # the table's layout (mlpack_abi.h's abi_version): with bindings, ABI 1.3
-_INIT = threading.Lock()
-_initialized = False
-
-
-def init_llvm() -> None:
-    global _initialized
-    with _INIT:
-        if not _initialized:
-            llvm.initialize_all_targets()
-            llvm.initialize_all_asmprinters()
-            _initialized = True
+# A module of at least this many bytes of IR text per core is cut into parts that LLVM
+# optimizes and emits in parallel processes (objects.py): about 3 s of LLVM per MB, against a
+# tenth of a second to start a helper and parse the parts' shared declarations again.
+PART_BYTES = 1_000_000
 
 
 def target_machine(t: CpuTarget):
-    init_llvm()
-    return llvm.Target.from_triple(t.triple).create_target_machine(
-        cpu=t.cpu, features=t.feature_string, opt=3, reloc="pic", codemodel="default")
+    return objects.machine(t.triple, t.cpu, t.feature_string)
 
 
 def _cstring(module: ir.Module, name: str, s: str) -> ir.GlobalVariable:
@@ -85,13 +77,16 @@ def _table(module: ir.Module, fns: list[ir.Function], names: list[str], bindings
     b.ret(tab)
 
 
-def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str]) -> list[ir.Function]:
+def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str],
+                     printed: dict[str, str]) -> list[ir.Function]:
     """The table's functions, where a kernel whose code is identical to an earlier one's (a
     repeated layer: resnet50's 76 kernels are 52 distinct functions) is dropped from the module
     and its table entry points at the earlier function. Code is compared as LLVM text with the
     kernel's own name blanked and each metadata reference replaced by its content (loop ids
     differ only by their self-reference), so only the same instructions on the same constants
-    and the same loop hints match; LLVM then optimizes each distinct function once."""
+    and the same loop hints match; LLVM then optimizes each distinct function once.
+    ``printed``: each kernel function's text by name (and its ``.impl``'s), filled in here, so
+    the module is printed once."""
     canon: dict[str, str] = {}
     for md in module.metadata:   # defined before use: operands are canonical already
         body = str(md).split(" = ", 1)[1]
@@ -101,7 +96,10 @@ def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str]
     out = []
     for f, name in zip(fns, names):
         impl = module.globals.get(f"{name}.impl")
-        text = str(f) + ("" if impl is None else str(impl))
+        printed[f.name] = str(f)
+        if impl is not None:
+            printed[impl.name] = str(impl)
+        text = printed[f.name] + ("" if impl is None else printed[impl.name])
         key = re.sub(r"!(\d+)", lambda m: canon.get(m.group(1), m.group(0)),
                      text.replace(name, "K"))
         kept = first.setdefault(key, f)
@@ -113,9 +111,33 @@ def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str]
     return out
 
 
+def _split(kernels: list[ir.Function], printed: dict[str, str], parts: int) -> list[set[str]]:
+    """The distinct kernels' function names (each with its ``.impl``) dealt into ``parts`` sets
+    of about equal IR text, the largest first (a kernel's text is a fair proxy for LLVM's time
+    on it)."""
+    sizes = {}
+    for f in dict.fromkeys(kernels):
+        sizes[f.name] = len(printed[f.name]) + len(printed.get(f"{f.name}.impl", ""))
+    bins: list[tuple[int, set[str]]] = [(0, set()) for _ in range(parts)]
+    for name in sorted(sizes, key=lambda n: -sizes[n]):
+        i = min(range(parts), key=lambda j: bins[j][0])
+        bins[i] = (bins[i][0] + sizes[name], bins[i][1] | {name, f"{name}.impl"})
+    return [names for _, names in bins if names] or [set()]
+
+
+def _part_count(size: int) -> int:
+    """How many parts a module of ``size`` bytes of IR text is cut into (PART_BYTES)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, size // PART_BYTES))
+
+
 def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: list[str],
-                 t: CpuTarget, tm) -> str:
-    """The module's LLVM IR text (before optimization)."""
+                 t: CpuTarget, tm, parts: int | None = None) -> list[str]:
+    """The LLVM IR text (before optimization) of the kernel library, as one module or as
+    ``parts`` modules (None: by size, ``_part_count``) that link into one library: the first
+    holds the table and declares the others' kernels, which are ``hidden`` there (global in
+    the link, absent from the dynamic symbol table); each part carries every helper function,
+    constant and metadata node (LLVM drops what a part does not use)."""
     module = ir.Module(name="mlpack_kernels")
     module.triple = t.triple
     module.data_layout = str(tm.target_data)
@@ -136,23 +158,43 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
         if list(lowering.bound) != kernel_bindings(k):
             raise AssertionError(f"cpu: kernel {k.name} loads bindings {lowering.bound}, but its "
                                  f"dispatch binds {kernel_bindings(k)}")
-    _table(module, _share_identical(module, fns, [k.name for k in kernels]),
-           [k.name for k in kernels], [binding_kinds(k) for k in kernels])
-    text = LoopIds.finalize(str(module))
-    # every definition: no libcalls synthesized from loops
+    printed: dict[str, str] = {}
+    distinct = _share_identical(module, fns, [k.name for k in kernels], printed)
+    before = set(module.globals)
+    _table(module, distinct, [k.name for k in kernels], [binding_kinds(k) for k in kernels])
+    table = set(module.globals) - before
+    if parts is None:
+        parts = _part_count(sum(len(printed[n]) for f in set(distinct)
+                                for n in (f.name, f"{f.name}.impl") if n in printed))
+    groups = _split(distinct, printed, parts)
+    owner = {name: i for i, names in enumerate(groups) for name in names}
+    header = [f'; ModuleID = "{module.name}"', f'target triple = "{module.triple}"',
+              f'target datalayout = "{module.data_layout}"', ""]
+    header += [it.get_declaration() for it in module.get_identified_types().values()]
+    metadata = module._get_metadata_lines()
+    texts = []
+    for i in range(len(groups)):
+        lines = list(header)
+        for name, g in module.globals.items():
+            part = owner.get(name)
+            if name in table and i != 0:
+                continue
+            if part is None or part == i:
+                text = printed.get(name) or str(g)
+                if part is not None and len(groups) > 1 and not name.endswith(".impl"):
+                    # called through the table of part 0 (a kernel of part 0 stays internal)
+                    text = text.replace("define internal ", "define hidden ", 1) if i else text
+                lines.append(text)
+            elif i == 0 and not name.endswith(".impl"):   # another part's kernel, in the table
+                lines.append(str(ir.Function(ir.Module(), g.function_type, name)).replace(
+                    "declare ", "declare hidden ", 1))
+        texts.append(_finish("\n".join(lines + metadata)))
+    return texts
+
+
+def _finish(text: str) -> str:
+    """Loop ids made self-referencing, and every definition without libcalls synthesized from
+    loops."""
+    text = LoopIds.finalize(text)
     return re.sub(r"^(define .*\))( [^\n{]*)?\n\{", lambda m: f'{m.group(1)}{m.group(2) or ""}'
                   f' "no-builtins"\n{{', text, flags=re.M)
-
-
-def optimize_and_emit(text: str, tm) -> bytes:
-    """Parse, verify, run the O3 pipeline with both vectorizers, return object code."""
-    mod = llvm.parse_assembly(text)
-    mod.verify()
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
-    if debug.level() >= 3:
-        debug.log(f"cpu {tm.triple}: assembly after optimization:\n{tm.emit_assembly(mod)}", 3)
-    return tm.emit_object(mod)

@@ -1,0 +1,69 @@
+"""A kernel library compiled as several LLVM modules at once (module.py's parts, objects.py's
+helper processes) is the same library: the same kernels in the table, the same outputs bit for
+bit, and only the table's symbol exported. The model has a depthwise convolution (its window
+rows a loop: depthwise.py), pointwise ones and a matmul, so the parts hold different kernels."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from mlpack.codegen.compile import compile_onnx
+from mlpack.codegen.targets.cpu import compile as cpu_compile
+from mlpack.codegen.targets.cpu import module
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from plan_runner import Library, rand, run_plan  # noqa: E402
+
+F = TP.FLOAT
+
+
+def _model():
+    c = 8
+    inits = [helper.make_tensor("wp", F, [c, 3, 1, 1], rand(c, 3, 1, 1).ravel().tolist()),
+             helper.make_tensor("wd", F, [c, 1, 5, 5], rand(c, 1, 5, 5, seed=1).ravel().tolist()),
+             helper.make_tensor("bd", F, [c], rand(c, seed=2).ravel().tolist()),
+             helper.make_tensor("wm", F, [c * 7 * 7, 10], rand(c * 49, 10, seed=3).ravel().tolist())]
+    nodes = [helper.make_node("Conv", ["x", "wp"], ["p"]),
+             helper.make_node("Relu", ["p"], ["r"]),
+             helper.make_node("Conv", ["r", "wd", "bd"], ["d"], group=c, kernel_shape=[5, 5],
+                              pads=[2, 2, 2, 2], strides=[2, 2]),
+             helper.make_node("HardSwish", ["d"], ["h"]),
+             helper.make_node("Flatten", ["h"], ["f"]),
+             helper.make_node("MatMul", ["f", "wm"], ["y"])]
+    g = helper.make_graph(nodes, "parts", [helper.make_tensor_value_info("x", F, [1, 3, 14, 14])],
+                          [helper.make_tensor_value_info("y", F, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("target", ["x86_64-v2", "x86_64-v4"])
+def test_parts_link_into_the_same_library(target, monkeypatch, tmp_path):
+    from mlpack.runtime import detect_host
+
+    if target == "x86_64-v4" and (detect_host().x86_level or 0) < 4:
+        pytest.skip("this host does not run x86-64 v4")
+    g = compile_onnx(_model())
+    feeds = {"x": rand(1, 3, 14, 14, seed=4)}
+    arts, outs = [], []
+    for parts in (1, 3):
+        build = module.build_module
+        monkeypatch.setattr(cpu_compile, "build_module",
+                            lambda *a, n=parts, build=build, **k: build(*a, **{**k, "parts": n}))
+        art = cpu_compile.compile_cpu(g, target)
+        arts.append(art)
+        outs.append(run_plan(art, g, feeds, Library(art.elf))["y"])
+    assert Library(arts[0].elf).names == Library(arts[1].elf).names == arts[0].kernel_names
+    np.testing.assert_array_equal(outs[0], outs[1])
+    path = tmp_path / "kernels.so"
+    path.write_bytes(arts[1].elf)
+    lib = ctypes.CDLL(str(path))
+    assert lib[module.TABLE_SYMBOL]
+    for name in arts[1].kernel_names:   # hidden in the link: not exported
+        with pytest.raises(AttributeError):
+            lib[name]
