@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Callable
 
 from mlpack.codegen import precisions as precision_modules
+from mlpack.codegen.passes import recompute
 from mlpack.codegen.precisions.int8 import quantizes
 from mlpack.codegen.targets import registry
 from mlpack.codegen.targets.base import Code
@@ -676,7 +677,8 @@ def _layer_sizes(artifacts: list[ArtifactSpec]) -> dict[str, int]:
 
 def build(model, output, *, targets=None, precisions=None, inputs=None, dims=None, seed: int = 0,
           cases: int = 2, name: str | None = None, calibration=None,
-          progress: Callable[[str], None] | None = None, cache=True, ops=()) -> BuildReport:
+          progress: Callable[[str], None] | None = None, cache=True, ops=(),
+          memory_budget=None) -> BuildReport:
     """Compile ``model`` (a path, bytes or ModelProto) into the container ``output``.
 
     ``targets``/``precisions``: names to build (default: every implemented one); ``inputs``: a
@@ -689,12 +691,15 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     each step starts; ``cache``: reuse and store each target's compiled code in the kernel
     cache (packager/cache.py: MLPACK_CACHE_DIR, or this folder when a path), False to compile
     everything; ``ops``: modules (``.py`` paths or dotted names) that register custom ops
-    written in the DSL (packager/customops.py), imported first. Raises an ``mlpack.Error`` and
-    writes nothing if any step fails.
+    written in the DSL (packager/customops.py), imported first; ``memory_budget``: bytes (an int,
+    or a string like ``"64MB"``) the graph may keep in intermediates the ``recompute`` pass could
+    recompute instead (codegen/passes/recompute.py; default: no cap, its cost model decides).
+    Raises an ``mlpack.Error`` and writes nothing if any step fails.
     """
     from mlpack.codegen.onnx.importer import load_model
 
     output = os.fspath(output)
+    budget = recompute.as_bytes(memory_budget)
     try:   # refuse bad names before any slow work
         pairs = plan_artifacts(targets, precisions)
     except TargetPrecisionError:
@@ -709,7 +714,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     name = _model_name(proto, model, name)
     custom = customops.used(proto)
     baseline = customops.baseline_name(custom)
-    with step("compile"):
+    with step("compile"), recompute.memory_budget(budget):
         graph = _compile(proto)
         model_signature(graph)  # a size the container cannot state stops the build here
     quantized = quantizes(graph)

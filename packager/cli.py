@@ -199,6 +199,11 @@ def summary(model, graph, path: str = "") -> list[str]:
 # ---------------------------------------------------------------- commands
 
 
+_BUDGET_HELP = ("the most bytes of intermediates to keep that could be recomputed where they "
+                "are read instead (4096, 64MB, 1.5GiB; default: no cap, the cost model "
+                "decides); MLPACK_DEBUG=1 shows each choice")
+
+
 @command("import")
 def import_(
     model: Path = typer.Argument(..., metavar="MODEL.onnx", help="the ONNX model file"),
@@ -209,16 +214,21 @@ def import_(
         [], "--ops", metavar="MODULE",
         help="a Python module that registers custom ops written in mlpack.codegen.dsl, as "
              "for build; repeatable"),
+    memory_budget: Optional[str] = typer.Option(
+        None, "--memory-budget", metavar="BYTES", help=_BUDGET_HELP),
 ) -> None:
     """Import and compile an ONNX model; print a summary of its IR."""
     from mlpack.codegen.compile import compile_onnx
+    from mlpack.codegen.passes import recompute
     from mlpack.spec.ir.printer import format_graph
     from mlpack.codegen.onnx.importer import load_model
     from mlpack.packager import customops
 
     customops.load(ops)
+    budget = recompute.as_bytes(memory_budget)
     proto = load_model(_existing(model))
-    graph = compile_onnx(proto)
+    with recompute.memory_budget(budget):
+        graph = compile_onnx(proto)
     for line in summary(proto, graph, str(model)):
         typer.echo(line)
     text = format_graph(graph) if (print_ir or ir) else ""
@@ -399,6 +409,8 @@ def build_cmd(
         [], "--ops", metavar="MODULE",
         help="a Python module (a .py file or a dotted name) that registers custom ops written "
              "in mlpack.codegen.dsl for the model's nodes of its own domain; repeatable"),
+    memory_budget: Optional[str] = typer.Option(
+        None, "--memory-budget", metavar="BYTES", help=_BUDGET_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print nothing but errors"),
 ) -> None:
     """Compile a model into one container (the help text is _build_help's)."""
@@ -415,7 +427,7 @@ def build_cmd(
                            inputs=[_existing(p, "test inputs") for p in inputs] or None,
                            dims=_key_int(dim, "--dim"), seed=seed, cases=cases, name=name,
                            calibration=calibration, progress=progress, cache=not no_cache,
-                           ops=ops)
+                           ops=ops, memory_budget=memory_budget)
         except KeyboardInterrupt:  # build() removes its scratch file and writes OUT last
             raise Interrupted(f"nothing written to {output}") from None
     if quiet:

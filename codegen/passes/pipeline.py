@@ -25,6 +25,7 @@ from mlpack.codegen.passes.affine_gather import fold_affine_gathers
 from mlpack.codegen.passes.fold_scale import fold_scales
 from mlpack.codegen.passes.split_dims import split_dims
 from mlpack.codegen.passes.sums import merge_sums
+from mlpack.codegen.passes.recompute import recompute_intermediates
 
 PASSES = [
     ("dce", eliminate_dead_code),
@@ -34,6 +35,7 @@ PASSES = [
     ("fold_scale", fold_scales),
     ("sums", merge_sums),
     ("absorb", absorb_reductions),
+    ("recompute", recompute_intermediates),
     ("split_dims", split_dims),
     ("dce", eliminate_dead_code),
 ]

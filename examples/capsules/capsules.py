@@ -6,10 +6,15 @@ P holds a 4x4 pose matrix (i, k) per capsule type ci at each position of the inp
 4x4 transformation per kernel tap (kx, ky), input type ci and output type co. ``capsule_conv``
 is that line; ``votes`` keeps the input capsule (kx, ky, ci) instead of summing it, which is
 what EM routing weighs (``em_routing``: three iterations of the M-step and the E-step, written
-as plain DSL ops; mlpack does not fuse them yet).
+as plain DSL ops). The votes are written as one tensor, but the ``recompute`` pass
+(codegen/passes/recompute.py) finds recomputing each vote where a routing reduction reads it
+(four multiply-adds) cheaper than storing 231 MB and streaming it eight times, so at batch 8 on
+16x16 the routing's reductions run fused with the vote contraction and the votes never exist;
+``mlpack build --memory-budget`` caps what it keeps, ``MLPACK_DEBUG=1`` prints its choices.
 
-Importing this module registers ``CapsConv`` of the ONNX domain ``capsules.example`` (its
-attribute ``stride`` is the function's parameter), so ``mlpack build model.onnx --ops
+Importing this module registers ``CapsConv`` and ``EMRouting`` of the ONNX domain
+``capsules.example`` (their attributes, ``stride``, ``iterations``, ``inverse_temperature``,
+are the functions' parameters), so ``mlpack build model.onnx --ops
 examples/capsules/capsules.py`` builds a model that uses the op (model.py exports one from
 PyTorch). reference.py is the same maths in NumPy.
 """
@@ -44,7 +49,10 @@ def em_routing(P, A, W, beta_v, beta_a, stride=2, iterations=3, inverse_temperat
                eps=1e-6):
     """Capsule conv plus EM routing: the output poses ``mu`` [n,x,y,co,i,j] and activations
     ``a`` [n,x,y,co]. A[n,x,y,ci] are the input activations; beta_v and beta_a [co] are learned.
-    Each step is one DSL reduction or map (the votes are materialized: no fusion yet)."""
+    Each step is one DSL reduction or map. The operands are written votes first: a value's dims
+    are ordered as they first appear, and that order is the layout of each intermediate, so the
+    reductions' outputs end in ``co``, which W (registered as ``kx ky ci k j co``) holds at unit
+    stride: their kernels run along ``co`` in vectors."""
     V = votes(P, W, stride).materialize("votes")
     x, y, kx, ky, ci, co, i, j = dsl.dims("x y kx ky ci co i j", like=V)
     a_in = A(x=stride * x + kx, y=stride * y + ky)      # the activation of each voting capsule
@@ -54,16 +62,24 @@ def em_routing(P, A, W, beta_v, beta_a, stride=2, iterations=3, inverse_temperat
         # M-step: each output capsule's Gaussian, fitted to the votes weighted by R * a_in
         Ra = a_in / n_out if R is None else R * a_in
         mass = dsl.sum[kx, ky, ci](Ra).materialize(f"mass{it}")
-        mu = (dsl.sum[kx, ky, ci](Ra * V) / mass).materialize(f"mu{it}")
-        var = (dsl.sum[kx, ky, ci](Ra * dsl.square(V - mu)) / mass + eps).materialize(f"var{it}")
-        cost = dsl.sum[i, j]((beta_v + 0.5 * dsl.log(var)) * mass)
-        a = dsl.sigmoid(inverse_temperature * (beta_a - cost)).materialize(f"a{it}")
+        mu = (dsl.sum[kx, ky, ci](V * Ra) / mass).materialize(f"mu{it}")
+        var = (dsl.sum[kx, ky, ci](dsl.square(V - mu) * Ra) / mass + eps).materialize(f"var{it}")
+        cost = dsl.sum[i, j]((0.5 * dsl.log(var) + beta_v) * mass)
+        a = dsl.sigmoid((cost - beta_a) * -inverse_temperature).materialize(f"a{it}")
         if it == iterations - 1:
             return {"mu": mu, "a": a}
         # E-step: how well each output explains each vote, normalized over the outputs
-        log_p = dsl.sum[i, j](-dsl.square(V - mu) / (2 * var)
-                              - 0.5 * dsl.log(2 * math.pi * var))
-        logit = (dsl.log(a) + log_p).materialize(f"logit{it}")
+        # the Gaussian's log-normalizer does not depend on the vote: summed once per output
+        norm = dsl.sum[i, j](0.5 * dsl.log(2 * math.pi * var))
+        precision = (0.5 / var).materialize(f"precision{it}")
+        log_p = -dsl.sum[i, j](dsl.square(V - mu) * precision) - norm
+        logit = (log_p + dsl.log(a).materialize(f"log_a{it}")).materialize(f"logit{it}")
         top = dsl.max[co](logit)
         e = dsl.exp(logit - top)
         R = (e / dsl.sum[co](e)).materialize(f"R{it}")
+
+
+dsl.register(DOMAIN, "EMRouting", em_routing,
+             inputs={"P": "n x y ci i k", "A": "n x y ci", "W": "kx ky ci k j co",
+                     "beta_v": "co", "beta_a": "co"},
+             outputs={"mu": "n x y i j co", "a": "n x y co"})
