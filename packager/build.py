@@ -427,10 +427,10 @@ def _host_name() -> str:
     return f"{cpu_name() or host.arch}{level} ({host.os}/{host.arch})"
 
 
-def _lower(pairs, name, graph, vectors, reference, checks, compiled) -> list[ArtifactSpec]:
+def _lower(pairs, name, graph, vectors, reference, judged_as, checks,
+           compiled) -> list[ArtifactSpec]:
     """One ArtifactSpec per (target, precision); ``checks`` fills in measured accuracy."""
     sig = model_signature(graph)
-    judged_as = "int8" if quantizes(graph) else None   # see check_references
     return [artifact_spec(name, target, precision, compiled[target, precision].code,
                           compiled[target, precision].weights, sig, reference, vectors=vectors,
                           check=checks.get(i), judged_as=judged_as)
@@ -735,8 +735,9 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
                                         calibrations, kernels)
     _warn_skipped(skipped, progress)
     pairs = [pair for pair in pairs if pair in compiled]
-    lower = customops.recording(custom, functools.partial(_lower, pairs, name, graph, vectors,
-                                                          baseline))
+    # a quantized model's artifacts are judged with int8's tolerance (see check_references)
+    lower = customops.recording(custom, functools.partial(
+        _lower, pairs, name, graph, vectors, baseline, "int8" if quantized else None))
     while True:
         artifacts = lower({}, compiled)
         scratch = _scratch_path(output)
@@ -826,15 +827,24 @@ def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progr
     if progress:
         progress(f"  {pair[0]}: {', '.join(passes)} misses the {pair[1]} tolerance; compiling "
                  f"without it")
+    _compile_again(cache, graph, [pair], compiled, calibrations, disabled=passes)
+    return True
+
+
+def _compile_again(cache, graph, again: list, compiled: dict, calibrations: dict,
+                   disabled=frozenset(), f32_activations: int = 0) -> None:
+    """Compile the pairs ``again`` once more (through the kernel cache) into ``compiled``,
+    their seconds added to the first try's: a retry after an artifact missed its tolerance."""
     from mlpack.packager.cache import compile_cached
 
-    again = lambda g, ps, cal: {p: _compile_one(g, *p, disabled=passes,  # noqa: E731
-                                                calibration=cal.get(p[1])) for p in ps}
-    code, seconds, weights = compile_cached(cache, graph, [pair], calibrations, again,
-                                            lambda c: _archive(c, {}), disabled=passes)[pair]
-    compiled[pair] = _Native(code, weights or _archive(code, {}), native.seconds + seconds,
-                             passes)
-    return True
+    one = lambda g, ps, cal: {p: _compile_one(g, *p, disabled=disabled,  # noqa: E731
+                                              calibration=cal.get(p[1])) for p in ps}
+    results = compile_cached(cache, graph, again, calibrations, one, lambda c: _archive(c, {}),
+                             disabled=disabled)
+    for p in again:
+        code, seconds, weights = results[p]
+        compiled[p] = _Native(code, weights or _archive(code, {}), compiled[p].seconds + seconds,
+                              tuple(disabled), f32_activations)
 
 
 def _quantize_less(error: DeadOnArrivalError, pairs, compiled: dict, graph, progress,
@@ -845,7 +855,6 @@ def _quantize_less(error: DeadOnArrivalError, pairs, compiled: dict, graph, prog
     again with the rest quantized; whether it did. The mixed precision ONNX Runtime's and
     TensorRT's users reach by excluding layers by hand, found by measurement."""
     from mlpack.codegen.precisions import int8
-    from mlpack.packager.cache import compile_cached
 
     pair = pairs[error.index] if error.index is not None else None
     if pair is None or pair[1] != "int8" or not error.missed or not calibrations.get("int8"):
@@ -861,14 +870,8 @@ def _quantize_less(error: DeadOnArrivalError, pairs, compiled: dict, graph, prog
         progress(f"  int8 misses its tolerance on {pair[0]}; compiling every int8 artifact again "
                  f"with the {kept} most sensitive of {len(order)} quantized activations in f32")
     calibrations["int8"] = {n: r for n, r in full.items() if n not in order[:kept]}
-    ones = [p for p in pairs if p[1] == "int8"]
-    again = lambda g, ps, cal: {p: _compile_one(g, *p, calibration=cal.get(p[1]))  # noqa: E731
-                                for p in ps}
-    results = compile_cached(cache, graph, ones, calibrations, again, lambda c: _archive(c, {}))
-    for p in ones:
-        code, seconds, weights = results[p]
-        compiled[p] = _Native(code, weights or _archive(code, {}), compiled[p].seconds + seconds,
-                              f32_activations=kept)
+    _compile_again(cache, graph, [p for p in pairs if p[1] == "int8"], compiled, calibrations,
+                   f32_activations=kept)
     return True
 
 

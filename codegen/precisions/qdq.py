@@ -95,8 +95,7 @@ def _weight(e: Expr, producers: dict, g: Graph):
     if not all(i.op == "var" and i.arg == d for d, i in zip(q.arg[1], q.args)) \
             or set(q.arg[1]) != set(op.type.dims):
         return None   # the map reads the constant as it lies, one element per output
-    if zero is not None and _number(zero, g) != 0.0 and not (
-            zero.op in ("cast", "read") and _all_zero(zero, g)):
+    if zero is not None and not _all_zero(zero, g):
         return None
     c = g.constants[q.arg[0]]
     per_tensor = _number(scale, g)
@@ -114,8 +113,11 @@ def _weight(e: Expr, producers: dict, g: Graph):
 
 
 def _all_zero(e: Expr, g: Graph) -> bool:
+    """Whether ``e`` is a literal zero or reads a constant of zeros (a zero point)."""
     while e.op == "cast":
         e = e.args[0]
+    if e.is_const:
+        return e.value == 0
     return e.op == "read" and e.arg[0] in g.constants and not np.any(g.constants[e.arg[0]].data)
 
 
@@ -169,7 +171,7 @@ def integer_contractions(g: Graph) -> Graph:
     maps of constants left (dequantized weights no integer sum took) evaluated."""
     producers = {op.out: op for op in g.ops if isinstance(op, Comprehension)}
     rw, changed = None, {}
-    split: dict[str, str] = {}   # dequantizing map -> the u8 tensor it now reads
+    split: dict[str, Comprehension] = {}   # dequantizing map -> the u8 tensor it now reads
     for op in g.ops:
         if not isinstance(op, Comprehension):
             continue
@@ -180,21 +182,21 @@ def integer_contractions(g: Graph) -> Graph:
         rw = rw or intsum.IntegerRewrite(g)
         dq = producers[xr.arg[0]]
         if dq.out not in split:   # its u8 value becomes a tensor of its own, read by both
-            split[dq.out] = intsum.fresh(f"{dq.out}#u8", rw.taken)
-            rw.types[split[dq.out]] = TensorType("u8", dict(dq.type.dims))
-        xq = Expr("read", xr.args, (split[dq.out], xr.arg[1], xr.arg[2]), "u8")
+            name = intsum.fresh(f"{dq.out}#u8", rw.taken)
+            split[dq.out] = Comprehension(name, TensorType("u8", dict(dq.type.dims)), q)
+            rw.types[name] = split[dq.out].type
+        u8 = split[dq.out].out
+        xq = Expr("read", xr.args, (u8, xr.arg[1], xr.arg[2]), "u8")
         c = g.constants[wr.arg[0]]
-        changed[id(op)] = rw.contraction(op, xq, wr, split[dq.out], sx, zx,
-                                         quantized=(c.data, sw))
+        changed[id(op)] = rw.contraction(op, xq, wr, u8, sx, zx, quantized=(c.data, sw))
     if not changed:
         return fold_constant_maps(g)
     ops = []
     for op in g.ops:   # (copies: fusion rewrites bodies in place)
         if isinstance(op, Comprehension) and op.out in split:
-            q = _dequantized(op.body)[0]
-            u8 = Comprehension(split[op.out], rw.types[split[op.out]], q)
+            u8 = split[op.out]   # its body is the u8 node of op's body: replaced by a read
             read = ex.read(u8.out, {d: ex.var(d) for d in op.type.dims}, "u8")
-            ops += [u8, replace(op, body=ex.replace_node(op.body, q, read))]
+            ops += [u8, replace(op, body=ex.replace_node(op.body, u8.body, read))]
         else:
             ops.extend(changed.get(id(op), [replace(op) if isinstance(op, Comprehension) else op]))
     # fusion puts each dequantization into its sum's epilogue, as in int8.rewrite
