@@ -36,6 +36,15 @@ def make_model(nodes, inputs, outputs, initializers=(), opsets=(("", 17),), name
     return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_kernel_cache(tmp_path_factory):
+    """Fixtures of a wider scope (built before any test's own cache below) build with a cache of
+    the session's, never the user's ~/.cache: a machine's earlier runs cannot feed them."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLPACK_CACHE_DIR", str(tmp_path_factory.mktemp("session-kernels")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _kernel_cache(tmp_path_factory, monkeypatch):
     """Each test builds with a kernel cache of its own (packager/cache.py), never the user's:
