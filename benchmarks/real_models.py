@@ -11,7 +11,9 @@ for text models; its one output is the last hidden state (or the logits). Before
 BatchNorm layers get the scales, shifts and running statistics training would leave them, and
 zero-initialized layers random weights, so outputs are O(1) and a comparison means something.
 ``SMALL`` names the few models a default test run builds (each a few MB, exported in seconds);
-``FULL`` adds the real sizes (DistilBERT, ViT-B/16, ...) that the slow tests build.
+``FULL`` adds the real sizes (DistilBERT, ViT-B/16, ...) that the slow tests build. ``BENCH`` is
+issue 20's real-model benchmark set, each entry a model of ``MODELS`` at the fixed sizes it is
+timed at (``python -m benchmarks.run --set real``).
 
 A cached file is exported again when its recipe changes: a ``NAME.onnx.recipe`` next to it holds the
 digest of this file, the seed and the torch, transformers and torchvision versions.
@@ -126,6 +128,12 @@ def gpt2(layers=2, hidden=128, heads=2, vocab=VOCAB):
     return _hf("GPT2Model", dict(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads,
                                  n_positions=128, bos_token_id=0, eos_token_id=0),
                mask=True, use_cache=False, return_dict=False)
+
+
+def gpt2_small():
+    """GPT-2 small's decoder at its real size: 12 layers, hidden 768, 12 heads, vocabulary 50257,
+    1024 positions (the config's defaults); the last hidden state, no LM head (as DistilBERT)."""
+    return _hf("GPT2Model", dict(), mask=True, use_cache=False, return_dict=False)
 
 
 def hf_vit(hidden=64, layers=2, heads=4, ffn=128, image=32, patch=8):
@@ -245,9 +253,57 @@ MODELS: dict[str, RealModel] = {m.name: m for m in (
     _tv("regnet_y_400mf"),
     _tv("convnext_tiny"),
     _tv("squeezenet1_1"),
+    _tv("mobilenet_v2"),
+    _tv("mnasnet1_0"),
+    _tv("resnext50_32x4d"),
+    # no auxiliary classifiers (eval mode returns the main logits alone either way; without them
+    # the export carries no unused branches); init_weights=True is what weights=None does anyway,
+    # said here so torchvision does not warn that its default will change
+    _tv("googlenet", aux_logits=False, init_weights=True),
+    _tv("swin_t"),
+    RealModel("gpt2_small", "transformers", gpt2_small, _tokens()),
 )}
 SMALL = ("bert_tiny", "gpt2_tiny", "vit_tiny", "resnet_tiny", "convnext_tiny_cfg")
 FULL = tuple(MODELS)
+
+
+# ---------------------------------------------------------------- the benchmark set
+
+
+@dataclass(frozen=True)
+class BenchEntry:
+    """One entry of the real-model benchmark set: a model of ``MODELS`` and the size of each of
+    its dynamic dims it is timed at (batch 1; the sequence of a text model)."""
+
+    name: str                         # the model's name, "@SEQUENCE" added where it fixes one
+    model: str
+    dims: dict = field(hash=False)    # {"batch": 1} or {"batch": 1, "sequence": 128}
+
+
+def _entry(model: str, sequence: int | None = None) -> BenchEntry:
+    if sequence is None:
+        return BenchEntry(model, model, {"batch": 1})
+    return BenchEntry(f"{model}@{sequence}", model, {"batch": 1, "sequence": sequence})
+
+
+# issue 20's set: ten torchvision classifiers, a DistilBERT-size encoder and Whisper-tiny's
+# encoder, and a GPT-2-small-size decoder at two sequence lengths (one export, both entries)
+BENCH: dict[str, BenchEntry] = {e.name: e for e in (
+    _entry("tv_mobilenet_v2"),
+    _entry("tv_mobilenet_v3_large"),
+    _entry("tv_mnasnet1_0"),
+    _entry("tv_shufflenet_v2_x1_0"),
+    _entry("tv_regnet_y_400mf"),
+    _entry("tv_resnext50_32x4d"),
+    _entry("tv_googlenet"),
+    _entry("tv_convnext_tiny"),
+    _entry("tv_swin_t"),
+    _entry("tv_vit_b_16"),
+    _entry("distilbert", 128),
+    _entry("whisper_tiny_encoder"),         # 80 x 3000 log-mels: only the batch is dynamic
+    _entry("gpt2_small", 128),
+    _entry("gpt2_small", 512),
+)}
 
 
 # ---------------------------------------------------------------- export and cache
