@@ -6,7 +6,10 @@ recomputes nothing: the producer is read exactly once in the whole graph by a re
 uses every loop var of its consumer (so each element is computed once: a GELU read by the
 matmul after it, sum{k} gelu(%h[s,k]) * %W[k,n], would be recomputed for every n, and the
 matmul would no longer be a product of two tensors), or its body is a single read (a copy,
-which costs nothing to redo). A guarded read (``pad``) of a copy is
+which costs nothing to redo), or its body is cheap (adds, products, clamps: ``CHEAP``) and its
+one consumer reads it at one index only, however many times (hardswish's ``x * clamp(x / 6 +
+1/2)`` of a bias add: native code merges the repeated terms, and the convolution's epilogue then
+takes the activation). A guarded read (``pad``) of a copy is
 inlined too: it becomes the copy's own read, guarded with the consumer's pad, and when the copy
 is not a plain renaming of its source's dims, a bounds test on the copy's dims selects the pad
 (a convolution's padding over a reshaped input). Guarded reads of any other map are left alone:
@@ -20,6 +23,29 @@ from collections import Counter
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr, rebuild, substitute, walk
 from mlpack.spec.ir.graph import Comprehension, Graph, Procedure, tensors_read
+
+
+# ops whose results are cheap enough to compute again where one consumer reads a producer
+# more than once at the same index (LLVM's common subexpressions merge them in native code)
+CHEAP = frozenset({"read", "const", "var", "add", "sub", "mul", "neg", "max", "min"})
+
+
+def _one_site(g: Graph) -> set[str]:
+    """Tensors read by one consumer only, always at the same unguarded index (hardswish's
+    ``x * clamp(x / 6 + 1/2, 0, 1)``): inlining a cheap producer there computes each of its
+    elements once per consumer element, like a single read does."""
+    sites: dict[str, set] = {}
+    for op in g.ops:
+        if isinstance(op, Procedure):
+            continue
+        for n in walk(op.body):
+            if n.op == "read":
+                sites.setdefault(n.arg[0], set()).add((op.outs[0], n.args, n.arg))
+    return {t for t, s in sites.items() if len(s) == 1 and next(iter(s))[2][2] is None}
+
+
+def _cheap(op: Comprehension) -> bool:
+    return all(n.op in CHEAP for n in walk(op.body))
 
 
 def _read_counts(g: Graph) -> tuple[Counter, set[str], set[str], set[str]]:
@@ -93,6 +119,7 @@ def _inline(e: Expr, producers: dict[str, Comprehension], renames=frozenset()) -
 
 def fuse_elementwise(g: Graph) -> Graph:
     counts, pinned, guarded, reused = _read_counts(g)
+    one_site = _one_site(g)
     inlinable: dict[str, Comprehension] = {}
     renames: set[str] = set()
     # a guarded read of a copy becomes a guarded read of its source: propagate (consumers
@@ -106,7 +133,8 @@ def fuse_elementwise(g: Graph) -> Graph:
             continue
         if op.out in guarded and op.body.op != "read":
             continue
-        if (counts[op.out] == 1 and op.out not in reused) or op.body.op == "read":
+        once = counts[op.out] == 1 or (op.out in one_site and _cheap(op))
+        if (once and op.out not in reused) or op.body.op == "read":
             inlinable[op.out] = op
             if op.body.op == "read" and _renames_dims(op, g):
                 renames.add(op.out)

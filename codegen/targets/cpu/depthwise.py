@@ -20,6 +20,11 @@ row), so no padded copy of X is needed. A reduction point whose other X indices 
 row, the channel) are out of bounds is skipped as a whole. The tile then goes through a stack
 buffer to the kernel's epilogue, in a loop the vectorizer may take (unit-stride stores).
 
+Laid out channels last (layout.py), a depthwise convolution's row is the channel dim, which
+both X and W move with: W is then one vector load per reduction point and accumulator vector
+(``w_vector``) instead of a broadcast, X needs no shuffles (step 1) and its masks drop only the
+lanes past the last channel, and the rows a unit holds are output columns sharing W's vectors.
+
 Indices other than ``w`` may be anything the expression emitter evaluates (a channel shuffle
 absorbed into the read, for instance): they are evaluated once per row and reduction point.
 """
@@ -63,6 +68,8 @@ class Direct:
     # (reduction dim, size) walked by a loop around the unrolled ``points`` (the other dims),
     # or None: every point unrolled
     loop: tuple[str, int] | None = None
+    # W moves with the row too (channels last): a vector load per point, not a broadcast
+    w_vector: bool = False
 
 
 # ---------------------------------------------------------------- classification
@@ -141,10 +148,16 @@ def classify(k: Kernel, bufs: dict[str, Buffer], t: CpuTarget) -> Direct | None:
     if any(r is None or r.arg[0] == k.out for r in reads):
         return None
     moving = [r for r in reads if any(row in ex.free_vars(ix) for ix in r.args)]
-    if len(moving) != 1:
+    if len(moving) == 2:   # channels last: W is a vector of the row's channels per point
+        w = _channel_vector(moving, row, bufs, k.rdims)
+        if w is None:
+            return None
+        x = reads[1] if reads[0] is w else reads[0]
+    elif len(moving) == 1:
+        x = moving[0]
+        w = reads[1] if reads[0] is x else reads[0]
+    else:
         return None
-    x = moving[0]
-    w = reads[1] if reads[0] is x else reads[0]
     xbuf = bufs[x.arg[0]]
     inner = xbuf.contiguous_dim()
     step = None
@@ -176,7 +189,9 @@ def classify(k: Kernel, bufs: dict[str, Buffer], t: CpuTarget) -> Direct | None:
         while vl > 4 and vl // 2 >= size.value:
             vl //= 2
     per = -(-size.value // vl) if size.is_const else MAX_VECTORS
-    nvec = min(MAX_VECTORS, per)
+    # the row's vectors split evenly into tiles: 5 vectors as 3 + 3, not 4 + 4 (a last tile
+    # of one vector would still compute four)
+    nvec = -(-per // -(-per // MAX_VECTORS))
     # short rows: several rows of the last outer dim per unit share the broadcasts of W and
     # the lane masks, and the loop overhead (a 7x7 plane is one unit)
     rows = 1
@@ -185,7 +200,25 @@ def classify(k: Kernel, bufs: dict[str, Buffer], t: CpuTarget) -> Direct | None:
         most = max(1, MAX_ACCS // nvec)
         if hs.is_const:
             rows = -(-hs.value // -(-hs.value // most))
-    return Direct(x, w, row, outer, inner, step, points, vl, nvec, t.fma, rows, loop)
+    return Direct(x, w, row, outer, inner, step, points, vl, nvec, t.fma, rows, loop,
+                  w_vector=len(moving) == 2)
+
+
+def _channel_vector(reads: list[Expr], row: str, bufs, rdims) -> Expr | None:
+    """Of two reads that both move with the output's row (a depthwise convolution laid out
+    channels last), the weights': the one indexed by nothing but the row and the reduction
+    vars, the row alone indexing its unit-stride dim; None unless exactly one is."""
+    found = []
+    for r in reads:
+        index = dict(zip(r.arg[1], r.args))
+        inner = bufs[r.arg[0]].contiguous_dim()
+        if inner is None or index[inner].op != "var" or index[inner].arg != row:
+            continue
+        if any(row in ex.free_vars(ix) for d, ix in index.items() if d != inner):
+            continue
+        if all(ex.free_vars(ix) <= {row, *rdims} for ix in index.values()):
+            found.append(r)
+    return found[0] if len(found) == 1 else None
 
 
 def apply(k: Kernel, bufs: dict[str, Buffer], t: CpuTarget) -> bool:
@@ -261,7 +294,14 @@ def emit_direct(L, wg, count) -> None:
                 ok = inb if ok is None else b.and_(ok, inb)
         pos = idx[list(xbuf.layout).index(d.xdim)]   # X's index of the tile's first lane
         flat = E.flat_offset(x.arg[0], idx)
-        okv = None if ok is None else splat(b, ok, mty)
+        okv = None
+        if ok is not None:
+            # a point outside X loads nothing, from X's start: masked lanes on an address
+            # outside the buffer may cross into an unmapped page, which costs a fault-
+            # suppressing assist per load (a 7x7 window's padding rows made a channels-last
+            # kernel 20x slower, depending on where the arena lay)
+            flat = b.select(ok, flat, i64(0))
+            okv = splat(b, ok, mty)
         parts = []
         for t in range(d.step):
             first = b.add(pos, i64(i * d.vl * d.step))
@@ -286,6 +326,22 @@ def emit_direct(L, wg, count) -> None:
                                    ir.Constant(I32, j))
         return out
 
+    w = d.w
+    wbuf = L.buffers[w.arg[0]]
+    windex = dict(zip(w.arg[1], w.args))
+    wrow = E.sizes[w.arg[0]][wbuf.contiguous_dim()] if d.w_vector else None
+
+    def w_vector(i):
+        """W's vector for accumulator i (channels last): the row's channels at the bound
+        point, lanes past the row's end masked off."""
+        idx = [E.cast(E(windex[dim]), windex[dim].dtype, "i64") for dim in wbuf.layout]
+        first = b.add(E.lookup(d.row), i64(i * d.vl))
+        lane = b.add(splat(b, first, ity), lane_ix[0])
+        m = b.icmp_signed("<", lane, splat(b, wrow, ity))
+        ptr = b.gep(E.bases[w.arg[0]], [b.add(E.flat_offset(w.arg[0], idx), i64(i * d.vl))],
+                    source_etype=F32)
+        return b.call(mload, [ptr, ir.Constant(I32, 4), m, zero])
+
     with L.loops.loop(start, end, "unit") as u, E.scope():
         L.bind_unit(u, d.outer, sizes)
         h0 = None
@@ -308,14 +364,15 @@ def emit_direct(L, wg, count) -> None:
             with _window_rows(L, d):
                 for p in d.points:
                     with E.scope(**{r: i64(v) for r, v in p.items()}):
-                        ws = splat(b, E(d.w), vty)
+                        ws = [w_vector(i) for i in range(d.nvec)] if d.w_vector else \
+                            [splat(b, E(d.w), vty)] * d.nvec
                         for r, h in enumerate(hs):
                             with E.scope(**({} if h is None else {hdim: h})):
                                 for i, acc in enumerate(accs[r]):
                                     xv = x_vectors(i)
                                     cur = b.load(acc)
-                                    new = b.call(fma, [xv, ws, cur]) if fma is not None \
-                                        else b.fadd(cur, b.fmul(xv, ws))
+                                    new = b.call(fma, [xv, ws[i], cur]) if fma is not None \
+                                        else b.fadd(cur, b.fmul(xv, ws[i]))
                                     b.store(new, acc)
             n = b.sub(rowlen, w0)
             n = b.select(b.icmp_unsigned("<", n, i64(tile)), n, i64(tile))

@@ -52,6 +52,29 @@ def test_fuse_keeps_a_map_read_twice_and_one_read_with_padding():
         "+ %b[n=n, k=k]", "+ (%a[n=n, k=k] + %a[n=n, k=3 - k])"), X)
 
 
+def test_fuse_inlines_a_cheap_map_its_one_reader_reads_twice_at_one_index():
+    # a bias add read twice by hardswish, x * clamp(x / 6 + 1/2): inlined (the convolution's
+    # epilogue then takes both); an exp read twice the same way is kept (computed once)
+    text = """\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %a: f32{n=3, k=4} = %x[n=n, k=k] + 1.0
+          %b: f32{n=3, k=4} = %a[n=n, k=k] * max(0.0, min(1.0, %a[n=n, k=k] * 0.25 + 0.5))
+          %c: f32{n=3, k=4} = exp(%b[n=n, k=k])
+          %d: f32{n=3, k=4} = %c[n=n, k=k] * %c[n=n, k=k]
+          out %d (n, k)
+        }
+        """
+    _check(text, fuse_elementwise, """\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %c: f32{n=3, k=4} = exp((%x[n=n, k=k] + 1.0) * max(0.0, min(1.0, (%x[n=n, k=k] + 1.0) * 0.25 + 0.5)))
+          %d: f32{n=3, k=4} = %c[n=n, k=k] * %c[n=n, k=k]
+          out %d (n, k)
+        }
+        """, X)
+
+
 def test_fuse_inlines_copies_even_when_read_twice():
     _check("""\
         graph "g" {

@@ -2,8 +2,8 @@
 
 Which image tensors are laid out channels last is checked on small models: a convolution chain
 with a pooling and a residual add (all of them), local response normalization (its window along
-the channel too), a concatenation's parts and a depthwise convolution's input and output (kept
-in their order), graph outputs (their ports' layout), and ``MLPACK_DISABLE_PASSES=channels_last``. Each model
+the channel too), a concatenation's parts (kept in their order), a depthwise convolution's input,
+output and weights (channels last too, unless its input is a graph input), graph outputs (their ports' layout), and ``MLPACK_DISABLE_PASSES=channels_last``. Each model
 is compiled for x86_64-v2/v3/v4, run by the plan runner and compared with ONNX Runtime at the
 fp32 tolerance (rtol 1e-4, atol 1e-5).
 """
@@ -65,15 +65,31 @@ def concat():
         {"x": rand(1, 8, 10, 10)}
 
 
-def depthwise():
-    c1, w1 = conv("x", "c1", "a", 8, 16, k=1)
-    c2, w2 = conv("c1", "c2", "b", 16, 16, group=16, seed=2)
-    c3, w3 = conv("c2", "y", "c", 16, 8, k=1, seed=4)
-    return one_output_model([c1, c2, c3], [("x", F, [1, 8, 14, 14])], w1 + w2 + w3), \
+def depthwise(channels=16, k=3, stride=1):
+    """1x1 conv -> depthwise conv -> global average pool (a squeeze-excitation's) and scale ->
+    1x1 conv: an inverted residual block"""
+    c = channels
+    c1, w1 = conv("x", "c1", "a", 8, c, k=1)
+    c2, w2 = conv("c1", "c2", "b", c, c, k=k, group=c, seed=2)
+    c2.attribute.append(helper.make_attribute("strides", [stride, stride]))
+    c3, w3 = conv("s", "y", "c", c, 8, k=1, seed=4)
+    nodes = [c1, c2, helper.make_node("GlobalAveragePool", ["c2"], ["g"]),
+             helper.make_node("Mul", ["c2", "g"], ["s"]), c3]
+    return one_output_model(nodes, [("x", F, [1, 8, 14, 14])], w1 + w2 + w3), \
         {"x": rand(1, 8, 14, 14)}
 
 
-MODELS = {"chain": chain, "lrn": lrn, "concat": concat, "depthwise": depthwise}
+def depthwise_input():
+    """a depthwise convolution of the graph's input (its port's order: it stays NCHW)"""
+    c2, w2 = conv("x", "c2", "b", 8, 8, group=8, seed=2)
+    c3, w3 = conv("c2", "y", "c", 8, 4, k=1, seed=4)
+    return one_output_model([c2, c3], [("x", F, [1, 8, 14, 14])], w2 + w3), \
+        {"x": rand(1, 8, 14, 14)}
+
+
+MODELS = {"chain": chain, "lrn": lrn, "concat": concat, "depthwise": depthwise,
+          "depthwise_wide_strided": lambda: depthwise(40, k=5, stride=2),
+          "depthwise_input": depthwise_input}
 
 
 def last_dims(g) -> dict[str, str]:
@@ -100,14 +116,35 @@ def test_a_window_along_the_channel_follows_it():
     assert sq and all(after[t] != before[t] for t in sq)   # the sum of squares walks c too
 
 
-@pytest.mark.parametrize("name", ["concat", "depthwise"])
-def test_concatenated_and_depthwise_tensors_keep_their_order(name):
+@pytest.mark.parametrize("name", ["concat", "depthwise_input"])
+def test_concatenated_tensors_and_a_depthwise_input_port_keep_their_order(name):
     g = compile_onnx(MODELS[name]()[0])
     kept = layout.channels_last(g)
     producers = {op.out: op for op in g.ops}
     for op in kept.ops:
         if name == "concat" or op.out != "y":
             assert list(op.type.dims) == list(producers[op.out].type.dims), op.out
+
+
+def test_a_depthwise_convolution_goes_channels_last_with_its_input_and_weights():
+    from mlpack.codegen.targets.cpu.compile import schedule_kernels
+    from mlpack.codegen.targets.cpu.depthwise import Direct
+    from mlpack.codegen.targets.cpu.target import get_target
+
+    g = compile_onnx(depthwise()[0])
+    before, moved = last_dims(g), layout.channels_last(g)
+    after = last_dims(moved)
+    grouped = [t for t in before if t.endswith("_grouped")]
+    assert grouped and all(after[t] != before[t] for t in grouped)
+    # its input (the first convolution's output) too, and the weights: channels last
+    assert after[g.ops[0].out] != before[g.ops[0].out]
+    [w] = [c for c in moved.constants.values() if c.data.shape[-1] == 16 and c.data.ndim == 4
+           and c.data.shape[0] == 1]
+    assert w.layout[-1] == "d0" and g.constants[w.name].layout[0] == "d0"
+    # and its kernel runs channels last: a vector of weights per window point
+    _, kernels, *_ = schedule_kernels(g, get_target("x86_64-v4"))
+    [k] = [k for k in kernels if isinstance(k.gemm, Direct)]
+    assert k.gemm.w_vector and k.gemm.step == 1
 
 
 def test_switched_off(monkeypatch):
