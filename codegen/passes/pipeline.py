@@ -24,6 +24,7 @@ from mlpack.codegen.passes.absorb import absorb_reductions
 from mlpack.codegen.passes.affine_gather import fold_affine_gathers
 from mlpack.codegen.passes.fold_scale import fold_scales
 from mlpack.codegen.passes.split_dims import split_dims
+from mlpack.codegen.passes.unflatten import unflatten_dims
 from mlpack.codegen.passes.sums import merge_sums
 from mlpack.codegen.passes.recompute import recompute_intermediates
 
@@ -31,6 +32,7 @@ PASSES = [
     ("dce", eliminate_dead_code),
     ("cse", eliminate_common_subexpressions),
     ("affine_gather", fold_affine_gathers),
+    ("unflatten", unflatten_dims),
     ("fuse", fuse_elementwise),
     ("fold_scale", fold_scales),
     ("sums", merge_sums),

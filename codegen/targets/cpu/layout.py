@@ -235,7 +235,7 @@ def channels_last(g: Graph) -> Graph:
         ops.append(op)
     g = replace(g, ops=ops, types=types)
     for op in ops:
-        if op.out in chosen and op.out in depthwise:
+        if isinstance(op, Comprehension) and op.out in chosen and op.out in depthwise:
             c, _, w = depthwise[op.out]
             read = next(r for r in ex.reads(op.body) if r.arg[0] == w)
             g = _weights_last(g, w, c, read)

@@ -146,3 +146,46 @@ def test_pipeline_logs_passes_at_debug_1_and_ir_at_2(monkeypatch, capsys):
     run_pipeline(parse_ir(format_graph(g)))
     err = capsys.readouterr().err
     assert "IR after import" in err
+
+
+def test_unflatten_splits_rows_a_reshape_flattened():
+    # x.view(-1, k) @ w, viewed back: the rows m < 6 read as m // 3, m % 3 become (m_hi, m_lo),
+    # and the reader's m = b * 3 + s becomes (b, s): both sides affine
+    from mlpack.codegen.passes.unflatten import unflatten_dims
+
+    rng = np.random.default_rng(1)
+    _check("""\
+        graph "g" {
+          in %x: f32{b=2, s=3, k=4} (b, s, k)
+          in %w: f32{k=4, n=5} (k, n)
+          %y: f32{m=6, n=5} = sum{k=4} %x[b=m // 3, s=m % 3, k=k] * %w[k=k, n=n]
+          %z: f32{b=2, s=3, n=5} = %y[m=b * 3 + s, n=n] + 1.0
+          out %z (b, s, n)
+        }
+        """, unflatten_dims, """\
+        graph "g" {
+          in %x: f32{b=2, s=3, k=4} (b, s, k)
+          in %w: f32{k=4, n=5} (k, n)
+          %y: f32{m_hi=2, m_lo=3, n=5} = sum{k=4} %x[b=m_hi, s=m_lo, k=k] * %w[k=k, n=n]
+          %z: f32{b=2, s=3, n=5} = %y[m_hi=b, m_lo=s, n=n] + 1.0
+          out %z (b, s, n)
+        }
+        """, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32),
+              "w": rng.standard_normal((4, 5)).astype(np.float32)})
+
+
+def test_unflatten_leaves_a_dim_used_whole():
+    from mlpack.codegen.passes.unflatten import unflatten_dims
+
+    text = """\
+        graph "g" {
+          in %x: f32{b=2, s=3, k=4} (b, s, k)
+          in %v: f32{m=6} (m)
+          %y: f32{m=6, k=4} = %x[b=m // 3, s=m % 3, k=k] * %v[m=m]
+          %z: f32{m=6, k=4} = %y[m=m, k=k] + 1.0
+          out %z (m, k)
+        }
+        """
+    rng = np.random.default_rng(2)
+    _check(text, unflatten_dims, text, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32),
+                                        "v": rng.standard_normal(6).astype(np.float32)})

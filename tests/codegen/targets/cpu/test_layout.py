@@ -87,9 +87,19 @@ def depthwise_input():
         {"x": rand(1, 8, 14, 14)}
 
 
+def depthwise_topk():
+    """an inverted residual block whose output a procedure (TopK over the channels) reads"""
+    m, feeds = depthwise()
+    g = m.graph
+    g.node[-1].output[0] = "z"
+    g.node.append(helper.make_node("TopK", ["z", "k"], ["y", "i"], axis=1))
+    g.initializer.append(helper.make_tensor("k", TP.INT64, [1], [3]))
+    return m, feeds
+
+
 MODELS = {"chain": chain, "lrn": lrn, "concat": concat, "depthwise": depthwise,
           "depthwise_wide_strided": lambda: depthwise(40, k=5, stride=2),
-          "depthwise_input": depthwise_input}
+          "depthwise_input": depthwise_input, "depthwise_topk": depthwise_topk}
 
 
 def last_dims(g) -> dict[str, str]:
