@@ -32,13 +32,13 @@ PASSES = [
     ("dce", eliminate_dead_code),
     ("cse", eliminate_common_subexpressions),
     ("affine_gather", fold_affine_gathers),
-    ("unflatten", unflatten_dims),
     ("fuse", fuse_elementwise),
     ("fold_scale", fold_scales),
     ("sums", merge_sums),
     ("absorb", absorb_reductions),
     ("recompute", recompute_intermediates),
     ("split_dims", split_dims),
+    ("unflatten", unflatten_dims),   # (after split_dims has simplified the quotients)
     ("dce", eliminate_dead_code),
 ]
 
