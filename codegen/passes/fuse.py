@@ -128,6 +128,14 @@ def fuse_elementwise(g: Graph) -> Graph:
         if (isinstance(op, Comprehension) and op.out in guarded and op.reduce is None
                 and op.body.op == "read" and op.out not in pinned):
             guarded.add(op.body.arg[0])
+    # a copy is inlined wherever it is read, so what it copies is read there too: a copy read
+    # more than once per element of its reader (GPT-2's Cast of the softmax, read by P.V for
+    # each of its 64 columns) makes its source reused (else the softmax's exp was inlined
+    # through it into the matmul, computed 64 times per element and no GEMM)
+    for op in reversed(g.ops):
+        if (isinstance(op, Comprehension) and op.reduce is None and op.body.op == "read"
+                and op.out not in pinned and (op.out in reused or counts[op.out] > 1)):
+            reused.add(op.body.arg[0])
     for op in g.ops:
         if not isinstance(op, Comprehension) or op.reduce is not None or op.out in pinned:
             continue

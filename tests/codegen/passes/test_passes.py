@@ -189,3 +189,26 @@ def test_unflatten_leaves_a_dim_used_whole():
     rng = np.random.default_rng(2)
     _check(text, unflatten_dims, text, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32),
                                         "v": rng.standard_normal(6).astype(np.float32)})
+
+
+def test_fuse_keeps_a_map_that_a_reused_copy_reads():
+    # softmax -> Cast -> P.V: the copy is inlined into the matmul, which reads it for every
+    # output column, so the exp below it must stay a tensor (else it runs once per column)
+    _check("""\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          in %v: f32{k=4, j=5} (k, j)
+          %e: f32{n=3, k=4} = exp(%x[n=n, k=k])
+          %c: f32{n=3, k=4} = %e[n=n, k=k]
+          %y: f32{n=3, j=5} = sum{k=4} %c[n=n, k=k] * %v[k=k, j=j]
+          out %y (n, j)
+        }
+        """, fuse_elementwise, """\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          in %v: f32{k=4, j=5} (k, j)
+          %e: f32{n=3, k=4} = exp(%x[n=n, k=k])
+          %y: f32{n=3, j=5} = sum{k=4} %e[n=n, k=k] * %v[k=k, j=j]
+          out %y (n, j)
+        }
+        """, {"x": X["x"], "v": np.random.default_rng(3).standard_normal((4, 5)).astype(np.float32)})
