@@ -30,32 +30,22 @@ from mlpack.spec.ir.graph import Comprehension, Graph, Procedure, tensors_read
 CHEAP = frozenset({"read", "const", "var", "add", "sub", "mul", "neg", "max", "min"})
 
 
-def _one_site(g: Graph) -> set[str]:
-    """Tensors read by one consumer only, always at the same unguarded index (hardswish's
-    ``x * clamp(x / 6 + 1/2, 0, 1)``): inlining a cheap producer there computes each of its
-    elements once per consumer element, like a single read does."""
-    sites: dict[str, set] = {}
-    for op in g.ops:
-        if isinstance(op, Procedure):
-            continue
-        for n in walk(op.body):
-            if n.op == "read":
-                sites.setdefault(n.arg[0], set()).add((op.outs[0], n.args, n.arg))
-    return {t for t, s in sites.items() if len(s) == 1 and next(iter(s))[2][2] is None}
-
-
 def _cheap(op: Comprehension) -> bool:
     return all(n.op in CHEAP for n in walk(op.body))
 
 
-def _read_counts(g: Graph) -> tuple[Counter, set[str], set[str], set[str]]:
+def _read_counts(g: Graph) -> tuple[Counter, set[str], set[str], set[str], set[str]]:
     """Reads per tensor, the tensors that must stay (outputs, procedure inputs), the tensors
-    read with a guard (only a copy may still be inlined there), and the tensors some consumer
-    reads more than once per element (an index that leaves out one of its loop vars)."""
+    read with a guard (only a copy may still be inlined there), the tensors some consumer
+    reads more than once per element (an index that leaves out one of its loop vars), and the
+    tensors one consumer only reads, always at the same unguarded index (hardswish's ``x *
+    clamp(x / 6 + 1/2, 0, 1)``: inlining a cheap producer there computes each of its elements
+    once per consumer element, like a single read does)."""
     counts: Counter = Counter()
     pinned: set[str] = {p.name for p in g.outputs}
     guarded: set[str] = set()
     reused: set[str] = set()
+    sites: dict[str, set] = {}   # tensor -> (reader, index) of each of its reads
     for op in g.ops:
         if isinstance(op, Procedure):
             pinned |= tensors_read(op)
@@ -66,12 +56,14 @@ def _read_counts(g: Graph) -> tuple[Counter, set[str], set[str], set[str]]:
         for n in walk(op.body):
             if n.op == "read":
                 counts[n.arg[0]] += 1
+                sites.setdefault(n.arg[0], set()).add((op.out, n.args))
                 if n.arg[2] is not None:
                     guarded.add(n.arg[0])
                 used = {v.arg for a in n.args for v in walk(a) if v.op == "var"}
                 if not loop_vars <= used:
                     reused.add(n.arg[0])
-    return counts, pinned, guarded, reused
+    one_site = {t for t, s in sites.items() if len(s) == 1 and t not in guarded}
+    return counts, pinned, guarded, reused, one_site
 
 
 def _renames_dims(p: Comprehension, g: Graph) -> bool:
@@ -118,8 +110,7 @@ def _inline(e: Expr, producers: dict[str, Comprehension], renames=frozenset()) -
 
 
 def fuse_elementwise(g: Graph) -> Graph:
-    counts, pinned, guarded, reused = _read_counts(g)
-    one_site = _one_site(g)
+    counts, pinned, guarded, reused, one_site = _read_counts(g)
     inlinable: dict[str, Comprehension] = {}
     renames: set[str] = set()
     # a guarded read of a copy becomes a guarded read of its source: propagate (consumers

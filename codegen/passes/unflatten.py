@@ -60,12 +60,13 @@ def _quotients(e: Expr, q: Expr, ranges: dict[str, Expr]) -> tuple[Expr, Expr]:
     return ex.floordiv(e, q), ex.mod(e, q)
 
 
-def _replace_quotients(e: Expr, m: str, q: Expr, hi: str, lo: str) -> Expr:
+def _replace_quotients(e: Expr, m: str, hi: str, lo: str) -> Expr:
+    """``e`` with ``m // q`` as the var ``hi`` and ``m % q`` as ``lo`` (q: ``_divisor``'s)."""
     if e.op in ("floordiv", "mod") and e.args[0].op == "var" and e.args[0].arg == m:
         return ex.var(hi if e.op == "floordiv" else lo)
     if not e.args:
         return e
-    args = tuple(_replace_quotients(a, m, q, hi, lo) for a in e.args)
+    args = tuple(_replace_quotients(a, m, hi, lo) for a in e.args)
     return e if args == e.args else ex.rebuild(e, args)
 
 
@@ -110,7 +111,7 @@ def unflatten_dims(g: Graph) -> Graph:
                 else:
                     dims[d] = s
             op = replace(op, type=TensorType(op.type.dtype, dims),
-                         body=_replace_quotients(op.body, m, q, hi, lo))
+                         body=_replace_quotients(op.body, m, hi, lo))
             g.ops[i] = op
             g.types[op.out] = op.type
             for j in range(i + 1, len(g.ops)):

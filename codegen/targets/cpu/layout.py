@@ -118,8 +118,9 @@ def _concatenation(op: Comprehension) -> bool:
         s.is_const and _arms(op.body, d, s.value) is not None for d, s in op.type.dims.items())
 
 
-def _depthwise(op: Comprehension, g: Graph) -> tuple[str, str, str] | None:
-    """(output channel, input tensor, weights) of a depthwise convolution: a sum of the product
+def _depthwise(op: Comprehension, g: Graph) -> tuple[str, str, Expr] | None:
+    """(output channel, input tensor, read of the weights) of a depthwise convolution: a sum of
+    the product
     of one constant and one other tensor (maybe under a bounds guard), where an output dim
     indexes the weights and is the input's channel index itself (one input channel per output
     channel, depthwise.py runs it channels last as well as along rows)."""
@@ -133,7 +134,7 @@ def _depthwise(op: Comprehension, g: Graph) -> tuple[str, str, str] | None:
             return None
         reads.append(a)
     consts = [r for r in reads if r.arg[0] in g.constants]
-    if len(consts) != 1 or len(reads) != 2:
+    if len(consts) != 1:
         return None
     w = consts[0]
     x = reads[1] if reads[0] is w else reads[0]
@@ -146,14 +147,14 @@ def _depthwise(op: Comprehension, g: Graph) -> tuple[str, str, str] | None:
                 op.type.dims[ix.arg]):
             others = [ex.substitute(j, ones) for e, j in zip(x.arg[1], x.args) if e != d]
             if all(ix.arg not in ex.free_vars(j) for j in others):
-                return ix.arg, x.arg[0], w.arg[0]
+                return ix.arg, x.arg[0], w
     return None
 
 
-def _weights_last(g: Graph, name: str, c: str, w: Expr) -> Graph:
-    """``g`` with constant ``name`` stored with the dim that ``w`` (a read of it) indexes by
-    ``c`` last, its data transposed to match (the read indexes dims by name, so only memory
-    order changes)."""
+def _weights_last(g: Graph, c: str, w: Expr) -> Graph:
+    """``g`` with the constant ``w`` reads stored with the dim ``w`` indexes by ``c`` last, its
+    data transposed to match (reads index dims by name, so only memory order changes)."""
+    name = w.arg[0]
     const = g.constants[name]
     dim = next(d for d, ix in zip(w.arg[1], w.args) if c in ex.free_vars(ix))
     if const.layout[-1] == dim:
@@ -181,7 +182,7 @@ def channels_last(g: Graph) -> Graph:
     source: dict[str, str | None] = {}   # the tensor a map's channel is carried from
     keep = set(outputs)
     weighted: set[str] = set()   # outputs of contractions over weights with one channel dim
-    depthwise: dict[str, tuple[str, str, str]] = {}   # output -> _depthwise(op)
+    depthwise: dict[str, tuple[str, str, Expr]] = {}   # output -> _depthwise(op)
     for op in g.ops:
         if not isinstance(op, Comprehension):
             keep.update(op.outs)
@@ -234,11 +235,9 @@ def channels_last(g: Graph) -> Graph:
             types[op.out] = op.type
         ops.append(op)
     g = replace(g, ops=ops, types=types)
-    for op in ops:
-        if isinstance(op, Comprehension) and op.out in chosen and op.out in depthwise:
-            c, _, w = depthwise[op.out]
-            read = next(r for r in ex.reads(op.body) if r.arg[0] == w)
-            g = _weights_last(g, w, c, read)
+    for out, (c, _, w) in depthwise.items():
+        if out in chosen:
+            g = _weights_last(g, c, w)
     return g
 
 
