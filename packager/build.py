@@ -154,6 +154,7 @@ def plan_artifacts(targets=None, precisions=None) -> list[tuple[str, str]]:
     """(target, precision) pairs to build, each precision on the targets that build it; the
     portable fp32 artifact is always among them (the spec promises that every container runs
     somewhere)."""
+    targets = registry.expand(targets)   # (--target cuda: every cuda level)
     names = _pick(targets, registry.names(), registry.implemented(), "target", registry.defaults())
     wanted = _pick(precision_modules.expand(precisions), precision_modules.names(),
                    precision_modules.implemented(), "precision", precision_modules.defaults())
@@ -406,6 +407,7 @@ def artifact_spec(name: str, target: str, precision: str, code: Code, weights: b
     t = registry.get(target)
     config = make_config(name, *sig, device=t.device, precision=precision, target=target,
                          cpu_features=code.config.get("cpu_features", ()), plan=code.config.get("plan"),
+                         cuda_sm=code.config.get("cuda_sm"),
                          accuracy=_accuracy(reference, judged_as or precision, check),
                          min_runtime=media.MIN_RUNTIME)
     if check is not None and check.seconds is not None:

@@ -152,6 +152,10 @@ def _derived_annotations(spec: ArtifactSpec) -> dict[str, str]:
     """Descriptor annotations from the config, so a selector can rank artifacts without it."""
     art = spec.config.get("artifact") or {}
     acc = spec.config.get("accuracy") or {}
+    plan = spec.config.get("plan")
+    cuda = (plan.get("cuda") if isinstance(plan, dict) else None) or {}
+    if art.get("device") != "cuda":
+        cuda = {}
     found = {
         media.ANN_DEVICE: art.get("device"),
         media.ANN_PRECISION: art.get("precision"),
@@ -165,6 +169,8 @@ def _derived_annotations(spec: ArtifactSpec) -> dict[str, str]:
                             or spec.config["latency"].get("seconds") is None
                             else json.dumps(float(spec.config["latency"]["seconds"]))),
         media.ANN_MIN_RUNTIME: spec.config.get("min_runtime"),
+        media.ANN_CUDA_PTX_ISA: cuda.get("ptx_isa"),
+        media.ANN_CUDA_DRIVER: cuda.get("driver"),
     }
     out = {k: v for k, v in found.items() if v is not None}
     out.update(spec.annotations)

@@ -30,6 +30,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "(channels_last, split_concats, winograd, and bf16_products on x86_64-v4-bf16)"),
     Variable("MLPACK_LLD", "compiler",
              "the ld.lld that links cpu kernel libraries (default: the one in the ziglang wheel)"),
+    Variable("MLPACK_PTXAS", "compiler",
+             "the ptxas that assembles cuda artifacts' PTX into cubins (default: the one in the "
+             "nvidia-cuda-nvcc wheel of the cuda extra, else one on PATH; none: PTX alone)"),
     Variable("MLPACK_CACHE_DIR", "compiler",
              "the kernel cache, where mlpack build stores each target's compiled code by a digest "
              "of the graph, target, precision and compiler, and a rebuild reuses it "

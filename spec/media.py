@@ -10,6 +10,8 @@ layers (a new code format, say) without breaking older runtimes.
 
 from __future__ import annotations
 
+import platform as _platform
+
 # ---------------------------------------------------------------- versions
 
 # the container format this module writes; readers read any 1.x. 1.1: output dim sizes may be
@@ -75,6 +77,10 @@ ANN_MAX_ERROR = "org.mlpack.accuracy.max_error"
 # median seconds of a run, one thread, on the build host (config "latency"), a JSON number: how
 # selection ranks a target's precisions under an accuracy budget
 ANN_LATENCY = "org.mlpack.latency.seconds"
+# on a cuda artifact: the PTX ISA version its PTX declares ("7.0") and the oldest driver whose
+# JIT reads it ("450.36.06"); a cubin layer carries ANN_CUDA_SM of the one SM it is for
+ANN_CUDA_PTX_ISA = "org.mlpack.cuda.ptx_isa"
+ANN_CUDA_DRIVER = "org.mlpack.cuda.driver"
 ANN_MIN_RUNTIME = "org.mlpack.min_runtime"  # oldest runtime version that runs it, e.g. "0.1.0"
 
 # ---------------------------------------------------------------- vocabulary
@@ -97,6 +103,10 @@ PLATFORMS = {
     "aarch64-i8mm": {"os": "linux", "architecture": "arm64", "variant": "v8"},
     "riscv64": {"os": "linux", "architecture": "riscv64"},
 }
+# the cuda kernels compiled for the build host's baseline cpu level (a test target: the CUDA
+# lowering run on a CPU), so its platform is the build host's
+PLATFORMS["cuda-emulated"] = dict(PLATFORMS[
+    "aarch64" if _platform.machine().lower() in ("aarch64", "arm64") else "x86_64-v2"])
 
 
 def platform_for(target: str) -> dict | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from mlpack.codegen.errors import UnsupportedTargetError
 from mlpack.codegen.targets.base import DEFAULT, OPT_IN, PLANNED, Target
 from mlpack.codegen.targets.cpu.target import TARGETS as CPU
+from mlpack.spec.media import PLATFORMS as TARGETS_PLATFORMS
 
 _CPU_COMPILER = "mlpack.codegen.targets.cpu.compile:compile_artifact"
 _CPU_SUMMARY = {
@@ -30,6 +31,17 @@ _CPU_SUMMARY = {
                     "builds int8 only",
     "riscv64": "RV64GC with the vector extension 1.0",
 }
+
+
+_CUDA_COMPILER = "mlpack.codegen.targets.cuda.compile:compile_artifact"
+_CUDA_PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def _host_features() -> tuple[str, ...]:
+    import platform
+
+    arm = platform.machine().lower() in ("aarch64", "arm64")
+    return CPU["aarch64" if arm else "x86_64-v2"].features
 
 
 def _cpu(name: str, platform: dict, status: str = DEFAULT,
@@ -61,11 +73,38 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _cpu("aarch64-i8mm", {"os": "linux", "architecture": "arm64", "variant": "v8"},
          precisions=("int8",)),
     _cpu("riscv64", {"os": "linux", "architecture": "riscv64"}),
-    Target("cuda", "cuda", None, "NVIDIA GPUs through PTX", PLANNED),
+    # PTX (and a cubin where ptxas is installed) for one SM level; a build host without a GPU
+    # cannot validate them, so they are built when named (--target cuda names both)
+    Target("cuda-sm80", "cuda", None, "NVIDIA GPUs of compute capability 8.0 and newer (A100, "
+           "RTX 30xx on), through PTX for sm_80", OPT_IN, _CUDA_PRECISIONS, (), _CUDA_COMPILER,
+           parallel=True),
+    Target("cuda-sm90", "cuda", None, "NVIDIA GPUs of compute capability 9.0 and newer (H100, "
+           "H200, GH200), through PTX for sm_90", OPT_IN, _CUDA_PRECISIONS, (), _CUDA_COMPILER,
+           parallel=True),
+    # the cuda kernels compiled for this CPU, each block's threads run in turn: the CUDA lowering
+    # checked against the float64 reference where no GPU is
+    Target("cuda-emulated", "cpu", dict(TARGETS_PLATFORMS["cuda-emulated"]), "the cuda target's kernels run on this "
+           "machine's CPU block by block (checks the CUDA lowering without a GPU; slow)", OPT_IN,
+           _CUDA_PRECISIONS, _host_features(), _CUDA_COMPILER, parallel=True),
 )}
+
+# names that stand for several targets on the command line
+GROUPS = {"cuda": ("cuda-sm80", "cuda-sm90")}
 
 # the target every container carries, so it runs everywhere
 ALWAYS = "portable"
+
+
+def expand(names) -> list[str] | None:
+    """``names`` with each group name (``cuda``) replaced by its targets, in order, once each."""
+    if not names:
+        return names
+    out: list[str] = []
+    for n in names:
+        for t in GROUPS.get(n, (n,)):
+            if t not in out:
+                out.append(t)
+    return out
 
 
 def get(name: str) -> Target:

@@ -1,0 +1,120 @@
+"""``compile_artifact(graph, target, precision)``: an optimized IR graph -> a cuda artifact.
+
+The kernels and the plan are the cpu target's (codegen/targets/cpu/kernels.py builds the
+kernels with their epilogues fused, plan.py places every tensor), without the cpu target's own
+passes (channels last, Winograd), whose layouts serve CPU caches and vectors. Each dispatch's
+``workgroups`` is its number of thread blocks, and the plan's ``cuda`` entry says how each
+kernel is launched (``kernels``: its block size and whether it is a grid or a single thread)
+and what the code needs (SM, PTX ISA version, driver). The code layers are the PTX and, where
+ptxas is installed, a cubin of the level's SM (ptx.py). The ``cuda-emulated`` target compiles
+the same kernels for the build host's CPU instead (module.py).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+from mlpack.codegen import progress
+from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.targets.base import Code
+from mlpack.codegen.targets.cpu import checks, narrowconv
+from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
+from mlpack.codegen.targets.cpu.plan import make_plan, output_copies, tensor_buffers
+from mlpack.codegen.targets.cuda import module as cuda_module
+from mlpack.codegen.targets.cuda import ptx as ptxmod
+from mlpack.codegen.targets.cuda.lower import BLOCK, GRID
+from mlpack.codegen.targets.cuda.target import CudaTarget, get_target
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.program import encode_expr
+
+# a grid never needs more blocks than this: each thread loops over its share (2**31 - 1 is
+# CUDA's limit; this keeps a block index times BLOCK inside 32 bits)
+MAX_BLOCKS = 1 << 22
+
+
+def blocks(k, bufs) -> ex.Expr:
+    """A grid kernel's block count: ceil(elements / BLOCK), at least 1, at most MAX_BLOCKS."""
+    out = bufs[k.out]
+    n = ex.product([out.sizes[d] for d in out.layout])
+    need = ex.floordiv(n + ex.const(BLOCK - 1), ex.const(BLOCK))
+    return ex.simplify_size(ex.binary("max", ex.const(1), ex.binary("min", ex.const(MAX_BLOCKS), need)))
+
+
+def schedule(graph):
+    """(kernels, buffers, plan, weights) of ``graph`` for the cuda target."""
+    reject_procedures(graph)
+    bufs = tensor_buffers(graph)
+    kernels = build_kernels(graph, bufs)
+    copies, owners = output_copies(graph, bufs, len(kernels))
+    narrowconv.unpack_ports(graph, bufs, owners)
+    kernels += copies
+    plan, weights = make_plan(graph, kernels, bufs, owners)
+    weights = narrowconv.pack_weights(weights, bufs)
+    launches = []
+    for k, disp in zip(kernels, plan["dispatches"]):
+        kind = cuda_module.launch_kind(k)
+        disp["workgroups"] = encode_expr(blocks(k, bufs)) if kind == GRID else 1
+        launches.append({"name": k.name, "launch": kind, "block": BLOCK if kind == GRID else 1})
+    return kernels, bufs, plan, weights, launches
+
+
+def _host_cpu_target():
+    """The build host's baseline cpu level, which the emulated kernels are compiled for."""
+    from mlpack.codegen.targets.cpu.target import get_target as cpu_target
+
+    arch = platform.machine().lower()
+    return cpu_target({"x86_64": "x86_64-v2", "amd64": "x86_64-v2", "aarch64": "aarch64",
+                       "arm64": "aarch64"}.get(arch, arch))
+
+
+def compile_artifact(graph, target: str, precision: str, disabled=frozenset()) -> Code:
+    """The registry's entry (codegen/targets/base.py) for the cuda levels and ``cuda-emulated``."""
+    from mlpack.spec import media
+
+    t = get_target(target)
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    progress.report("scheduling")
+    kernels, bufs, plan, weights, launches = schedule(graph)
+    if t.emulated:
+        return _emulated(graph, t, kernels, bufs, plan, weights, launches, t0)
+    symbols = plan["symbols"]
+    text = cuda_module.build_module(kernels, bufs, symbols)
+    checks.add_to_plan(plan, kernels, graph.origins)
+    plan["cuda"] = {"sm": t.sm, "ptx_isa": t.ptx_version, "driver": t.driver, "kernels": launches}
+    times["lower"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    progress.report("optimizing", len(kernels), len(kernels))
+    ptx = ptxmod.emit_ptx(text, t)
+    times["llvm"] = time.perf_counter() - t1
+    layers = [(media.CODE_PTX, ptx.encode())]
+    ptxas = ptxmod.find_ptxas()
+    if ptxas:
+        t2 = time.perf_counter()
+        progress.report("assembling", len(kernels), len(kernels))
+        layers.append((media.CODE_CUBIN, ptxmod.assemble(ptx, t, ptxas)))
+        times["ptxas"] = time.perf_counter() - t2
+    config = {"plan": plan, "cuda_sm": t.sm}
+    return Code(layers, weights, config, times)
+
+
+def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, launches, t0) -> Code:
+    from mlpack.codegen.targets.cpu.link import link_shared
+    from mlpack.codegen.targets.cpu.objects import emit_parts
+    from mlpack.spec import media
+
+    host = _host_cpu_target()
+    text = cuda_module.build_module(kernels, bufs, plan["symbols"], emulate=host)
+    checks.add_to_plan(plan, kernels, graph.origins)
+    plan["cuda"] = {"sm": t.sm, "kernels": launches, "emulated": host.name}
+    times = {"lower": time.perf_counter() - t0}
+    t1 = time.perf_counter()
+    objs = emit_parts([text], host.triple, host.cpu, host.feature_string)
+    times["llvm"] = time.perf_counter() - t1
+    elf = link_shared(objs)
+    config = {"plan": plan, "cpu_features": media.config_cpu_features(list(host.features), host.arch)}
+    return Code([(media.CODE_ELF, elf)], weights, config, times)
+
+
+__all__ = ["compile_artifact", "schedule", "blocks", "UnsupportedTargetError"]

@@ -1,0 +1,128 @@
+"""Kernel bodies for the cuda target: a comprehension kernel over a grid of threads, a procedure
+on one thread.
+
+Each kernel is emitted as an internal ``.impl`` function whose parameters are the dispatch's
+bindings (``noalias``: one binding per tensor, never overlapping), the symbols' values, the
+calling thread's index and the number of threads, the dispatch's error record and a status
+slot. module.py wraps it twice over: as a PTX entry (thread index from the special registers)
+and, for the ``cuda-emulated`` target, as a cpu-ABI kernel whose workgroup runs the block's
+threads in turn. The body is the same LLVM IR either way, so what the emulation checks against
+the float64 reference is the code the GPU runs, but for the wrapper.
+
+**Grid kernels** (``GridLowering``): thread ``t`` of ``T`` computes output elements ``t, t + T,
+t + 2T, ...`` in the output's layout order, so the threads of a warp write consecutive
+elements (coalesced), and any grid covers any size. A reduction runs in the thread, in a
+scalar accumulator, with its epilogue applied before the store (codegen/targets/cpu/lower.py's
+``_inner_reduce`` and ``finish``, which this class inherits). The expression lowering is the
+shared one (codegen/llvm/scalar.py), so every op, dtype and index check the cpu target lowers,
+this target lowers the same way.
+
+**Procedures** (``SingleThreadLowering``): the cpu target's sequential lowering
+(codegen/targets/cpu/procedure.py), run by thread 0 of a one-thread grid.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+from mlpack.codegen.llvm.loops import Loops
+from mlpack.codegen.llvm.scalar import ScalarEmitter
+from mlpack.codegen.llvm.types import I32, I64, llvm_type
+from mlpack.codegen.targets.cpu.lower import KernelLowering
+from mlpack.codegen.targets.cpu.procedure import ProcedureLowering
+
+GRID = "grid"       # a kernel's launch kind: threads over its output elements
+SINGLE = "single"   # one thread (a procedure)
+BLOCK = 256         # threads per block of a grid kernel
+
+
+def _strided(b: ir.IRBuilder, start, end, step, name: str):
+    """``for (i = start; i < end; i += step)`` as a context manager yielding i (i64)."""
+    @contextmanager
+    def loop():
+        pre = b.block
+        fn = pre.function
+        head, body, exit_ = (fn.append_basic_block(f"{name}.{s}") for s in ("head", "body", "exit"))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64, name=name)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, end), body, exit_)
+        b.position_at_end(body)
+        yield i
+        i.add_incoming(b.add(i, step, flags=("nsw",)), b.block)
+        b.branch(head)
+        b.position_at_end(exit_)
+    return loop()
+
+
+class GridLowering(KernelLowering):
+    """A comprehension kernel as ``.impl(bindings..., symbols..., i32 thread, i32 threads, err,
+    status)``: each thread computes every ``threads``-th output element from ``thread``."""
+
+    kind = GRID
+
+    def emit(self) -> ir.Function:
+        impl = self._impl_signature()
+        self._emit_impl(impl)
+        return impl
+
+    def _emit_impl(self, f: ir.Function) -> None:
+        b = ir.IRBuilder(f.append_basic_block("entry"))
+        self.b = b
+        self.loops = Loops(b, self.module)
+        n = len(self.bound)
+        bases = {t: f.args[j] for j, t in enumerate(self.bound)}
+        E = ScalarEmitter(b, bases, self.buffers, self.k.name, self.native_f16, target="cuda")
+        self.E = E
+        for i, s in enumerate(self.symbols):
+            E.bind("$" + s, f.args[n + i])
+        thread, threads, err, status = f.args[n + len(self.symbols):]
+        k = self.k
+        # every element is computed whole by one thread: a reduction is its inner loop
+        k.strategy = "map" if k.reduce is None else "inner"
+        self._sizes()
+        self.allocas = self._allocas()
+        osz = E.sizes[self.out.name]
+        dims = [d for d in self.out.layout
+                if not (isinstance(osz[d], ir.Constant) and osz[d].constant == 1)]
+        units = ir.Constant(I64, 1)
+        for d in dims:
+            units = b.mul(units, osz[d], flags=("nsw",))
+        with _strided(b, b.zext(thread, I64), units, b.zext(threads, I64), "elem") as e:
+            with E.scope():
+                self.bind_unit(e, dims)
+                value = E(k.body) if k.reduce is None else self._inner_reduce()
+                self.store(self.finish(value))
+        b.ret_void()
+        self._finish_checks(err, status)
+
+
+class SingleThreadLowering(ProcedureLowering):
+    """A procedure as ``.impl(bindings..., push, err, status)``, run by one thread (push: the
+    symbols' values in device memory, where its SetSize statements write theirs)."""
+
+    kind = SINGLE
+
+    def emit(self) -> ir.Function:
+        return self._impl()
+
+
+def lowering_for(k, module: ir.Module, buffers, symbols: list[str], native_f16=(True, True)):
+    """The lowering of kernel ``k`` (a procedure's, or a grid kernel's)."""
+    from mlpack.codegen.targets.cpu.procedure import PROCEDURE
+
+    cls = SingleThreadLowering if k.strategy == PROCEDURE else GridLowering
+    return cls(module, k, buffers, symbols, None, native_f16)
+
+
+def check_dtypes(kernels, buffers) -> None:
+    """Every buffer's dtype has a register type here (the error names the tensor)."""
+    for name, buf in buffers.items():
+        llvm_type(buf.dtype, f" (tensor %{name})", target="cuda")
+
+
+__all__ = ["GridLowering", "SingleThreadLowering", "lowering_for", "GRID", "SINGLE", "BLOCK",
+           "I32"]
