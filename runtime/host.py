@@ -51,6 +51,7 @@ class Host:
     cpu_features: frozenset[str] = frozenset()
     x86_level: int | None = None  # 1..4 on amd64 (x86-64 v1..v4); None elsewhere
     cuda_sm: int | None = None  # compute capability as digits (80 = 8.0); None: no usable GPU
+    cuda_why: str = ""  # why no GPU is usable (the driver's own words), when cuda_sm is None
 
     def describe(self) -> str:
         """One line: ``linux/amd64 x86-64 v4, cuda sm_90``."""
@@ -107,23 +108,48 @@ def cpu_name() -> str | None:
     return None
 
 
+def probe_cuda() -> tuple[int | None, str]:
+    """Device 0's compute capability from the CUDA driver API, or None with why none is usable,
+    in the words of the C engine's probe (runtime/c/src/cuda.c ``mp_cuda_probe``): the driver is
+    libcuda.so.1, or the library MLPACK_LIBCUDA names ("0": none)."""
+    from mlpack.spec import environment
+
+    path = environment.get("MLPACK_LIBCUDA") or "libcuda.so.1"
+    if path == "0":
+        return None, "MLPACK_LIBCUDA=0 turns CUDA off"
+    try:
+        cuda = ctypes.CDLL(path)
+    except OSError as e:
+        return None, f"no CUDA driver ({str(e)[:200]})"
+
+    def name(r: int) -> str:
+        s = ctypes.c_char_p()
+        fn = getattr(cuda, "cuGetErrorName", None)
+        if fn is not None and fn(r, ctypes.byref(s)) == 0 and s.value:
+            return s.value.decode()
+        return "an unknown CUDA error"
+
+    for symbol in ("cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetAttribute"):
+        if not hasattr(cuda, symbol):
+            return None, f"the CUDA driver lacks {symbol}"
+    r = cuda.cuInit(0)
+    if r != 0:
+        return None, f"the CUDA driver did not start (cuInit: {name(r)})"
+    count, dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+        return None, "the CUDA driver sees no GPU"
+    # attributes 75/76: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR/MINOR
+    for r in (cuda.cuDeviceGet(ctypes.byref(dev), 0),
+              cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev),
+              cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)):
+        if r != 0:
+            return None, f"the CUDA driver cannot describe GPU 0 ({name(r)})"
+    return major.value * 10 + minor.value, ""
+
+
 def detect_cuda_sm() -> int | None:
-    """Device 0's compute capability from the CUDA driver API, or None (no driver, no GPU)."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    major, minor, dev = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    try:
-        if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0:
-            return None
-        # attributes 75/76: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR/MINOR
-        if (cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev) != 0
-                or cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev) != 0):
-            return None
-    except AttributeError:  # a libcuda without these symbols is not one we can use
-        return None
-    return major.value * 10 + minor.value
+    """Device 0's compute capability (probe_cuda), or None."""
+    return probe_cuda()[0]
 
 
 # Linux gives a process the AMX tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
@@ -155,8 +181,9 @@ def detect_host() -> Host:
         level = x86_level(features) or 1
         if "amx_tile" in features and request_amx() is not None:   # as host.c: usable or not
             features = frozenset(f for f in features if f not in _AMX_FLAGS)
-    return Host(platform.system().lower(), arch, features, level, detect_cuda_sm())
+    sm, why = probe_cuda()
+    return Host(platform.system().lower(), arch, features, level, sm, why)
 
 
-__all__ = ["Host", "detect_host", "detect_cuda_sm", "parse_cpuinfo", "request_amx", "x86_level",
+__all__ = ["Host", "detect_host", "detect_cuda_sm", "probe_cuda", "parse_cpuinfo", "request_amx", "x86_level",
            "X86_LEVELS"]

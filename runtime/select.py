@@ -155,7 +155,8 @@ def _version_tuple(text: str) -> tuple[int, ...] | None:
 def _platform_fault(art: Artifact, host: Host) -> str | None:
     p = art.platform
     if p is None:
-        return None if art.device == "portable" else f"{art.device} artifact has no OCI platform"
+        # (GPU code runs on any CPU)
+        return None if art.device in ("portable", "cuda") else f"{art.device} artifact has no OCI platform"
     if p.get("os", host.os) != host.os:
         return f"{p.get('os')}, this host is {host.os}"
     arch = p.get("architecture", host.arch)
@@ -176,7 +177,7 @@ def _device_fault(art: Artifact, host: Host) -> str | None:
     if art.device != "cuda":
         return None
     if host.cuda_sm is None:
-        return "needs a CUDA GPU, this host has none (or no CUDA driver)"
+        return f"needs a CUDA GPU: {host.cuda_why or 'this host has none'}"
     need = cuda_sm(art)
     if need is not None and need > host.cuda_sm:
         return f"needs sm_{need}, this host's GPU is sm_{host.cuda_sm}"

@@ -45,6 +45,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "mlpack.backend's mode for ONNX's backend tests: interp (default) or native"),
     Variable("MLPACK_LIBRARY", "runtime",
              "the libmlpack.so to load (default: the one installed beside mlpack.runtime)"),
+    Variable("MLPACK_LIBCUDA", "engine",
+             "the CUDA driver library the engine (and Python's host probe) opens for cuda "
+             "artifacts (default: libcuda.so.1); 0: never use a GPU"),
     Variable("MLPACK_NUM_THREADS", "engine",
              "threads of a run when the caller sets none (default: every core)"),
     Variable("MLPACK_TRUSTED_KEYS", "runtime",

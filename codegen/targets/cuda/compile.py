@@ -21,6 +21,7 @@ from mlpack.codegen.targets.base import Code
 from mlpack.codegen.targets.cpu import checks, narrowconv
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
 from mlpack.codegen.targets.cpu.plan import make_plan, output_copies, tensor_buffers
+from mlpack.codegen.targets.cpu.procedure import binding_kinds
 from mlpack.codegen.targets.cuda import module as cuda_module
 from mlpack.codegen.targets.cuda import ptx as ptxmod
 from mlpack.codegen.targets.cuda.lower import BLOCK, GRID
@@ -55,7 +56,8 @@ def schedule(graph):
     for k, disp in zip(kernels, plan["dispatches"]):
         kind = cuda_module.launch_kind(k)
         disp["workgroups"] = encode_expr(blocks(k, bufs)) if kind == GRID else 1
-        launches.append({"name": k.name, "launch": kind, "block": BLOCK if kind == GRID else 1})
+        launches.append({"name": k.name, "launch": kind, "block": BLOCK if kind == GRID else 1,
+                         "bindings": binding_kinds(k)})
     return kernels, bufs, plan, weights, launches
 
 

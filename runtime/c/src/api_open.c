@@ -150,6 +150,15 @@ static mlpack_status mp_model_open(mlpack_model *m, int fd, const char *path, ml
   if (st) return st;
   if ((st = mp_apply_policy(m, err))) return st;
   mp_host_detect(&m->host);
+  for (size_t i = 0; i < m->container->artifact_count; i++) {   /* (cuInit only when it may matter) */
+    const mp_artifact *a = &m->container->artifacts[i];
+    if (!a->absent && a->device && !strcmp(a->device, "cuda")) {
+      const char *why = "";
+      m->host.cuda_sm = mp_cuda_probe(&why);
+      snprintf(m->host.cuda_why, sizeof m->host.cuda_why, "%s", why);
+      break;
+    }
+  }
   m->verdicts = calloc(m->container->artifact_count, sizeof *m->verdicts);
   if (!m->verdicts) return mp_fail(err, MLPACK_ERR_NOMEM, "out of memory");
   if ((st = mp_select(m->container, &m->host, &m->options, m->verdicts, &m->chosen, err))) return st;

@@ -908,7 +908,10 @@ static mlpack_status mp_read_layers(mp_reader *r, mp_artifact *a, const mp_json 
     if (st) return st;
     if (r->verify && (st = mp_verify(r, digest, w))) return st;
     if (mp_string_map(r, layers->items[j], "annotations", w, &ann)) return MLPACK_ERR_FORMAT;
-    if (!a->code_media_type && mp_is_code_type(media)) {
+    if (!a->cubin.data && !strcmp(media, MP_CODE_CUBIN) && a->code_media_type &&
+        !strcmp(a->code_media_type, MP_CODE_PTX)) {
+      a->cubin = mp_blob_of(r, digest);   /* (the PTX's companion: cuda.c loads it where it fits) */
+    } else if (!a->code_media_type && mp_is_code_type(media)) {
       a->code_media_type = media;
       a->code = mp_blob_of(r, digest);
     } else if (!a->weights.data && !strcmp(media, MP_WEIGHTS)) {

@@ -108,6 +108,7 @@ typedef struct mp_artifact {
   int absent;                                     /* a partial container left it out: known by
                                                      its descriptor alone (manifest, config NULL) */
   mp_blob code, weights, vectors;                 /* size 0 when the layer is absent */
+  mp_blob cubin;                                  /* a cuda artifact's cubin layer (size 0: none) */
 } mp_artifact;
 
 typedef struct mp_signature {   /* one signature layer of a signature manifest (format 1.2) */
@@ -207,10 +208,15 @@ typedef struct mp_host {
   const char *architecture;  /* "amd64", "arm64", "riscv64" */
   int x86_level;             /* 1..4, 0 off x86 */
   char features[1024];       /* comma list, lower case: "avx2,fma,avx512f,..." or "neon,dotprod,..." */
-  int cuda_sm;               /* 0: no usable CUDA driver */
+  int cuda_sm;               /* 0: no usable CUDA driver (probed only for a container with cuda
+                              * artifacts: api_open.c) */
+  char cuda_why[256];        /* why none is usable, when cuda_sm is 0 and it was probed */
 } mp_host;
 
 void mp_host_detect(mp_host *out);
+/* cuda.c: device 0's compute capability as digits (80), probing the driver once per process
+ * (dlopen of libcuda.so.1 or MLPACK_LIBCUDA, cuInit); 0 when none is usable, *why saying why. */
+int mp_cuda_probe(const char **why);
 /* "linux/amd64 x86-64 v4, no CUDA GPU": for messages (as runtime/host.py's Host.describe). */
 void mp_host_describe(const mp_host *h, char *buf, size_t size);
 int mp_host_has_feature(const mp_host *h, const char *feature);
@@ -286,6 +292,8 @@ typedef struct mp_run {          /* one call of mlpack_run, after inputs are che
   mp_pool *pool;                 /* the model's pool while this run holds it, else NULL: other runs
                                   * hold it, so this one runs on its calling thread alone */
   mp_run_ctx *ctx;               /* where this run's outputs live (mp_run_output) */
+  int on_device;                 /* inputs and outputs are CUDA device addresses (mlpack_run_device):
+                                  * only the cuda executor takes such a run */
 } mp_run;
 
 /* api_run.c: for an output whose shape depends on data (run->outputs[i] == NULL), the executor

@@ -46,4 +46,11 @@ mlpack_status mp_native_open(mlpack_model *m, const mp_artifact *a, mp_executor 
 mlpack_status mp_native_run(mp_executor *x, const mp_run *run, mlpack_error **err);
 void mp_native_close(mp_executor *x);
 
+/* ---------------------------------------------------------------- cuda.c */
+/* A cuda artifact (application/vnd.mlpack.code.ptx.v1, with an optional cubin layer): its plan
+ * launched on the GPU through the CUDA driver, opened at run time. */
+mlpack_status mp_cuda_open(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err);
+mlpack_status mp_cuda_run(mp_executor *x, const mp_run *run, mlpack_error **err);
+void mp_cuda_close(mp_executor *x);
+
 #endif /* MLPACK_EXECUTOR_H */

@@ -1,8 +1,9 @@
 /* executors.c: the executor table: every code format this engine runs, and what runs it.
  *
  * Selection (select.c) and loading (api_open.c) both read this one table, so the artifacts
- * judged runnable here are exactly those the engine can open. A code format with no row (PTX,
- * cubin: no CUDA executor yet) is passed over with a reason. A new device: its .c file, its
+ * judged runnable here are exactly those the engine can open. A code format with no row (a
+ * lone cubin layer) is passed over with a reason; whether a CUDA GPU is there is selection's
+ * device check (select.c, from the driver probe of api_open.c). A new device: its .c file, its
  * functions declared in executor.h, and one row below.
  */
 #include <string.h>
@@ -14,6 +15,7 @@ static const mp_executor_kind mp_executors[] = {
     /* code layer         host check  open              run              close */
     {MP_PROGRAM_PORTABLE, NULL,       mp_portable_open, mp_portable_run, mp_portable_close},
     {MP_CODE_ELF,         NULL,       mp_native_open,   mp_native_run,   mp_native_close},
+    {MP_CODE_PTX,         NULL,       mp_cuda_open,     mp_cuda_run,     mp_cuda_close},
 };
 
 const mp_executor_kind *mp_executor_for(const char *media_type) {

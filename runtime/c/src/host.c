@@ -9,8 +9,8 @@
  * detection makes that request, so a host that reports amx_tile can run tile code at once);
  * aarch64 from getauxval(AT_HWCAP/AT_HWCAP2); riscv64 from AT_HWCAP's single-letter ISA bits
  * (the vector extension is "v"; its vectors are at least 128 bits, V 1.0's zvl128b).
- * CUDA: cuda_sm is always 0 for now. Probing would mean dlopen("libcuda.so.1") and cuInit, which
- * is slow and has side effects; the engine has no CUDA executor yet, so it is not done.
+ * CUDA: cuda_sm is 0 here. Probing means dlopen("libcuda.so.1") and cuInit, which is slow, so
+ * api_open.c asks cuda.c's mp_cuda_probe only for a container that has a cuda artifact.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -193,5 +193,6 @@ void mp_host_detect(mp_host *out) {
 #else
   out->architecture = "unknown";
 #endif
-  out->cuda_sm = 0;  /* no driver probing yet (see the header comment) */
+  out->cuda_sm = 0;  /* (api_open.c probes the driver when a container has cuda artifacts) */
+  out->cuda_why[0] = 0;
 }

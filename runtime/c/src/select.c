@@ -98,7 +98,7 @@ static void mp_specificity(const mp_artifact *a, long out[3]) {
 
 static int mp_platform_fault(const mp_artifact *a, const mp_host *h, char *why, size_t n) {
   if (!a->has_platform) {
-    if (!strcmp(a->device, "portable")) return 0;
+    if (!strcmp(a->device, "portable") || !strcmp(a->device, "cuda")) return 0;   /* (GPU code runs on any CPU) */
     snprintf(why, n, "%s artifact has no OCI platform", a->device);
     return 1;
   }
@@ -133,7 +133,7 @@ static int mp_device_fault(const mp_artifact *a, const mp_host *h, char *why, si
   }
   if (strcmp(a->device, "cuda") != 0) return 0;
   if (!h->cuda_sm) {
-    snprintf(why, n, "needs a CUDA GPU, this host has none (or no CUDA driver)");
+    snprintf(why, n, "needs a CUDA GPU: %.200s", *h->cuda_why ? h->cuda_why : "this host has none");
     return 1;
   }
   if (a->cuda_sm > h->cuda_sm) {
@@ -191,9 +191,8 @@ static int mp_runtime_fault(const mp_artifact *a, const mp_host *h, char *why, s
     return 1;
   }
   const mp_executor_kind *x = mp_executor_for(a->code_media_type);
-  if (!x) {  /* a code format with no row: today only CUDA's (PTX, cubin) */
-    const char *kind = strstr(a->code_media_type, "ptx") ? "PTX code" : "cubin code";
-    snprintf(why, n, "%s, which this runtime cannot execute yet (no CUDA executor)", kind);
+  if (!x) {  /* a code format with no row: a cubin without its PTX */
+    snprintf(why, n, "cubin code without PTX, which this runtime does not load");
     return 1;
   }
   return x->host_fault && x->host_fault(a, h, why, n);
