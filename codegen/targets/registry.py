@@ -83,9 +83,10 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
            parallel=True),
     # the cuda kernels compiled for this CPU, each block's threads run in turn: the CUDA lowering
     # checked against the float64 reference where no GPU is
-    Target("cuda-emulated", "cpu", dict(TARGETS_PLATFORMS["cuda-emulated"]), "the cuda target's kernels run on this "
-           "machine's CPU block by block (checks the CUDA lowering without a GPU; slow)", OPT_IN,
-           _CUDA_PRECISIONS, _host_features(), _CUDA_COMPILER, parallel=True),
+    Target("cuda-emulated", "cpu", dict(TARGETS_PLATFORMS["cuda-emulated"]), "the cuda target's "
+           "kernels run on this machine's CPU block by block (checks the CUDA lowering without "
+           "a GPU; slow)", OPT_IN, _CUDA_PRECISIONS, _host_features(), _CUDA_COMPILER,
+           parallel=True),
 )}
 
 # names that stand for several targets on the command line
@@ -131,4 +132,6 @@ def defaults() -> tuple[str, ...]:
 def help_text() -> str:
     """The targets for `mlpack build --help`, one line each."""
     mark = {DEFAULT: "", OPT_IN: " [only when named]", PLANNED: " [planned]"}
-    return "\n".join(f"{t.name}: {t.summary}{mark[t.status]}" for t in TARGETS.values())
+    lines = [f"{t.name}: {t.summary}{mark[t.status]}" for t in TARGETS.values()]
+    lines += [f"{g}: {' and '.join(names)}" for g, names in GROUPS.items()]
+    return "\n".join(lines)

@@ -223,11 +223,11 @@ def test_failed_build_keeps_an_existing_output(tmp_path):
 
 
 @pytest.mark.parametrize("kw, fragment", [
-    ({"targets": ["cuda"]}, "target cuda is not implemented yet (planned); available: portable, "
-                            "x86_64-v2, x86_64-v3, x86_64-v4, x86_64-v4-amx, x86_64-v4-bf16, "
-                            "x86_64-v4-vnni, aarch64, aarch64-bf16, aarch64-dotprod, aarch64-i8mm, "
-                            "riscv64"),
-    ({"targets": ["aarch64", "cuda"]}, "target cuda is not implemented yet"),
+    ({"targets": ["tpu"]}, "unknown target 'tpu'; targets are: portable, x86_64-v2, x86_64-v3, "
+                           "x86_64-v4, x86_64-v4-amx, x86_64-v4-bf16, x86_64-v4-vnni, aarch64, "
+                           "aarch64-bf16, aarch64-dotprod, aarch64-i8mm, riscv64, cuda-sm80, "
+                           "cuda-sm90, cuda-emulated"),
+    ({"targets": ["aarch64", "sm_80"]}, "unknown target 'sm_80'"),
     ({"targets": ["x86_64-v4-vnni"], "precisions": ["fp32,bf16"]},
      "target x86_64-v4-vnni builds int8, not fp32, bf16"),
     ({"targets": ["riscv"]}, "unknown target 'riscv'"),

@@ -273,8 +273,8 @@ def test_cli_prints_the_skip_warning(tmp_path, unlowerable):
 
 
 def test_refused_targets_and_precisions_name_what_is_available(tmp_path):
-    with pytest.raises(BuildError, match="target cuda is not implemented yet"):
-        build(MLP, tmp_path / "m.mlpack", targets=["x86_64-v4", "cuda"])
+    with pytest.raises(BuildError, match="unknown target 'cuda-sm70'; targets are: portable, x86_64-v2"):
+        build(MLP, tmp_path / "m.mlpack", targets=["x86_64-v4", "cuda-sm70"])
     with pytest.raises(BuildError, match="target portable builds fp32, not bf16, int8"):
         build(MLP, tmp_path / "m.mlpack", targets=["portable"], precisions=["bf16", "int8"])
     assert os.listdir(tmp_path) == []

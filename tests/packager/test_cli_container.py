@@ -54,7 +54,7 @@ def test_build_quiet_prints_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--target", "cuda"], "target cuda is not implemented yet (planned); available: portable, x86_64-v2"),
+    (["--target", "tpu"], "unknown target 'tpu'; targets are: portable, x86_64-v2"),
     (["--precision", "fp64"], "unknown precision 'fp64'"),
     (["--dim", "batch"], "--dim 'batch': expected NAME=SIZE"),
     (["--dim", "seq=3"], "no size symbol 'seq'"),

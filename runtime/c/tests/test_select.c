@@ -82,7 +82,7 @@ static void test_avx512_host(void) {
   CHECK_CONTAINS(v[A_V3].reason, "passed over: x86-64 v4 cpu fp32 (artifact 3) ranks higher");
   CHECK_CONTAINS(v[A_ARM].reason, "passed over: arm64, this host is amd64");
   CHECK(!v[A_ARM].runnable && !v[A_CUDA].runnable, "arm/cuda runnable");
-  CHECK_CONTAINS(v[A_CUDA].reason, "passed over: needs a CUDA GPU, this host has none (or no CUDA driver)");
+  CHECK_CONTAINS(v[A_CUDA].reason, "passed over: needs a CUDA GPU: this host has none");
   CHECK_CONTAINS(v[A_V3_16].reason, "passed over: x86-64 v4 cpu fp32 (artifact 3) ranks higher (ask for precision='fp16')");
   for (size_t i = 0; i < A_COUNT; i++) CHECK(v[i].chosen == (i == A_V4), "artifact %zu chosen=%d", i, v[i].chosen);
 }
@@ -100,9 +100,13 @@ static void test_other_hosts(void) {
   CHECK(pick(&old_x86, NULL, NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_PORTABLE, "old x86 chose %zu", c);
   CHECK_CONTAINS(v[A_PORTABLE].reason, "chosen: portable: runs anywhere; slower (no native artifact fits)");
   CHECK_CONTAINS(v[A_V2].reason, "passed over: needs x86-64 v2, this host is x86-64 v1");
-  /* a GPU host: the cuda artifact needs an executor this engine does not have yet */
+  /* a GPU host: the cuda artifact first (an sm_80 one on an sm_86 GPU) */
+  CHECK(pick(&gpu, NULL, "fp32", -1, 0, &c, &err) == MLPACK_OK && c == A_CUDA, "gpu host chose %zu", c);
+  CHECK_CONTAINS(v[A_V3].reason, "passed over: cuda sm_80 fp32 (artifact 6) ranks higher");
+  arts[A_CUDA].cuda_sm = 90;
   CHECK(pick(&gpu, NULL, "fp32", -1, 0, &c, &err) == MLPACK_OK && c == A_V3, "gpu host chose %zu", c);
-  CHECK_CONTAINS(v[A_CUDA].reason, "PTX code, which this runtime cannot execute yet");
+  CHECK_CONTAINS(v[A_CUDA].reason, "passed over: needs sm_90, this host's GPU is sm_86");
+  arts[A_CUDA].cuda_sm = 80;
 }
 
 static void test_requests(void) {
@@ -204,8 +208,8 @@ static void test_no_artifact(void) {
   make_artifacts();
 }
 
-/* The executor table: a row for the portable program and native ELF code (none yet for CUDA's
- * formats), each complete and found by its own media type. */
+/* The executor table: a row for the portable program, native ELF code and PTX (whose row loads
+ * a cubin beside it), each complete and found by its own media type. */
 static void test_executor_table(void) {
   static const char *const codes[] = {MP_CODE_MEDIA_TYPES};
   size_t rows = 0;
@@ -216,11 +220,12 @@ static void test_executor_table(void) {
     CHECK(!strcmp(x->media_type, codes[i]), "row for %s says %s", codes[i], x->media_type);
     CHECK(x->open && x->run && x->close, "row for %s lacks a function", codes[i]);
   }
-  CHECK(rows == 2, "%zu rows", rows);
+  CHECK(rows == 3, "%zu rows", rows);
   CHECK(mp_executor_for(MP_PROGRAM_PORTABLE) && mp_executor_for(MP_PROGRAM_PORTABLE)->open == mp_portable_open,
         "portable row");
   CHECK(mp_executor_for(MP_CODE_ELF) && mp_executor_for(MP_CODE_ELF)->open == mp_native_open, "native row");
-  CHECK(!mp_executor_for(MP_CODE_PTX) && !mp_executor_for(MP_CODE_CUBIN), "a CUDA row");
+  CHECK(mp_executor_for(MP_CODE_PTX) && mp_executor_for(MP_CODE_PTX)->open == mp_cuda_open, "cuda row");
+  CHECK(!mp_executor_for(MP_CODE_CUBIN), "a row for a lone cubin (the PTX row loads it)");
   CHECK(!mp_executor_for(MP_WEIGHTS) && !mp_executor_for(NULL), "a row for no code");
 }
 

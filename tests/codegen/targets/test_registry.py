@@ -31,9 +31,8 @@ def test_spec_platforms_and_devices_agree_with_the_registry():
 def test_defaults_and_refusals_come_from_the_registry():
     assert registry.defaults()[0] == registry.ALWAYS == "portable"
     assert "x86_64-v4-amx" not in registry.defaults() and "x86_64-v4-amx" in registry.implemented()
-    assert "cuda" in registry.names(PLANNED) and "cuda" not in registry.implemented()
-    with pytest.raises(b.BuildError, match=r"target cuda is not implemented yet \(planned\)"):
-        b.plan_artifacts(["cuda"])
+    assert registry.expand(["cuda", "portable", "cuda-sm90"]) == ["cuda-sm80", "cuda-sm90", "portable"]
+    assert [t for t, _ in b.plan_artifacts(["cuda"])] == ["portable", "cuda-sm80", "cuda-sm90"]
     with pytest.raises(b.BuildError, match=r"unknown target 'x86'; targets are: portable, x86_64-v2"):
         b.plan_artifacts(["x86"])
     # (x86_64-v4-bf16 is a default target of the bf16 precision only)
@@ -43,13 +42,21 @@ def test_defaults_and_refusals_come_from_the_registry():
     assert ("x86_64-v4-vnni", "int8") in b.plan_artifacts(precisions=["all"])
 
 
+def test_a_planned_target_is_refused_by_name(monkeypatch):
+    planned = Target("tpu", "tpu", None, "tensor processing units", PLANNED)
+    monkeypatch.setitem(registry.TARGETS, planned.name, planned)
+    with pytest.raises(b.BuildError, match=r"target tpu is not implemented yet \(planned\); "
+                                           r"available: portable, x86_64-v2"):
+        b.plan_artifacts(["tpu"])
+
+
 def test_build_help_lists_every_target_and_precision():
     result = cli("build", "--help")
     assert result.exit_code == 0
     text = " ".join(result.output.split())
     for t in registry.TARGETS.values():
         assert f"{t.name}: " in text, t.name
-    assert "x86_64-v4-amx: " in text and "[only when named]" in text and "cuda: " in text
+    assert "x86_64-v4-amx: " in text and "[only when named]" in text and "cuda-sm90: " in text
     assert ("Precisions (--precision, repeatable or comma-separated, or all): fp32 (the "
             "default), fp16, bf16, int8.") in text
 
