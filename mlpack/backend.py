@@ -50,8 +50,14 @@ def backend_mode(mode: str | None = None) -> str:
 
 
 def host_target() -> str:
-    """The cpu target this host runs best: x86_64-v4/v3/v2 by its x86-64 level, or aarch64."""
+    """The target native mode compiles for: MLPACK_NATIVE_TARGET (cuda-emulated, cuda-sm90:
+    the node suite through the cuda lowering), else the cpu target this host runs best:
+    x86_64-v4/v3/v2 by its x86-64 level, or aarch64."""
     from mlpack.runtime.host import detect_host
+
+    named = environment.get("MLPACK_NATIVE_TARGET")
+    if named:
+        return named
 
     host = detect_host()
     if host.arch == "amd64" and (host.x86_level or 0) >= 2:
@@ -79,8 +85,8 @@ class _Native:
     """A compiled graph lowered by the cpu target and loaded once into the C engine."""
 
     def __init__(self, graph, name: str, threads: int | None = None):
+        from mlpack.codegen.targets import registry
         from mlpack.codegen.targets.cpu import narrowconv
-        from mlpack.codegen.targets.cpu.compile import compile_artifact
         from mlpack.packager.build import artifact_spec, model_signature
         from mlpack.runtime import native
         from mlpack.spec.container import write_container
@@ -88,8 +94,9 @@ class _Native:
 
         self.inputs = {p.name for p in graph.inputs}  # specialized inputs are no longer ports
         self.target = host_target()
+        target = registry.get(self.target)
         try:
-            code = compile_artifact(graph, self.target, "fp32")
+            code = target.compile(graph, "fp32")
         except UnsupportedTargetError as e:  # say which mode asked, so the reason is unambiguous
             raise UnsupportedTargetError(f"native mode ({self.target}): "
                                          f"{str(e).removeprefix('cpu: ')}") from None
@@ -103,7 +110,8 @@ class _Native:
                      for part in (ins, outs))
         spec = artifact_spec(name, self.target, "fp32", code, write_tensors(code.weights),
                              (ins, outs), "none (mlpack.backend native mode)")
-        self.engine = _open_alone(spec, name, threads, write_container, native.open_model)
+        self.engine = _open_alone(spec, name, threads, write_container, native.open_model,
+                                  target.device)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not self.narrow:
@@ -115,15 +123,15 @@ class _Native:
                 for k, v in outs.items()}
 
 
-def _open_alone(spec, name: str, threads, write_container, open_model):
+def _open_alone(spec, name: str, threads, write_container, open_model, device: str = "cpu"):
     """The engine opened on a temporary container holding ``spec`` alone. The file is unlinked
     at once: the engine maps it, so nothing is left behind (as runtime.engine.open_artifact)."""
     fd, path = tempfile.mkstemp(prefix="mlpack-backend-", suffix=".mlpack")
     os.close(fd)
     try:
         write_container(path, name, [spec])
-        # device="cpu": the engine must run this artifact or say why not, never anything else
-        return open_model(path, device="cpu", threads=threads, strict=True, verify=False)
+        # the engine must run this artifact or say why not, never anything else
+        return open_model(path, device=device, threads=threads, strict=True, verify=False)
     finally:
         os.unlink(path)
 

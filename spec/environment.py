@@ -41,6 +41,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("MLPACK_QEMU", "compiler",
              "0: mlpack build and validate leave other architectures' artifacts unrun instead of "
              "validating them under qemu-user, where it is installed (packager/emulate.py)"),
+    Variable("MLPACK_NATIVE_TARGET", "compiler",
+             "the target mlpack.backend's native mode (python -m mlpack.conformance --native) "
+             "compiles for instead of this host's best cpu level: cuda-emulated (the cuda "
+             "lowering on this CPU), cuda-sm80 or cuda-sm90 (on a GPU)"),
     Variable("MLPACK_BACKEND", "compiler",
              "mlpack.backend's mode for ONNX's backend tests: interp (default) or native"),
     Variable("MLPACK_LIBRARY", "runtime",

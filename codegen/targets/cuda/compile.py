@@ -56,7 +56,7 @@ def schedule(graph):
     for k, disp in zip(kernels, plan["dispatches"]):
         kind = cuda_module.launch_kind(k)
         disp["workgroups"] = encode_expr(blocks(k, bufs)) if kind == GRID else 1
-        launches.append({"name": k.name, "launch": kind, "block": BLOCK if kind == GRID else 1,
+        launches.append({"name": cuda_module.entry_name(k.name), "launch": kind, "block": BLOCK if kind == GRID else 1,
                          "bindings": binding_kinds(k)})
     return kernels, bufs, plan, weights, launches
 

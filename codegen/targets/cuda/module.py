@@ -35,6 +35,12 @@ VOID = ir.VoidType()
 _READONLY = re.compile(r'ptr noalias %"ro\.')
 
 
+def entry_name(kernel: str) -> str:
+    """A kernel's PTX entry name: PTX identifiers are letters, digits, _ and $ (kernel names
+    carry the tensor's, "k16_ffn.0_Add"); the k<index> prefix keeps them distinct."""
+    return re.sub(r"[^A-Za-z0-9_$]", "_", kernel)
+
+
 def _sreg(b: ir.IRBuilder, name: str):
     m = b.module
     fname = f"llvm.nvvm.read.ptx.sreg.{name}"
@@ -124,15 +130,20 @@ def build_module(kernels, buffers, symbols: list[str], *, emulate=None) -> str:
 
         module.triple = emulate.triple
         module.data_layout = str(target_machine(emulate).target_data)
+    # half floats: PTX converts with cvt; on the host, as the cpu target's module does (x86-64
+    # v2 has no F16C: its conversions are integer code, halfconv.py)
+    native_f16 = (True, True) if emulate is None else (
+        emulate.arch == "arm64" or "f16c" in emulate.features, emulate.arch == "arm64")
     fns = []
     for k in kernels:
-        low = lowering_for(k, module, buffers, symbols)
+        low = lowering_for(k, module, buffers, symbols, native_f16)
         impl = low.emit()
         if list(low.bound) != kernel_bindings(k):
             raise AssertionError(f"cuda: kernel {k.name} loads bindings {low.bound}, but its "
                                  f"dispatch binds {kernel_bindings(k)}")
         if emulate is None:
-            fns.append(_ptx_entry(module, k.name, impl, low, len(symbols), len(kernel_writes(k))))
+            fns.append(_ptx_entry(module, entry_name(k.name), impl, low, len(symbols),
+                                  len(kernel_writes(k))))
         else:
             fns.append(_emulated_entry(module, k.name, impl, low, len(symbols)))
     if emulate is not None:

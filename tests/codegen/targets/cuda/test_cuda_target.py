@@ -1,0 +1,135 @@
+"""The cuda target (codegen/targets/cuda/): PTX per SM level that ptxas assembles, and the same
+kernels compiled for this CPU (``cuda-emulated``) computing what the reference interpreter does.
+
+ptxas comes from the cuda extra (``pip install 'mlpack[cuda]'``, which .ci/run installs) or a
+CUDA toolkit on PATH; without one the assembling tests skip, saying so. The emulated kernels
+run through tests/codegen/targets/plan_runner.py at the fp32 tolerance against ``run_graph``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from mlpack.codegen.compile import compile_onnx
+from mlpack.codegen.targets import registry
+from mlpack.codegen.targets.cuda import ptx
+from mlpack.spec import media
+from mlpack.spec.ir.interp import run_graph
+
+MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "models")
+sys.path.insert(0, MODELS)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import light  # noqa: E402
+# tests/codegen/targets/plan_runner.py
+from plan_runner import ATOL, RTOL, run_plan  # noqa: E402
+
+PTXAS = ptx.find_ptxas()
+needs_ptxas = pytest.mark.skipif(PTXAS is None, reason="no ptxas (pip install 'mlpack[cuda]')")
+
+
+def _graph(name: str):
+    return compile_onnx(onnx.load(os.path.join(MODELS, name)))
+
+
+def _ops_model():
+    """Reductions (softmax's max and sum, argmax), a gather with a checked index, a procedure
+    (TopK), f16 arithmetic and a broadcast, with a dynamic batch."""
+    nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=1),
+             helper.make_node("ArgMax", ["x"], ["am"], axis=1, keepdims=0),
+             helper.make_node("Gather", ["table", "am"], ["g"], axis=0, name="emb"),
+             helper.make_node("TopK", ["x", "k"], ["tv", "ti"], axis=1),
+             helper.make_node("Cast", ["s"], ["h"], to=TP.FLOAT16),
+             helper.make_node("Mul", ["h", "h"], ["hh"]),
+             helper.make_node("ReduceSum", ["x", "axes"], ["rs"], keepdims=1)]
+    inits = [helper.make_tensor("table", TP.FLOAT, [9, 2], np.linspace(-1, 1, 18).tolist()),
+             helper.make_tensor("k", TP.INT64, [1], [3]),
+             helper.make_tensor("axes", TP.INT64, [1], [0])]
+    g = helper.make_graph(nodes, "ops", [helper.make_tensor_value_info("x", TP.FLOAT, ["batch", 9])],
+                          [helper.make_tensor_value_info(n, t, None) for n, t in
+                           (("s", TP.FLOAT), ("g", TP.FLOAT), ("tv", TP.FLOAT), ("ti", TP.INT64),
+                            ("hh", TP.FLOAT16), ("rs", TP.FLOAT))], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_ptx_names_its_level_and_every_kernel():
+    g = _graph("mlp.onnx")
+    for name, version, target in (("cuda-sm80", "7.0", "sm_80"), ("cuda-sm90", "7.8", "sm_90")):
+        code = registry.get(name).compile(g, "fp32")
+        assert code.layers[0][0] == media.CODE_PTX
+        text = code.layers[0][1].decode()
+        assert f".version {version}" in text and f".target {target}" in text
+        plan = code.config["plan"]
+        entries = re.findall(r"\.visible \.entry (\w+)\(", text)
+        assert entries == [k["name"] for k in plan["cuda"]["kernels"]]
+        assert plan["cuda"]["sm"] == int(target[3:]) and code.config["cuda_sm"] == int(target[3:])
+        assert len(plan["dispatches"]) == len(entries)
+        assert [mt for mt, _ in code.layers[1:]] == ([media.CODE_CUBIN] if PTXAS else [])
+
+
+@needs_ptxas
+@pytest.mark.parametrize("name", ["mlp.onnx", "bert_block.onnx", "ops", "capsule", "squeezenet"])
+@pytest.mark.parametrize("level", ["cuda-sm80", "cuda-sm90"])
+def test_ptxas_assembles_every_kernel(name, level):
+    if name == "ops":
+        g = compile_onnx(_ops_model())
+    elif name == "capsule":
+        g = compile_onnx(__import__("capsule").einsum_model())
+    elif name == "squeezenet":
+        g = compile_onnx(light.random_weight_model("squeezenet", 0))
+    else:
+        g = _graph(name)
+    code = registry.get(level).compile(g, "fp32")   # (compile assembles with ptxas, or raises)
+    cubin = dict(code.layers)[media.CODE_CUBIN]
+    assert cubin[:4] == b"\x7fELF" and code.timings["ptxas"] > 0
+
+
+def _emulated(g, feeds):
+    art = registry.get("cuda-emulated").compile(g, "fp32")
+    from types import SimpleNamespace
+
+    # plan_runner takes a cpu artifact: the ELF, plan and weights
+    shim = SimpleNamespace(elf=art.layers[0][1], plan=art.config["plan"], weights=art.weights)
+    got = run_plan(shim, g, feeds)
+    want = run_graph(g, feeds)
+    for name in want:
+        if want[name].dtype.kind in "iub":
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        else:
+            np.testing.assert_allclose(got[name].astype(np.float64), want[name].astype(np.float64),
+                                       rtol=RTOL if want[name].dtype != np.float16 else 1e-3,
+                                       atol=ATOL if want[name].dtype != np.float16 else 1e-3,
+                                       err_msg=name)
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_emulated_kernels_compute_the_interpreters_values(batch):
+    g = compile_onnx(_ops_model())
+    x = np.random.default_rng(batch).standard_normal((batch, 9)).astype(np.float32)
+    _emulated(g, {"x": x})
+
+
+def test_emulated_bert_block():
+    g = _graph("bert_block.onnx")
+    ids = np.random.default_rng(0).integers(-1000, 1000, (2, 9)).astype(np.int64)
+    _emulated(g, {"ids": ids})
+
+
+@pytest.mark.parametrize("name", ["squeezenet"])
+def test_emulated_light_model(name):
+    m = light.random_weight_model(name, 0)
+    _emulated(compile_onnx(m), light.random_inputs(m, 0))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", light.NAMES)
+def test_emulated_every_light_model(name):
+    m = light.random_weight_model(name, 0)
+    _emulated(compile_onnx(m), light.random_inputs(m, 0))
