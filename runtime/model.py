@@ -56,6 +56,7 @@ from mlpack.spec.tensorfile import read_header, read_tensors
 from mlpack.runtime.host import Host, detect_host
 from mlpack.runtime import engine, registry
 from mlpack.runtime.portable import PortableExecutor
+from mlpack.runtime.device import is_device_array
 from mlpack.runtime.select import Verdict, check_policy, describe, select_artifact
 
 # the code this Python runtime executes itself; native code runs in the C engine (engine.py)
@@ -433,6 +434,8 @@ class Model:
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._executor is None:
             raise Error(f"{self.path}: the model is closed")
+        if isinstance(feeds, dict) and any(map(is_device_array, feeds.values())):
+            return self._run_device(feeds)
         # a signature (names, dtypes, shapes) that passed once passes again: the checks look
         # at nothing else, and they are a fifth of a small model's Python side
         key = _signature(feeds)
@@ -447,6 +450,21 @@ class Model:
 
     def __call__(self, **arrays) -> dict[str, np.ndarray]:
         return self._run(arrays)
+
+    def _run_device(self, feeds: dict) -> dict:
+        """GPU tensors in, ``DeviceArray`` out (runtime/device.py), for a model on a cuda
+        artifact; the engine checks names, dtypes and shapes as for host arrays."""
+        host = [name for name, x in feeds.items() if not is_device_array(x)]
+        if host:
+            raise InputError(f"input {host[0]!r} is in host memory while other inputs are on the "
+                             "GPU; give every input on the GPU, or every input as a host array")
+        engine_model = getattr(self._executor, "engine", None)
+        if self._art.device != "cuda" or engine_model is None:
+            raise InputError(f"{self.path}: GPU tensors need a model running on CUDA, and this one "
+                             f"runs {describe(self._art)}; load it with device='cuda' on a host "
+                             "with a GPU")
+        got = engine_model.run_device(feeds)
+        return {o.name: got[o.name] for o in self.outputs}
 
     def get_inputs(self) -> list[TensorInfo]:
         """The inputs, as ONNX Runtime's ``get_inputs``: each has ``.name``, ``.shape`` (counts,

@@ -107,6 +107,11 @@ def _declare(lib: ctypes.CDLL) -> None:
                                       ctypes.c_size_t, E]),
         "mlpack_run_into": (ctypes.c_int, [P, ctypes.POINTER(_Tensor), ctypes.c_size_t,
                                            ctypes.POINTER(_Tensor), ctypes.c_size_t, E]),
+        "mlpack_run_device": (ctypes.c_int, [P, ctypes.POINTER(_Tensor), ctypes.c_size_t,
+                                             ctypes.POINTER(_Tensor), ctypes.c_size_t, P, E]),
+        "mlpack_device_alloc": (ctypes.c_int, [ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), E]),
+        "mlpack_device_free": (None, [P]),
+        "mlpack_device_copy": (ctypes.c_int, [P, P, ctypes.c_size_t, ctypes.c_int, E]),
         "mlpack_error_code": (ctypes.c_int, [P]),
         "mlpack_error_message": (ctypes.c_char_p, [P]),
         "mlpack_error_free": (None, [P]),
@@ -404,6 +409,52 @@ class NativeModel:
 
     def __call__(self, **arrays) -> dict[str, np.ndarray]:
         return self.run(arrays)
+
+    def run_device(self, feeds: dict) -> dict:
+        """Outputs by name as ``device.DeviceArray``, from inputs in GPU memory (objects with
+        ``__cuda_array_interface__`` or CUDA DLPack producers: device.py), with nothing copied
+        between host and GPU (mlpack_run_device). The model must be running a cuda artifact,
+        and every output's shape must follow from the inputs' shapes."""
+        from mlpack.runtime.device import DeviceArray, device_input
+
+        if self._m is None:
+            raise errors.Error(f"{self.path}: model is closed")
+        given = {}
+        try:
+            for name, x in feeds.items():
+                given[name] = device_input(name, x)
+            key = ("cuda",) + tuple((n, d.dtype, d.shape) for n, d in given.items())
+            call = self._calls.get(key)
+            if call is None:
+                call = _Call(given, self.inputs, self.outputs)
+                if len(self._calls) >= _MAX_CALLS:
+                    self._calls.clear()
+                self._calls[key] = call
+            if call.out_shapes is None:
+                raise errors.Error(f"{self.path}: an output's shape depends on the data, so it "
+                                   "cannot be written into GPU memory sized beforehand; run the "
+                                   "model with host arrays")
+            try:
+                ins, outs = call.free.pop()
+            except IndexError:
+                ins, outs = call.structs()
+            for t, d in zip(ins, given.values()):
+                t.data, t.nbytes = d.ptr, d.nbytes
+            result = [DeviceArray.empty(self._lib, shape, o.dtype)
+                      for (shape, _), o in zip(call.out_shapes, self.outputs)]
+            for t, out in zip(outs, result):
+                t.data, t.nbytes = out.ptr, out.nbytes
+            stream = next((d.stream for d in given.values() if d.stream is not None), None)
+            err = ctypes.c_void_p()
+            st = self._lib.mlpack_run_device(self._m, ins, len(given), outs, call.n_out, stream,
+                                             ctypes.byref(err))
+            call.free.append((ins, outs))
+            if st != OK:
+                _raise(err, st)
+            return dict(zip(call.out_names, result))
+        finally:
+            for d in given.values():
+                d.release()
 
     def close(self) -> None:
         if self._m is not None:

@@ -194,3 +194,47 @@ def test_runs_from_many_threads_at_once(mlp_cuda, fake_driver):
     """
     got = in_child(code, {"MLPACK_LIBCUDA": str(fake_driver), "FAKE_CUDA_KERNELS": str(kernels)})
     assert got["worst"] < 1e-5
+
+
+def test_gpu_tensors_in_and_out_without_copies(mlp_cuda, fake_driver):
+    # DeviceArray (device.py) is GPU memory from the engine; an input may come through the CUDA
+    # array interface or through DLPack alone (as a JAX array would), and outputs leave as
+    # DeviceArrays whose DLPack capsules free nothing until their consumer is done
+    path, folder = mlp_cuda
+    kernels = emulated_kernels(path, "fp32", folder)
+    code = f"""
+        import ctypes, gc, json, numpy as np, mlpack
+        from mlpack.runtime import device, native
+        lib = native.library()
+        x = np.random.default_rng(0).standard_normal((3, 784), dtype=np.float32)
+        with mlpack.load({str(path)!r}, device="portable") as p:
+            want = p(x=x)["y"]
+        dx = device.DeviceArray.empty(lib, x.shape, "f32")
+        assert lib.mlpack_device_copy(dx.ptr, x.ctypes.data, x.nbytes, 1, None) == 0
+
+        class OnlyDLPack:
+            def __init__(self, a): self.a = a
+            def __dlpack__(self, stream=None): return self.a.__dlpack__(stream=stream)
+            def __dlpack_device__(self): return self.a.__dlpack_device__()
+
+        with mlpack.load({str(path)!r}, device="cuda", precision="fp32") as m:
+            outs = [m(x=dx)["y"], m(x=OnlyDLPack(dx))["y"], m.run(None, {{"x": dx}})[0]]
+        errs = [float(np.abs(y.numpy() - want).max()) for y in outs]
+        kinds = sorted({{type(y).__name__ for y in outs}})
+        cap = outs[0].__dlpack__()
+        held = len(device._exported)
+        del cap
+        gc.collect()
+        with mlpack.load({str(path)!r}, device="cpu") as c:
+            try:
+                c(x=dx)
+                refused = None
+            except mlpack.Error as e:
+                refused = str(e)
+        print(json.dumps({{"errs": errs, "kinds": kinds, "held": held,
+                           "left": len(device._exported), "refused": refused}}))
+    """
+    got = in_child(code, {"MLPACK_LIBCUDA": str(fake_driver), "FAKE_CUDA_KERNELS": str(kernels)})
+    assert max(got["errs"]) < 1e-5 and got["kinds"] == ["DeviceArray"], got
+    assert got["held"] == 1 and got["left"] == 0
+    assert "GPU tensors need a model running on CUDA" in got["refused"]

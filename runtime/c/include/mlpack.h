@@ -154,6 +154,25 @@ mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_
 mlpack_status mlpack_run_into(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
                               mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err);
 
+/* mlpack_run_into for a model running on a CUDA GPU (its chosen artifact is a cuda one), with
+ * every input's and output's data a CUDA device address (a CUdeviceptr, as void *) on the
+ * model's GPU (device 0, its primary context): nothing is copied between host and GPU. Outputs
+ * are given as to mlpack_run_into (their shapes must follow from the inputs'). `stream` is the
+ * CUstream (or NULL, the default stream) on which the caller queued the work that writes the
+ * inputs: the run waits for it first, and returns once the outputs are written. A model on
+ * another device refuses it (MLPACK_ERR_ARGUMENT). */
+mlpack_status mlpack_run_device(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
+                                mlpack_tensor *outputs, size_t n_outputs, void *stream, mlpack_error **err);
+
+/* GPU memory for mlpack_run_device's inputs and outputs, on device 0 in CUDA's primary context
+ * (the one the CUDA runtime, PyTorch and CuPy use too), for callers with no allocator of their
+ * own. Each allocation keeps the context alive until it is freed, model or no model.
+ * MLPACK_ERR_NO_ARTIFACT when no GPU is usable (the message says why). */
+mlpack_status mlpack_device_alloc(size_t nbytes, void **out, mlpack_error **err);
+void mlpack_device_free(void *ptr);
+/* Copy nbytes between host and GPU memory: to_device non-zero copies host src to device dst. */
+mlpack_status mlpack_device_copy(void *dst, const void *src, size_t nbytes, int to_device, mlpack_error **err);
+
 mlpack_status mlpack_error_code(const mlpack_error *err);
 const char *mlpack_error_message(const mlpack_error *err);
 void mlpack_error_free(mlpack_error *err);

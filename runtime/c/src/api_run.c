@@ -23,6 +23,7 @@
 
 #include "engine.h"
 #include "executor.h"
+#include "media.h"
 
 #define MP_MAX_SYMS 64
 #define MP_ALIGN 64
@@ -441,12 +442,17 @@ static mlpack_status mp_use_caller_outputs(const mlpack_model *m, mp_run_ctx *c,
   return MLPACK_OK;
 }
 
-/* Both entry points: `into` says the outputs' memory is the caller's (mlpack_run_into). */
+/* Every entry point: `into` says the outputs' memory is the caller's (mlpack_run_into), `device`
+ * that it and the inputs' are GPU memory (mlpack_run_device, waiting for `stream` first). */
 static mlpack_status mp_run_model(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
-                                  mlpack_tensor *outputs, size_t n_outputs, int into,
-                                  mlpack_error **err) {
+                                  mlpack_tensor *outputs, size_t n_outputs, int into, int device,
+                                  void *stream, mlpack_error **err) {
   mlpack_status st = mp_check_args(model, inputs, n_inputs, outputs, n_outputs, err);
   if (st != MLPACK_OK) return st;
+  if (device && strcmp(model->executor_kind->media_type, MP_CODE_PTX) != 0)
+    return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_run_device: the model runs on %s (artifact %zu), not on a "
+                   "CUDA GPU; give it host memory (mlpack_run)",
+                   model->container->artifacts[model->chosen].device, model->chosen);
   mp_run_ctx *ctx = NULL;
   st = mp_ctx_enter(model, &ctx, err);
   if (st != MLPACK_OK) return st;
@@ -478,7 +484,8 @@ static mlpack_status mp_run_model(mlpack_model *model, const mlpack_tensor *inpu
       if (b->bound_by[k]) { names[count] = b->names[k]; values[count++] = b->values[k]; }
     mp_run run = {.inputs = in_data, .outputs = out_data, .sym_names = names, .sym_values = values,
                   .sym_count = count, .model = model, .in_shapes = in_shapes,
-                  .out_shapes = ctx->shapes, .pool = mp_pool_acquire(model->pool), .ctx = ctx};
+                  .out_shapes = ctx->shapes, .pool = mp_pool_acquire(model->pool), .ctx = ctx,
+                  .on_device = device, .stream = stream};
     st = model->executor_kind->run(model->executor, &run, err);
     mp_pool_release(run.pool);
     for (size_t i = 0; st == MLPACK_OK && i < no; i++)
@@ -511,10 +518,15 @@ static mlpack_status mp_run_model(mlpack_model *model, const mlpack_tensor *inpu
 
 mlpack_status mlpack_run(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
                          mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err) {
-  return mp_run_model(model, inputs, n_inputs, outputs, n_outputs, 0, err);
+  return mp_run_model(model, inputs, n_inputs, outputs, n_outputs, 0, 0, NULL, err);
 }
 
 mlpack_status mlpack_run_into(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
                               mlpack_tensor *outputs, size_t n_outputs, mlpack_error **err) {
-  return mp_run_model(model, inputs, n_inputs, outputs, n_outputs, 1, err);
+  return mp_run_model(model, inputs, n_inputs, outputs, n_outputs, 1, 0, NULL, err);
+}
+
+mlpack_status mlpack_run_device(mlpack_model *model, const mlpack_tensor *inputs, size_t n_inputs,
+                                mlpack_tensor *outputs, size_t n_outputs, void *stream, mlpack_error **err) {
+  return mp_run_model(model, inputs, n_inputs, outputs, n_outputs, 1, 1, stream, err);
 }

@@ -462,6 +462,8 @@ static mlpack_status mp_cuda_index_errors(const mp_cuda *c, const mp_cuda_scratc
 static mlpack_status mp_cuda_run_on(mp_cuda *c, mp_cuda_scratch *s, const mp_run *run, mlpack_error **err) {
   const mp_plan *p = &c->plan;
   mlpack_status st = mp_cuda_symbols(c, s, run, err);
+  if (st == MLPACK_OK && run->on_device)   /* the caller's work writing the inputs, done first */
+    st = mp_cu(c, D.StreamSynchronize((CUstream)run->stream), "cuStreamSynchronize (the caller's stream)", err);
   if (st == MLPACK_OK) st = mp_cuda_buffers(c, s, run, err);
   if (st == MLPACK_OK)
     st = mp_cu(c, D.MemsetD8Async(s->errors.ptr, 0, p->dispatch_count * sizeof(mlpack_kernel_error), s->stream),
@@ -687,4 +689,67 @@ int mp_cuda_host_fault(const mp_artifact *a, const mp_host *h, char *why, size_t
     return 1;
   }
   return 0;
+}
+
+/* ---------------------------------------------------------------- device memory (mlpack.h) */
+
+static mlpack_status mp_cuda_ready(const char *what, CUcontext *ctx, mlpack_error **err) {
+  const char *why;
+  if (!mp_cuda_probe(&why)) return mp_fail(err, MLPACK_ERR_NO_ARTIFACT, "%s: no CUDA GPU: %s", what, why);
+  CUresult r = D.DevicePrimaryCtxRetain(ctx, D.device);
+  if (r != CU_OK) return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: cuDevicePrimaryCtxRetain failed: %s", what, mp_cu_name(r));
+  if ((r = D.CtxPushCurrent(*ctx)) != CU_OK) {
+    D.DevicePrimaryCtxRelease(D.device);
+    return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: cuCtxPushCurrent failed: %s", what, mp_cu_name(r));
+  }
+  return MLPACK_OK;
+}
+
+static void mp_cuda_done(void) {
+  CUcontext popped;
+  D.CtxPopCurrent(&popped);
+}
+
+mlpack_status mlpack_device_alloc(size_t nbytes, void **out, mlpack_error **err) {
+  if (err) *err = NULL;
+  if (!out) return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_device_alloc: out is NULL");
+  *out = NULL;
+  CUcontext ctx;
+  mlpack_status st = mp_cuda_ready("mlpack_device_alloc", &ctx, err);
+  if (st != MLPACK_OK) return st;
+  CUdeviceptr p = 0;
+  CUresult r = D.MemAlloc(&p, nbytes ? nbytes : 1);
+  mp_cuda_done();
+  if (r != CU_OK) {
+    D.DevicePrimaryCtxRelease(D.device);
+    return mp_fail(err, r == 2 ? MLPACK_ERR_NOMEM : MLPACK_ERR_RUNTIME, "mlpack_device_alloc: cuMemAlloc of %zu "
+                   "bytes failed: %s", nbytes, mp_cu_name(r));
+  }
+  *out = (void *)(uintptr_t)p;   /* (the context stays retained until mlpack_device_free) */
+  return MLPACK_OK;
+}
+
+void mlpack_device_free(void *ptr) {
+  CUcontext ctx;
+  if (!ptr || mp_cuda_ready("mlpack_device_free", &ctx, NULL) != MLPACK_OK) return;
+  D.MemFree((CUdeviceptr)(uintptr_t)ptr);
+  mp_cuda_done();
+  D.DevicePrimaryCtxRelease(D.device);   /* this call's retain and the allocation's */
+  D.DevicePrimaryCtxRelease(D.device);
+}
+
+mlpack_status mlpack_device_copy(void *dst, const void *src, size_t nbytes, int to_device,
+                                            mlpack_error **err) {
+  if (err) *err = NULL;
+  if (nbytes && (!dst || !src)) return mp_fail(err, MLPACK_ERR_ARGUMENT, "mlpack_device_copy: NULL pointer");
+  CUcontext ctx;
+  mlpack_status st = mp_cuda_ready("mlpack_device_copy", &ctx, err);
+  if (st != MLPACK_OK) return st;
+  CUresult r = to_device ? D.MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, nbytes, NULL)
+                         : D.MemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, nbytes, NULL);
+  if (r == CU_OK) r = D.StreamSynchronize(NULL);
+  mp_cuda_done();
+  D.DevicePrimaryCtxRelease(D.device);
+  if (r != CU_OK) return mp_fail(err, MLPACK_ERR_RUNTIME, "mlpack_device_copy: %s", mp_cu_name(r));
+  return MLPACK_OK;
 }

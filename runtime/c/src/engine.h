@@ -294,6 +294,7 @@ typedef struct mp_run {          /* one call of mlpack_run, after inputs are che
   mp_run_ctx *ctx;               /* where this run's outputs live (mp_run_output) */
   int on_device;                 /* inputs and outputs are CUDA device addresses (mlpack_run_device):
                                   * only the cuda executor takes such a run */
+  void *stream;                  /* on_device: the caller's CUstream to wait for (NULL: default) */
 } mp_run;
 
 /* api_run.c: for an output whose shape depends on data (run->outputs[i] == NULL), the executor
