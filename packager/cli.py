@@ -511,9 +511,21 @@ def _artifact_doc(art) -> dict:
             "cpu_features": cfg["artifact"].get("cpu_features") or [],
             "cuda_sm": cfg["artifact"].get("cuda_sm"), "accuracy": cfg.get("accuracy") or {},
             "min_runtime": cfg.get("min_runtime"), "latency": cfg.get("latency"),
-            "present": art.present,
+            "present": art.present, "cuda": _cuda_doc(art),
             "layers": [{"media_type": layer.media_type, "digest": layer.digest, "size": layer.size}
                        for layer in art.layers]}
+
+
+def _cuda_doc(art) -> dict | None:
+    """A cuda artifact's code: its PTX ISA version, the driver that reads it, and whether it
+    carries a cubin (codegen/targets/cuda/)."""
+    from mlpack.spec import media
+
+    if art.device != "cuda" or not art.present:
+        return None
+    cuda = (art.config.get("plan") or {}).get("cuda") or {}
+    return {"ptx_isa": cuda.get("ptx_isa"), "driver": cuda.get("driver"),
+            "cubin": art.layer(media.CODE_CUBIN) is not None}
 
 
 def _engine_rows(container) -> list[dict] | None:
@@ -604,8 +616,13 @@ def _inspect_lines(doc: dict) -> list[str]:
         timed = a.get("latency") or {}
         speed = (f", {timed['seconds'] * 1e3:.3g} ms a run at build ({timed.get('threads', 1)} "
                  f"thread)" if isinstance(timed.get("seconds"), (int, float)) else "")
+        where = f"platform {_platform_doc(a['platform'])}"
+        if a.get("cuda"):
+            c = a["cuda"]
+            where = (f"sm_{a['cuda_sm']} and newer (PTX {c['ptx_isa']}, driver {c['driver']}+"
+                     f"{', cubin' if c['cubin'] else ''})")
         lines.append(f"  [{a['index']}] {a['device']:<8} {a['target']:<10} {a['precision']:<5} "
-                     f"platform {_platform_doc(a['platform'])}, {_accuracy_text(a['accuracy'])}"
+                     f"{where}, {_accuracy_text(a['accuracy'])}"
                      f"{speed}, min runtime {a['min_runtime']}")
     if "host" in doc:
         lines.append(f"host:       {doc['host']} (selection by {doc['engine']})")
