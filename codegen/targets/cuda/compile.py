@@ -24,6 +24,7 @@ from mlpack.codegen.targets.cpu.plan import make_plan, output_copies, tensor_buf
 from mlpack.codegen.targets.cpu.procedure import binding_kinds
 from mlpack.codegen.targets.cuda import module as cuda_module
 from mlpack.codegen.targets.cuda import ptx as ptxmod
+from mlpack.codegen.targets.cuda import tiled
 from mlpack.codegen.targets.cuda.lower import BLOCK, GRID
 from mlpack.codegen.targets.cuda.target import CudaTarget, get_target
 from mlpack.spec.ir import expr as ex
@@ -42,8 +43,9 @@ def blocks(k, bufs) -> ex.Expr:
     return ex.simplify_size(ex.binary("max", ex.const(1), ex.binary("min", ex.const(MAX_BLOCKS), need)))
 
 
-def schedule(graph):
-    """(kernels, buffers, plan, weights) of ``graph`` for the cuda target."""
+def schedule(graph, disabled=frozenset()):
+    """(kernels, buffers, plan, weights, launches, tiled views) of ``graph`` for the cuda
+    target; ``disabled`` may name "tiled" (every kernel a grid kernel)."""
     reject_procedures(graph)
     bufs = tensor_buffers(graph)
     kernels = build_kernels(graph, bufs)
@@ -52,13 +54,19 @@ def schedule(graph):
     kernels += copies
     plan, weights = make_plan(graph, kernels, bufs, owners)
     weights = narrowconv.pack_weights(weights, bufs)
-    launches = []
+    launches, tiles = [], {}
     for k, disp in zip(kernels, plan["dispatches"]):
         kind = cuda_module.launch_kind(k)
-        disp["workgroups"] = encode_expr(blocks(k, bufs)) if kind == GRID else 1
-        launches.append({"name": cuda_module.entry_name(k.name), "launch": kind, "block": BLOCK if kind == GRID else 1,
+        v = tiled.view(k, bufs[k.out]) if kind == GRID and "tiled" not in disabled else None
+        if v is not None:
+            tiles[k.name] = v
+            disp["workgroups"] = encode_expr(tiled.blocks(v, bufs[k.out], k.rdims))
+        else:
+            disp["workgroups"] = encode_expr(blocks(k, bufs)) if kind == GRID else 1
+        threads = tiled.THREADS if v is not None else BLOCK if kind == GRID else 1
+        launches.append({"name": cuda_module.entry_name(k.name), "launch": kind, "block": threads,
                          "bindings": binding_kinds(k)})
-    return kernels, bufs, plan, weights, launches
+    return kernels, bufs, plan, weights, launches, tiles
 
 
 def _host_cpu_target():
@@ -78,11 +86,11 @@ def compile_artifact(graph, target: str, precision: str, disabled=frozenset()) -
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     progress.report("scheduling")
-    kernels, bufs, plan, weights, launches = schedule(graph)
+    kernels, bufs, plan, weights, launches, tiles = schedule(graph, disabled)
     if t.emulated:
-        return _emulated(graph, t, kernels, bufs, plan, weights, launches, t0)
+        return _emulated(graph, t, kernels, bufs, plan, weights, launches, tiles, t0)
     symbols = plan["symbols"]
-    text = cuda_module.build_module(kernels, bufs, symbols)
+    text = cuda_module.build_module(kernels, bufs, symbols, tiles=tiles)
     checks.add_to_plan(plan, kernels, graph.origins)
     plan["cuda"] = {"sm": t.sm, "ptx_isa": t.ptx_version, "driver": t.driver, "kernels": launches}
     times["lower"] = time.perf_counter() - t0
@@ -101,13 +109,13 @@ def compile_artifact(graph, target: str, precision: str, disabled=frozenset()) -
     return Code(layers, weights, config, times)
 
 
-def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, launches, t0) -> Code:
+def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, launches, tiles, t0) -> Code:
     from mlpack.codegen.targets.cpu.link import link_shared
     from mlpack.codegen.targets.cpu.objects import emit_parts
     from mlpack.spec import media
 
     host = _host_cpu_target()
-    text = cuda_module.build_module(kernels, bufs, plan["symbols"], emulate=host)
+    text = cuda_module.build_module(kernels, bufs, plan["symbols"], emulate=host, tiles=tiles)
     checks.add_to_plan(plan, kernels, graph.origins)
     plan["cuda"] = {"sm": t.sm, "kernels": launches, "emulated": host.name}
     times = {"lower": time.perf_counter() - t0}

@@ -29,7 +29,7 @@ from llvmlite import ir
 
 from mlpack.codegen.llvm.loops import Loops
 from mlpack.codegen.llvm.scalar import ScalarEmitter
-from mlpack.codegen.llvm.types import I32, I64, llvm_type
+from mlpack.codegen.llvm.types import I64
 from mlpack.codegen.targets.cpu.lower import KernelLowering
 from mlpack.codegen.targets.cpu.procedure import ProcedureLowering
 
@@ -110,19 +110,18 @@ class SingleThreadLowering(ProcedureLowering):
         return self._impl()
 
 
-def lowering_for(k, module: ir.Module, buffers, symbols: list[str], native_f16=(True, True)):
-    """The lowering of kernel ``k`` (a procedure's, or a grid kernel's)."""
+def lowering_for(k, module: ir.Module, buffers, symbols: list[str], native_f16=(True, True),
+                 tiled_view: dict | None = None, emulate: bool = False):
+    """The lowering of kernel ``k``: a procedure's, a contraction's tiles (``tiled_view``:
+    tiled.py) or a grid kernel's."""
     from mlpack.codegen.targets.cpu.procedure import PROCEDURE
+    from mlpack.codegen.targets.cuda.tiled import TiledLowering
 
-    cls = SingleThreadLowering if k.strategy == PROCEDURE else GridLowering
-    return cls(module, k, buffers, symbols, None, native_f16)
-
-
-def check_dtypes(kernels, buffers) -> None:
-    """Every buffer's dtype has a register type here (the error names the tensor)."""
-    for name, buf in buffers.items():
-        llvm_type(buf.dtype, f" (tensor %{name})", target="cuda")
+    if k.strategy == PROCEDURE:
+        return SingleThreadLowering(module, k, buffers, symbols, None, native_f16)
+    if tiled_view is not None:
+        return TiledLowering(module, k, buffers, symbols, None, native_f16, tiled_view, emulate)
+    return GridLowering(module, k, buffers, symbols, None, native_f16)
 
 
-__all__ = ["GridLowering", "SingleThreadLowering", "lowering_for", "GRID", "SINGLE", "BLOCK",
-           "I32"]
+__all__ = ["GridLowering", "SingleThreadLowering", "lowering_for", "GRID", "SINGLE", "BLOCK"]

@@ -27,6 +27,7 @@ from mlpack.codegen.targets.cpu.abi import DISPATCH, KERNEL_FN
 from mlpack.codegen.targets.cpu.module import _finish, _table
 from mlpack.codegen.targets.cpu.procedure import binding_kinds, kernel_bindings, kernel_writes
 from mlpack.codegen.targets.cuda.lower import BLOCK, GRID, lowering_for
+from mlpack.codegen.targets.cuda.tiled import TILED
 from mlpack.codegen.targets.cuda.target import DATA_LAYOUT, TRIPLE
 
 VOID = ir.VoidType()
@@ -62,6 +63,10 @@ def _ptx_entry(module: ir.Module, name: str, impl: ir.Function, low, nsym: int, 
     bindings, syms = list(f.args[:nb]), list(f.args[nb:nb + nsym])
     push, err = f.args[nb + nsym:]
     tid, ctaid = _sreg(b, "tid.x"), _sreg(b, "ctaid.x")
+    if low.kind == TILED:   # (the body reads its thread index itself: spmd.py)
+        b.call(impl, bindings + syms + [ctaid, _sreg(b, "nctaid.x"), err, status])
+        b.ret_void()
+        return f
     if low.kind == GRID:
         ntid, nctaid = _sreg(b, "ntid.x"), _sreg(b, "nctaid.x")
         thread = b.add(b.mul(ctaid, ntid), tid)
@@ -90,7 +95,11 @@ def _emulated_entry(module: ir.Module, name: str, impl: ir.Function, low, nsym: 
     args = [b.load(b.gep(bindings, [ir.Constant(I64, j)], source_etype=PTR), typ=PTR)
             for j in range(len(low.bound))]
     report = chk.wrapper_args(b, d, DISPATCH, low.E.checks)
-    if low.kind == GRID:
+    if low.kind == TILED:   # the block runs in one call, its threads phase by phase (spmd.py)
+        syms = [b.load(b.gep(push, [ir.Constant(I64, i)], source_etype=I64), typ=I64)
+                for i in range(nsym)]
+        b.call(impl, args + syms + [wg, count] + report)
+    elif low.kind == GRID:
         syms = [b.load(b.gep(push, [ir.Constant(I64, i)], source_etype=I64), typ=I64)
                 for i in range(nsym)]
         first = b.mul(wg, ir.Constant(I32, BLOCK))
@@ -118,10 +127,11 @@ def _emulated_entry(module: ir.Module, name: str, impl: ir.Function, low, nsym: 
     return f
 
 
-def build_module(kernels, buffers, symbols: list[str], *, emulate=None) -> str:
+def build_module(kernels, buffers, symbols: list[str], *, emulate=None, tiles=None) -> str:
     """The LLVM IR text (before optimization) of every kernel: PTX entries, or with ``emulate``
     (the host's cpu target: ``codegen/targets/cpu/target.CpuTarget``) a cpu kernel library with
-    its kernel table."""
+    its kernel table. ``tiles``: kernel name -> its GEMM view, for the contractions run as
+    tiles through shared memory (tiled.py)."""
     module = ir.Module(name="mlpack_cuda")
     if emulate is None:
         module.triple, module.data_layout = TRIPLE, DATA_LAYOUT
@@ -136,7 +146,8 @@ def build_module(kernels, buffers, symbols: list[str], *, emulate=None) -> str:
         emulate.arch == "arm64" or "f16c" in emulate.features, emulate.arch == "arm64")
     fns = []
     for k in kernels:
-        low = lowering_for(k, module, buffers, symbols, native_f16)
+        low = lowering_for(k, module, buffers, symbols, native_f16, (tiles or {}).get(k.name),
+                           emulate is not None)
         impl = low.emit()
         if list(low.bound) != kernel_bindings(k):
             raise AssertionError(f"cuda: kernel {k.name} loads bindings {low.bound}, but its "
