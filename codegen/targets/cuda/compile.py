@@ -52,6 +52,8 @@ def schedule(graph, disabled=frozenset()):
     copies, owners = output_copies(graph, bufs, len(kernels))
     narrowconv.unpack_ports(graph, bufs, owners)
     kernels += copies
+    for k in kernels:   # (kernel names become PTX entry names: module.entry_name)
+        k.name = cuda_module.entry_name(k.name)
     plan, weights = make_plan(graph, kernels, bufs, owners)
     weights = narrowconv.pack_weights(weights, bufs)
     launches, tiles = [], {}
@@ -64,7 +66,7 @@ def schedule(graph, disabled=frozenset()):
         else:
             disp["workgroups"] = encode_expr(blocks(k, bufs)) if kind == GRID else 1
         threads = tiled.THREADS if v is not None else BLOCK if kind == GRID else 1
-        launches.append({"name": cuda_module.entry_name(k.name), "launch": kind, "block": threads,
+        launches.append({"name": k.name, "launch": kind, "block": threads,
                          "bindings": binding_kinds(k)})
     return kernels, bufs, plan, weights, launches, tiles
 
@@ -90,7 +92,9 @@ def compile_artifact(graph, target: str, precision: str, disabled=frozenset()) -
     if t.emulated:
         return _emulated(graph, t, kernels, bufs, plan, weights, launches, tiles, t0)
     symbols = plan["symbols"]
-    text = cuda_module.build_module(kernels, bufs, symbols, tiles=tiles)
+    text, entries = cuda_module.build_module(kernels, bufs, symbols, tiles=tiles)
+    for launch, entry in zip(launches, entries):
+        launch["name"] = entry
     checks.add_to_plan(plan, kernels, graph.origins)
     plan["cuda"] = {"sm": t.sm, "ptx_isa": t.ptx_version, "driver": t.driver, "kernels": launches}
     times["lower"] = time.perf_counter() - t0
@@ -115,7 +119,7 @@ def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, launches, tile
     from mlpack.spec import media
 
     host = _host_cpu_target()
-    text = cuda_module.build_module(kernels, bufs, plan["symbols"], emulate=host, tiles=tiles)
+    text, _ = cuda_module.build_module(kernels, bufs, plan["symbols"], emulate=host, tiles=tiles)
     checks.add_to_plan(plan, kernels, graph.origins)
     plan["cuda"] = {"sm": t.sm, "kernels": launches, "emulated": host.name}
     times = {"lower": time.perf_counter() - t0}

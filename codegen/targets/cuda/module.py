@@ -24,7 +24,7 @@ from llvmlite import ir
 from mlpack.codegen.llvm.types import I32, I64, PTR
 from mlpack.codegen.targets.cpu import checks as chk
 from mlpack.codegen.targets.cpu.abi import DISPATCH, KERNEL_FN
-from mlpack.codegen.targets.cpu.module import _finish, _table
+from mlpack.codegen.targets.cpu.module import _finish, _share_identical, _table
 from mlpack.codegen.targets.cpu.procedure import binding_kinds, kernel_bindings, kernel_writes
 from mlpack.codegen.targets.cuda.lower import BLOCK, GRID, lowering_for
 from mlpack.codegen.targets.cuda.tiled import TILED
@@ -127,11 +127,14 @@ def _emulated_entry(module: ir.Module, name: str, impl: ir.Function, low, nsym: 
     return f
 
 
-def build_module(kernels, buffers, symbols: list[str], *, emulate=None, tiles=None) -> str:
+def build_module(kernels, buffers, symbols: list[str], *, emulate=None, tiles=None
+                 ) -> tuple[str, list[str]]:
     """The LLVM IR text (before optimization) of every kernel: PTX entries, or with ``emulate``
     (the host's cpu target: ``codegen/targets/cpu/target.CpuTarget``) a cpu kernel library with
     its kernel table. ``tiles``: kernel name -> its GEMM view, for the contractions run as
-    tiles through shared memory (tiled.py)."""
+    tiles through shared memory (tiled.py). Also the entry each kernel runs as: a kernel whose
+    code is the same as an earlier one's (a repeated layer) shares its entry, so LLVM and ptxas
+    compile it once."""
     module = ir.Module(name="mlpack_cuda")
     if emulate is None:
         module.triple, module.data_layout = TRIPLE, DATA_LAYOUT
@@ -153,13 +156,15 @@ def build_module(kernels, buffers, symbols: list[str], *, emulate=None, tiles=No
             raise AssertionError(f"cuda: kernel {k.name} loads bindings {low.bound}, but its "
                                  f"dispatch binds {kernel_bindings(k)}")
         if emulate is None:
-            fns.append(_ptx_entry(module, entry_name(k.name), impl, low, len(symbols),
-                                  len(kernel_writes(k))))
+            fns.append(_ptx_entry(module, k.name, impl, low, len(symbols), len(kernel_writes(k))))
         else:
             fns.append(_emulated_entry(module, k.name, impl, low, len(symbols)))
+    names = [k.name for k in kernels]
+    distinct = _share_identical(module, fns, names, {})
     if emulate is not None:
-        _table(module, fns, [k.name for k in kernels], [binding_kinds(k) for k in kernels])
-    return _READONLY.sub(r'ptr noalias readonly %"ro.', _finish(str(module)))
+        _table(module, distinct, names, [binding_kinds(k) for k in kernels])
+    text = _READONLY.sub(r'ptr noalias readonly %"ro.', _finish(str(module)))
+    return text, [f.name for f in distinct]
 
 
 def launch_kind(k) -> str:
