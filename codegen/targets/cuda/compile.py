@@ -24,7 +24,7 @@ from mlpack.codegen.targets.cpu.plan import make_plan, output_copies, tensor_buf
 from mlpack.codegen.targets.cpu.procedure import binding_kinds
 from mlpack.codegen.targets.cuda import module as cuda_module
 from mlpack.codegen.targets.cuda import ptx as ptxmod
-from mlpack.codegen.targets.cuda import tiled
+from mlpack.codegen.targets.cuda import rowreduce, tiled
 from mlpack.codegen.targets.cuda.lower import BLOCK, GRID
 from mlpack.codegen.targets.cuda.target import CudaTarget, get_target
 from mlpack.spec.ir import expr as ex
@@ -45,7 +45,8 @@ def blocks(k, bufs) -> ex.Expr:
 
 def schedule(graph, disabled=frozenset()):
     """(kernels, buffers, plan, weights, launches, tiled views) of ``graph`` for the cuda
-    target; ``disabled`` may name "tiled" (every kernel a grid kernel)."""
+    target; ``disabled`` may name "tiled" and "group_reduce" (those kernels then run on the
+    grid schedule)."""
     reject_procedures(graph)
     bufs = tensor_buffers(graph)
     kernels = build_kernels(graph, bufs)
@@ -56,19 +57,23 @@ def schedule(graph, disabled=frozenset()):
         k.name = cuda_module.entry_name(k.name)
     plan, weights = make_plan(graph, kernels, bufs, owners)
     weights = narrowconv.pack_weights(weights, bufs)
-    launches, tiles = [], {}
+    launches, schedules = [], {}
     for k, disp in zip(kernels, plan["dispatches"]):
         kind = cuda_module.launch_kind(k)
-        v = tiled.view(k, bufs[k.out]) if kind == GRID and "tiled" not in disabled else None
+        out = bufs[k.out]
+        v = tiled.view(k, out) if kind == GRID and "tiled" not in disabled else None
+        threads = BLOCK if kind == GRID else 1
         if v is not None:
-            tiles[k.name] = v
-            disp["workgroups"] = encode_expr(tiled.blocks(v, bufs[k.out], k.rdims))
+            schedules[k.name] = ("tiled", v)
+            disp["workgroups"], threads = encode_expr(tiled.blocks(v, out, k.rdims)), tiled.THREADS
+        elif kind == GRID and "group_reduce" not in disabled and rowreduce.suits(k, out):
+            schedules[k.name] = ("group", None)
+            disp["workgroups"], threads = encode_expr(rowreduce.blocks(out)), rowreduce.THREADS
         else:
             disp["workgroups"] = encode_expr(blocks(k, bufs)) if kind == GRID else 1
-        threads = tiled.THREADS if v is not None else BLOCK if kind == GRID else 1
         launches.append({"name": k.name, "launch": kind, "block": threads,
                          "bindings": binding_kinds(k)})
-    return kernels, bufs, plan, weights, launches, tiles
+    return kernels, bufs, plan, weights, launches, schedules
 
 
 def _host_cpu_target():
@@ -88,11 +93,11 @@ def compile_artifact(graph, target: str, precision: str, disabled=frozenset()) -
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     progress.report("scheduling")
-    kernels, bufs, plan, weights, launches, tiles = schedule(graph, disabled)
+    kernels, bufs, plan, weights, launches, schedules = schedule(graph, disabled)
     if t.emulated:
-        return _emulated(graph, t, kernels, bufs, plan, weights, launches, tiles, t0)
+        return _emulated(graph, t, kernels, bufs, plan, weights, launches, schedules, t0)
     symbols = plan["symbols"]
-    text, entries = cuda_module.build_module(kernels, bufs, symbols, tiles=tiles)
+    text, entries = cuda_module.build_module(kernels, bufs, symbols, schedules=schedules)
     for launch, entry in zip(launches, entries):
         launch["name"] = entry
     checks.add_to_plan(plan, kernels, graph.origins)
@@ -113,13 +118,14 @@ def compile_artifact(graph, target: str, precision: str, disabled=frozenset()) -
     return Code(layers, weights, config, times)
 
 
-def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, launches, tiles, t0) -> Code:
+def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, launches, schedules, t0) -> Code:
     from mlpack.codegen.targets.cpu.link import link_shared
     from mlpack.codegen.targets.cpu.objects import emit_parts
     from mlpack.spec import media
 
     host = _host_cpu_target()
-    text, _ = cuda_module.build_module(kernels, bufs, plan["symbols"], emulate=host, tiles=tiles)
+    text, _ = cuda_module.build_module(kernels, bufs, plan["symbols"], emulate=host,
+                                      schedules=schedules)
     checks.add_to_plan(plan, kernels, graph.origins)
     plan["cuda"] = {"sm": t.sm, "kernels": launches, "emulated": host.name}
     times = {"lower": time.perf_counter() - t0}

@@ -111,16 +111,20 @@ class SingleThreadLowering(ProcedureLowering):
 
 
 def lowering_for(k, module: ir.Module, buffers, symbols: list[str], native_f16=(True, True),
-                 tiled_view: dict | None = None, emulate: bool = False):
-    """The lowering of kernel ``k``: a procedure's, a contraction's tiles (``tiled_view``:
-    tiled.py) or a grid kernel's."""
+                 schedule: tuple | None = None, emulate: bool = False):
+    """The lowering of kernel ``k``: a procedure's, or by its ``schedule`` (compile.py) a
+    contraction's tiles (tiled.py), a long reduction's thread groups (rowreduce.py), or a grid
+    kernel's."""
     from mlpack.codegen.targets.cpu.procedure import PROCEDURE
+    from mlpack.codegen.targets.cuda.rowreduce import GroupReduceLowering
     from mlpack.codegen.targets.cuda.tiled import TiledLowering
 
     if k.strategy == PROCEDURE:
         return SingleThreadLowering(module, k, buffers, symbols, None, native_f16)
-    if tiled_view is not None:
-        return TiledLowering(module, k, buffers, symbols, None, native_f16, tiled_view, emulate)
+    if schedule is not None and schedule[0] == "tiled":
+        return TiledLowering(module, k, buffers, symbols, None, native_f16, schedule[1], emulate)
+    if schedule is not None and schedule[0] == "group":
+        return GroupReduceLowering(module, k, buffers, symbols, None, native_f16, emulate)
     return GridLowering(module, k, buffers, symbols, None, native_f16)
 
 

@@ -27,7 +27,7 @@ from mlpack.codegen.targets.cpu.abi import DISPATCH, KERNEL_FN
 from mlpack.codegen.targets.cpu.module import _finish, _share_identical, _table
 from mlpack.codegen.targets.cpu.procedure import binding_kinds, kernel_bindings, kernel_writes
 from mlpack.codegen.targets.cuda.lower import BLOCK, GRID, lowering_for
-from mlpack.codegen.targets.cuda.tiled import TILED
+from mlpack.codegen.targets.cuda.spmd import BLOCK_KIND
 from mlpack.codegen.targets.cuda.target import DATA_LAYOUT, TRIPLE
 
 VOID = ir.VoidType()
@@ -63,7 +63,7 @@ def _ptx_entry(module: ir.Module, name: str, impl: ir.Function, low, nsym: int, 
     bindings, syms = list(f.args[:nb]), list(f.args[nb:nb + nsym])
     push, err = f.args[nb + nsym:]
     tid, ctaid = _sreg(b, "tid.x"), _sreg(b, "ctaid.x")
-    if low.kind == TILED:   # (the body reads its thread index itself: spmd.py)
+    if low.kind == BLOCK_KIND:   # (the body reads its thread index itself: spmd.py)
         b.call(impl, bindings + syms + [ctaid, _sreg(b, "nctaid.x"), err, status])
         b.ret_void()
         return f
@@ -95,7 +95,7 @@ def _emulated_entry(module: ir.Module, name: str, impl: ir.Function, low, nsym: 
     args = [b.load(b.gep(bindings, [ir.Constant(I64, j)], source_etype=PTR), typ=PTR)
             for j in range(len(low.bound))]
     report = chk.wrapper_args(b, d, DISPATCH, low.E.checks)
-    if low.kind == TILED:   # the block runs in one call, its threads phase by phase (spmd.py)
+    if low.kind == BLOCK_KIND:   # the block runs in one call, its threads phase by phase (spmd.py)
         syms = [b.load(b.gep(push, [ir.Constant(I64, i)], source_etype=I64), typ=I64)
                 for i in range(nsym)]
         b.call(impl, args + syms + [wg, count] + report)
@@ -127,12 +127,13 @@ def _emulated_entry(module: ir.Module, name: str, impl: ir.Function, low, nsym: 
     return f
 
 
-def build_module(kernels, buffers, symbols: list[str], *, emulate=None, tiles=None
+def build_module(kernels, buffers, symbols: list[str], *, emulate=None, schedules=None
                  ) -> tuple[str, list[str]]:
     """The LLVM IR text (before optimization) of every kernel: PTX entries, or with ``emulate``
     (the host's cpu target: ``codegen/targets/cpu/target.CpuTarget``) a cpu kernel library with
-    its kernel table. ``tiles``: kernel name -> its GEMM view, for the contractions run as
-    tiles through shared memory (tiled.py). Also the entry each kernel runs as: a kernel whose
+    its kernel table. ``schedules``: kernel name -> ("tiled", its GEMM view) for a contraction
+    run as tiles through shared memory (tiled.py), ("group", None) for a long reduction run by a
+    group of threads per output (rowreduce.py); the others are grid kernels. Also the entry each kernel runs as: a kernel whose
     code is the same as an earlier one's (a repeated layer) shares its entry, so LLVM and ptxas
     compile it once."""
     module = ir.Module(name="mlpack_cuda")
@@ -149,7 +150,7 @@ def build_module(kernels, buffers, symbols: list[str], *, emulate=None, tiles=No
         emulate.arch == "arm64" or "f16c" in emulate.features, emulate.arch == "arm64")
     fns = []
     for k in kernels:
-        low = lowering_for(k, module, buffers, symbols, native_f16, (tiles or {}).get(k.name),
+        low = lowering_for(k, module, buffers, symbols, native_f16, (schedules or {}).get(k.name),
                            emulate is not None)
         impl = low.emit()
         if list(low.bound) != kernel_bindings(k):

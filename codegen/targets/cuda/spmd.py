@@ -25,6 +25,9 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
+# a lowering of this kind runs a whole block in one call of its .impl(..., block, blocks, ...):
+# the PTX entry passes its block index, the emulated kernel its workgroup (module.py)
+BLOCK_KIND = "block"
 PTR = ir.PointerType()
 
 

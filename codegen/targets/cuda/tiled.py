@@ -26,9 +26,8 @@ from mlpack.codegen.llvm.scalar import ScalarEmitter
 from mlpack.codegen.llvm.types import F32, I64
 from mlpack.codegen.targets.cpu.indexing import is_one
 from mlpack.codegen.targets.cpu.lower import KernelLowering
-from mlpack.codegen.targets.cuda.spmd import Block
+from mlpack.codegen.targets.cuda.spmd import BLOCK_KIND, Block
 
-TILED = "tiled"
 BM, BN, BK = 64, 64, 16
 TM, TN = 4, 4
 THREADS = (BM // TM) * (BN // TN)     # 256
@@ -89,7 +88,7 @@ class TiledLowering(KernelLowering):
     """A contraction kernel as ``.impl(bindings..., symbols..., i32 block, i32 blocks, err,
     status)``: block ``block`` of ``blocks`` computes every ``blocks``-th output tile."""
 
-    kind = TILED
+    kind = BLOCK_KIND
     threads = THREADS
 
     def __init__(self, module, k, buffers, symbols, loops_md, native_f16, v: dict, emulate: bool):
@@ -234,4 +233,4 @@ class TiledLowering(KernelLowering):
                 b.position_at_end(done)
 
 
-__all__ = ["TiledLowering", "view", "blocks", "TILED", "THREADS"]
+__all__ = ["TiledLowering", "view", "blocks", "THREADS"]
