@@ -17,6 +17,7 @@ import time
 
 from mlpack.codegen import progress
 from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.passes.pipeline import disabled_passes
 from mlpack.codegen.targets.base import Code
 from mlpack.codegen.targets.cpu import checks, narrowconv
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
@@ -93,7 +94,8 @@ def compile_artifact(graph, target: str, precision: str, disabled=frozenset()) -
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     progress.report("scheduling")
-    kernels, bufs, plan, weights, launches, schedules = schedule(graph, disabled)
+    kernels, bufs, plan, weights, launches, schedules = schedule(
+        graph, frozenset(disabled) | disabled_passes())
     if t.emulated:
         return _emulated(graph, t, kernels, bufs, plan, weights, launches, schedules, t0)
     symbols = plan["symbols"]

@@ -133,3 +133,33 @@ def test_emulated_light_model(name):
 def test_emulated_every_light_model(name):
     m = light.random_weight_model(name, 0)
     _emulated(compile_onnx(m), light.random_inputs(m, 0))
+
+
+def _gemm_softmax_model():
+    """A MatMul with a dynamic M, a bias and GELU epilogue, then a softmax over 300 columns and
+    a ReduceMax: a tiled contraction, group reductions and grid maps, with symbolic sizes."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]),
+             helper.make_node("Add", ["mm", "bias"], ["z"]),
+             helper.make_node("Gelu", ["z"], ["h"], domain=""),
+             helper.make_node("Softmax", ["h"], ["s"], axis=-1),
+             helper.make_node("ReduceMax", ["h"], ["mx"], keepdims=0, axes=[1])]
+    inits = [helper.make_tensor("w", TP.FLOAT, [40, 300], (rng.standard_normal(12000) * 0.2).tolist()),
+             helper.make_tensor("bias", TP.FLOAT, [300], rng.standard_normal(300).tolist())]
+    g = helper.make_graph(nodes, "gemm_softmax", [helper.make_tensor_value_info("x", TP.FLOAT, ["m", 40])],
+                          [helper.make_tensor_value_info("s", TP.FLOAT, None),
+                           helper.make_tensor_value_info("mx", TP.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+
+
+def test_contractions_tile_and_long_reductions_group():
+    from mlpack.codegen.targets.cuda import compile as cc
+
+    g = compile_onnx(_gemm_softmax_model())
+    kinds = sorted(s[0] for s in cc.schedule(g)[5].values())
+    assert kinds.count("tiled") == 1 and kinds.count("group") >= 2, kinds
+    for m in (1, 70, 129):   # M below, at and past a tile's 64 rows
+        _emulated(g, {"x": np.random.default_rng(m).standard_normal((m, 40)).astype(np.float32)})
+    # the same kernels on the grid schedule alone compute the same
+    art = registry.get("cuda-emulated").compile(g, "fp32", frozenset({"tiled", "group_reduce"}))
+    assert {k["block"] for k in art.config["plan"]["cuda"]["kernels"]} == {256}
