@@ -53,6 +53,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("MLPACK_LIBCUDA", "engine",
              "the CUDA driver library the engine (and Python's host probe) opens for cuda "
              "artifacts (default: libcuda.so.1); 0: never use a GPU"),
+    Variable("MLPACK_CUDA_GRAPHS", "engine",
+             "0: launch a cuda artifact's kernels one by one on every run, instead of replaying "
+             "the CUDA graph captured on the second run of the same shapes"),
     Variable("MLPACK_NUM_THREADS", "engine",
              "threads of a run when the caller sets none (default: every core)"),
     Variable("MLPACK_TRUSTED_KEYS", "runtime",

@@ -238,3 +238,31 @@ def test_gpu_tensors_in_and_out_without_copies(mlp_cuda, fake_driver):
     assert max(got["errs"]) < 1e-5 and got["kinds"] == ["DeviceArray"], got
     assert got["held"] == 1 and got["left"] == 0
     assert "GPU tensors need a model running on CUDA" in got["refused"]
+
+
+@pytest.mark.parametrize("graphs", ["1", "0"])
+def test_repeated_runs_replay_a_cuda_graph(mlp_cuda, fake_driver, graphs):
+    # the second run of the same shapes captures the dispatches into a graph, later ones replay
+    # it; a new shape runs plainly once, then is captured in its turn
+    path, folder = mlp_cuda
+    kernels = emulated_kernels(path, "fp32", folder)
+    code = f"""
+        import ctypes, json, numpy as np, mlpack
+        fake = ctypes.CDLL({str(fake_driver)!r})
+        rng = np.random.default_rng(0)
+        with mlpack.load({str(path)!r}, device="portable") as p, \\
+                mlpack.load({str(path)!r}, device="cuda", precision="fp32") as m:
+            worst, seen = 0.0, []
+            for batch in (3, 3, 3, 3, 5, 5, 5, 3):
+                x = rng.standard_normal((batch, 784), dtype=np.float32)
+                worst = max(worst, float(np.abs(m(x=x)["y"] - p(x=x)["y"]).max()))
+                seen.append(fake.fake_cuda_graph_launches())
+        print(json.dumps({{"worst": worst, "graph_launches": seen}}))
+    """
+    got = in_child(code, {"MLPACK_LIBCUDA": str(fake_driver), "FAKE_CUDA_KERNELS": str(kernels),
+                          "MLPACK_CUDA_GRAPHS": graphs})
+    assert got["worst"] < 1e-5
+    # batch 3: plain, captured+replayed, replayed, replayed; batch 5: plain, captured, replayed;
+    # back to 3: plain (the graph is batch 5's)
+    want = [0, 1, 2, 3, 3, 4, 5, 5] if graphs == "1" else [0] * 8
+    assert got["graph_launches"] == want

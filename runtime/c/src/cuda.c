@@ -46,8 +46,11 @@ typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef unsigned long long CUdeviceptr;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
 
-enum { CU_OK = 0, CU_ATTR_CC_MAJOR = 75, CU_ATTR_CC_MINOR = 76, CU_STREAM_NON_BLOCKING = 1 };
+enum { CU_OK = 0, CU_ATTR_CC_MAJOR = 75, CU_ATTR_CC_MINOR = 76, CU_STREAM_NON_BLOCKING = 1,
+       CU_CAPTURE_THREAD_LOCAL = 1 };
 
 static struct {
   pthread_once_t once;
@@ -79,6 +82,14 @@ static struct {
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                            unsigned, CUstream, void **, void **);
   CUresult (*GetErrorName)(CUresult, const char **);
+  /* CUDA graphs (optional: a driver without them runs every dispatch as it comes) */
+  CUresult (*StreamBeginCapture)(CUstream, int);
+  CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+  CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+  CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+  CUresult (*GraphExecDestroy)(CUgraphExec);
+  CUresult (*GraphDestroy)(CUgraph);
+  int graphs;
 } D = {.once = PTHREAD_ONCE_INIT};
 
 static const char *mp_cu_name(CUresult r) {
@@ -120,6 +131,17 @@ static int mp_cuda_bind(void) {
       return -1;
     }
   }
+  struct { void **slot; const char *name; } graph_fns[] = {
+      {(void **)&D.StreamBeginCapture, "cuStreamBeginCapture_v2"},
+      {(void **)&D.StreamEndCapture, "cuStreamEndCapture"},
+      {(void **)&D.GraphInstantiate, "cuGraphInstantiateWithFlags"},
+      {(void **)&D.GraphLaunch, "cuGraphLaunch"},
+      {(void **)&D.GraphExecDestroy, "cuGraphExecDestroy"},
+      {(void **)&D.GraphDestroy, "cuGraphDestroy"},
+  };
+  D.graphs = 1;
+  for (size_t i = 0; i < sizeof graph_fns / sizeof *graph_fns; i++)
+    D.graphs &= (*graph_fns[i].slot = dlsym(D.lib, graph_fns[i].name)) != NULL;
   return 0;
 }
 
@@ -186,6 +208,7 @@ typedef struct mp_cuda {
   CUdeviceptr weights_dev;         /* every weight the plan binds, in one allocation */
   CUdeviceptr *weight_at;          /* per plan buffer: its weight's device address (0: not one) */
   mp_plan plan;
+  int graphable;                   /* no computed sizes: a run's launches depend only on its key */
   pthread_mutex_t mu;
   struct mp_cuda_scratch *idle;
 } mp_cuda;
@@ -203,6 +226,12 @@ typedef struct mp_cuda_scratch {
   void **out_host;                 /* per output: where its values go (host runs) */
   size_t *out_bytes;
   mlpack_kernel_error *host_errors;
+  /* CUDA graph of the dispatches for one key (symbol values and buffer addresses): captured on
+   * the second run with the same key, replayed while the key stays */
+  CUgraphExec graph;
+  uint64_t *key, *graph_key;       /* this run's, and the captured graph's (key_len words) */
+  size_t key_len;
+  int key_seen;                    /* the last run had this run's key */
 } mp_cuda_scratch;
 
 static mlpack_status mp_cu(const mp_cuda *c, CUresult r, const char *call, mlpack_error **err) {
@@ -237,7 +266,10 @@ static void mp_cuda_scratch_free(const mp_cuda *c, mp_cuda_scratch *s) {
   mp_dev_release(&s->errors);
   for (size_t i = 0; s->inputs && i < c->model->input_count; i++) mp_dev_release(&s->inputs[i]);
   for (size_t i = 0; s->outputs && i < c->model->output_count; i++) mp_dev_release(&s->outputs[i]);
+  if (s->graph) D.GraphExecDestroy(s->graph);
   if (s->stream) D.StreamDestroy(s->stream);
+  free(s->key);
+  free(s->graph_key);
   free(s->inputs);
   free(s->outputs);
   free(s->push);
@@ -263,8 +295,11 @@ static mlpack_status mp_cuda_scratch_new(const mp_cuda *c, mp_cuda_scratch **out
     s->out_host = calloc(m->output_count + 1, sizeof *s->out_host);
     s->out_bytes = calloc(m->output_count + 1, sizeof *s->out_bytes);
     s->host_errors = calloc(p->dispatch_count + 1, sizeof *s->host_errors);
+    s->key_len = p->symbol_count + p->buffer_count;
+    s->key = calloc(s->key_len + 1, sizeof *s->key);
+    s->graph_key = calloc(s->key_len + 1, sizeof *s->graph_key);
     ok = s->inputs && s->outputs && s->push && s->names_now && s->bases && s->out_host && s->out_bytes &&
-         s->host_errors;
+         s->host_errors && s->key && s->graph_key;
   }
   if (!ok) {
     mp_cuda_scratch_free(c, s);
@@ -459,6 +494,43 @@ static mlpack_status mp_cuda_index_errors(const mp_cuda *c, const mp_cuda_scratc
   return MLPACK_OK;
 }
 
+/* Every dispatch, or the CUDA graph of them: a plan with no computed sizes launches the same
+ * kernels with the same parameters whenever the symbols and the buffers' addresses are the same
+ * (the inputs' and outputs' are the scratch's own for host runs), so the second run with a key
+ * captures the launches into a graph and later ones replay it, one launch instead of one per
+ * kernel. A failed capture leaves the run on plain launches. */
+static mlpack_status mp_cuda_dispatches(mp_cuda *c, mp_cuda_scratch *s, const mp_run *run, mlpack_error **err) {
+  const mp_plan *p = &c->plan;
+  mlpack_status st = MLPACK_OK;
+  if (!c->graphable || !D.graphs) {
+    for (size_t i = 0; st == MLPACK_OK && i < p->dispatch_count; i++) st = mp_cuda_dispatch(c, s, run, i, err);
+    return st;
+  }
+  for (size_t i = 0; i < p->symbol_count; i++) s->key[i] = (uint64_t)s->push[i];
+  for (size_t i = 0; i < p->buffer_count; i++) s->key[p->symbol_count + i] = s->bases[i];
+  size_t bytes = s->key_len * sizeof *s->key;
+  if (s->graph && !memcmp(s->key, s->graph_key, bytes))
+    return mp_cu(c, D.GraphLaunch(s->graph, s->stream), "cuGraphLaunch", err);
+  int capture = s->key_seen && !memcmp(s->key, s->graph_key, bytes);
+  memcpy(s->graph_key, s->key, bytes);   /* (the key the next run is compared with) */
+  s->key_seen = 1;
+  if (s->graph) {
+    D.GraphExecDestroy(s->graph);
+    s->graph = NULL;
+  }
+  if (capture && D.StreamBeginCapture(s->stream, CU_CAPTURE_THREAD_LOCAL) == CU_OK) {
+    for (size_t i = 0; st == MLPACK_OK && i < p->dispatch_count; i++) st = mp_cuda_dispatch(c, s, run, i, err);
+    CUgraph g = NULL;
+    CUresult r = D.StreamEndCapture(s->stream, &g);
+    if (st == MLPACK_OK && r == CU_OK && g && D.GraphInstantiate(&s->graph, g, 0) != CU_OK) s->graph = NULL;
+    if (g) D.GraphDestroy(g);
+    if (st != MLPACK_OK) return st;
+    if (s->graph) return mp_cu(c, D.GraphLaunch(s->graph, s->stream), "cuGraphLaunch", err);
+  }
+  for (size_t i = 0; st == MLPACK_OK && i < p->dispatch_count; i++) st = mp_cuda_dispatch(c, s, run, i, err);
+  return st;
+}
+
 static mlpack_status mp_cuda_run_on(mp_cuda *c, mp_cuda_scratch *s, const mp_run *run, mlpack_error **err) {
   const mp_plan *p = &c->plan;
   mlpack_status st = mp_cuda_symbols(c, s, run, err);
@@ -471,7 +543,7 @@ static mlpack_status mp_cuda_run_on(mp_cuda *c, mp_cuda_scratch *s, const mp_run
   if (st == MLPACK_OK && p->symbol_count)
     st = mp_cu(c, D.MemcpyHtoDAsync(s->push_dev.ptr, s->push, p->symbol_count * sizeof(int64_t), s->stream),
                "cuMemcpyHtoDAsync", err);
-  for (size_t i = 0; st == MLPACK_OK && i < p->dispatch_count; i++) st = mp_cuda_dispatch(c, s, run, i, err);
+  if (st == MLPACK_OK) st = mp_cuda_dispatches(c, s, run, err);
   for (size_t i = 0; st == MLPACK_OK && i < p->buffer_count; i++)
     if (!s->bases[i] && p->buffers[i].kind == MP_BUF_OUTPUT && p->buffers[i].shape)
       st = mp_fail(err, MLPACK_ERR_FORMAT, "%s: no dispatch writes output %zu", c->what, p->buffers[i].index);
@@ -637,6 +709,8 @@ static mlpack_status mp_cuda_open_in(mp_cuda *c, mlpack_model *m, const mp_artif
   if (st == MLPACK_OK)
     st = mp_plan_parse(plan, m, &c->table, c->have_weights ? &c->weights : NULL, c->what, &c->plan, err);
   if (st != MLPACK_OK) return st;
+  c->graphable = getenv("MLPACK_CUDA_GRAPHS") == NULL || strcmp(getenv("MLPACK_CUDA_GRAPHS"), "0") != 0;
+  for (size_t i = 0; i < c->plan.symbol_count; i++) c->graphable &= c->plan.src_dispatch[i] == SIZE_MAX;
   if ((st = mp_cu(c, D.DevicePrimaryCtxRetain(&c->ctx, D.device), "cuDevicePrimaryCtxRetain", err))) {
     c->ctx = NULL;
     return st;

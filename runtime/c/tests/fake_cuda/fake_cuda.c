@@ -121,16 +121,98 @@ CUresult cuMemFree_v2(CUdeviceptr p) { free((void *)(uintptr_t)p); return OK; }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) { (void)st; memcpy((void *)(uintptr_t)d, s, n); return OK; }
 CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { (void)st; memcpy(d, (void *)(uintptr_t)s, n); return OK; }
 CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void *st) { (void)st; memset((void *)(uintptr_t)d, v, n); return OK; }
-static int stream_token;
-CUresult cuStreamCreate(void **s, unsigned flags) { (void)flags; *s = &stream_token; return OK; }
-CUresult cuStreamDestroy_v2(void *s) { (void)s; return OK; }
-CUresult cuStreamSynchronize(void *s) { (void)s; return OK; }
+/* a stream records the launches made while it captures (a CUDA graph: a list replayed) */
+typedef struct { entry *e; unsigned gx, bx; uint64_t params[300]; } launch;
+typedef struct { int capturing; launch *recorded; size_t count; } stream;
+typedef struct { launch *launches; size_t count; } graph;
+static int graph_launches;
+int fake_cuda_graph_launches(void) { return graph_launches; }
+
+CUresult cuStreamCreate(void **s, unsigned flags) { (void)flags; *s = calloc(1, sizeof(stream)); return *s ? OK : 2; }
+CUresult cuStreamDestroy_v2(void *s) {
+  if (s) free(((stream *)s)->recorded);
+  free(s);
+  return OK;
+}
+/* (NULL, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) are the driver's special streams) */
+static stream *own(void *s) { return (uintptr_t)s > 2 ? s : NULL; }
+CUresult cuStreamSynchronize(void *s) { return own(s) && own(s)->capturing ? INVALID_VALUE : OK; }
+CUresult cuStreamBeginCapture_v2(void *s, int mode) {
+  (void)mode;
+  stream *st = own(s);
+  if (!st || st->capturing) return INVALID_VALUE;
+  st->capturing = 1;
+  st->count = 0;
+  return OK;
+}
+CUresult cuStreamEndCapture(void *s, void **g) {
+  stream *st = own(s);
+  if (!st || !st->capturing) return INVALID_VALUE;
+  st->capturing = 0;
+  graph *gr = calloc(1, sizeof *gr);
+  if (!gr) return 2;
+  gr->launches = st->recorded;
+  gr->count = st->count;
+  st->recorded = NULL;
+  st->count = 0;
+  *g = gr;
+  return OK;
+}
+CUresult cuGraphInstantiateWithFlags(void **exec, void *g, unsigned long long flags) {
+  (void)flags;
+  graph *src = g, *dst = calloc(1, sizeof *dst);
+  if (!dst) return 2;
+  dst->launches = malloc((src->count + 1) * sizeof(launch));
+  memcpy(dst->launches, src->launches, src->count * sizeof(launch));
+  dst->count = src->count;
+  *exec = dst;
+  return OK;
+}
+CUresult cuGraphDestroy(void *g) {
+  if (g) free(((graph *)g)->launches);
+  free(g);
+  return OK;
+}
+CUresult cuGraphExecDestroy(void *g) { return cuGraphDestroy(g); }
+
+static CUresult run(entry *e, unsigned gx, unsigned bx, void **params);
+
+CUresult cuGraphLaunch(void *exec, void *s) {
+  graph *g = exec;
+  (void)s;
+  for (size_t i = 0; i < g->count; i++) {
+    launch *l = &g->launches[i];
+    void *params[300];
+    for (int j = 0; j < l->e->params; j++) params[j] = &l->params[j];
+    CUresult r = run(l->e, l->gx, l->bx, params);
+    if (r != OK) return r;
+  }
+  graph_launches++;
+  return OK;
+}
 
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned shmem, void *stream, void **params, void **extra) {
-  (void)stream;
+                        unsigned shmem, void *s, void **params, void **extra) {
   entry *e = f;
-  if (!e || e->index < 0 || gy != 1 || gz != 1 || by != 1 || bz != 1 || shmem || extra || !params) return INVALID_VALUE;
+  if (!e || e->index < 0 || gy != 1 || gz != 1 || by != 1 || bz != 1 || shmem || extra || !params ||
+      e->params > 300)
+    return INVALID_VALUE;
+  stream *st = own(s);
+  if (st && st->capturing) {   /* recorded, run by cuGraphLaunch */
+    launch *grown = realloc(st->recorded, (st->count + 1) * sizeof(launch));
+    if (!grown) return 2;
+    st->recorded = grown;
+    launch *l = &st->recorded[st->count++];
+    l->e = e;
+    l->gx = gx;
+    l->bx = bx;
+    for (int j = 0; j < e->params; j++) l->params[j] = *(uint64_t *)params[j];
+    return OK;
+  }
+  return run(e, gx, bx, params);
+}
+
+static CUresult run(entry *e, unsigned gx, unsigned bx, void **params) {
   const char *kinds = table->bindings[e->index];
   int nb = (int)strlen(kinds), nsym = e->params - nb - 2;
   if (nsym < 0) return INVALID_VALUE;
