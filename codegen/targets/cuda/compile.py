@@ -25,7 +25,7 @@ from mlpack.codegen.targets.cpu.plan import make_plan, output_copies, tensor_buf
 from mlpack.codegen.targets.cpu.procedure import binding_kinds
 from mlpack.codegen.targets.cuda import module as cuda_module
 from mlpack.codegen.targets.cuda import ptx as ptxmod
-from mlpack.codegen.targets.cuda import rowreduce, tiled
+from mlpack.codegen.targets.cuda import mma, rowreduce, tiled
 from mlpack.codegen.targets.cuda.lower import BLOCK, GRID
 from mlpack.codegen.targets.cuda.target import CudaTarget, get_target
 from mlpack.spec.ir import expr as ex
@@ -44,10 +44,11 @@ def blocks(k, bufs) -> ex.Expr:
     return ex.simplify_size(ex.binary("max", ex.const(1), ex.binary("min", ex.const(MAX_BLOCKS), need)))
 
 
-def schedule(graph, disabled=frozenset()):
+def schedule(graph, disabled=frozenset(), precision: str = "fp32"):
     """(kernels, buffers, plan, weights, launches, tiled views) of ``graph`` for the cuda
     target; ``disabled`` may name "tiled" and "group_reduce" (those kernels then run on the
-    grid schedule)."""
+    grid schedule) and "tensor_cores" (an fp16 or bf16 artifact's contractions then run on the
+    f32 tiles)."""
     reject_procedures(graph)
     bufs = tensor_buffers(graph)
     kernels = build_kernels(graph, bufs)
@@ -64,7 +65,11 @@ def schedule(graph, disabled=frozenset()):
         out = bufs[k.out]
         v = tiled.view(k, out) if kind == GRID and "tiled" not in disabled else None
         threads = BLOCK if kind == GRID else 1
-        if v is not None:
+        half = {"fp16": "f16", "bf16": "bf16"}.get(precision)
+        if v is not None and half and mma.PASS not in disabled:
+            schedules[k.name] = ("mma", v, half)
+            disp["workgroups"], threads = encode_expr(mma.blocks(v, out, k.rdims)), mma.THREADS
+        elif v is not None:
             schedules[k.name] = ("tiled", v)
             disp["workgroups"], threads = encode_expr(tiled.blocks(v, out, k.rdims)), tiled.THREADS
         elif kind == GRID and "group_reduce" not in disabled and rowreduce.suits(k, out):
@@ -95,9 +100,12 @@ def compile_artifact(graph, target: str, precision: str, disabled=frozenset()) -
     t0 = time.perf_counter()
     progress.report("scheduling")
     kernels, bufs, plan, weights, launches, schedules = schedule(
-        graph, frozenset(disabled) | disabled_passes())
+        graph, frozenset(disabled) | disabled_passes(), precision)
+    # tensor cores round the activations to 16 bits: a build whose artifact misses its
+    # tolerance compiles it again without them (Code.inexact_passes)
+    inexact = (mma.PASS,) if any(s[0] == "mma" for s in schedules.values()) else ()
     if t.emulated:
-        return _emulated(graph, t, kernels, bufs, plan, weights, launches, schedules, t0)
+        return _emulated(graph, t, kernels, bufs, plan, weights, launches, schedules, t0, inexact)
     symbols = plan["symbols"]
     text, entries = cuda_module.build_module(kernels, bufs, symbols, schedules=schedules)
     for launch, entry in zip(launches, entries):
@@ -117,10 +125,11 @@ def compile_artifact(graph, target: str, precision: str, disabled=frozenset()) -
         layers.append((media.CODE_CUBIN, ptxmod.assemble(ptx, t, ptxas)))
         times["ptxas"] = time.perf_counter() - t2
     config = {"plan": plan, "cuda_sm": t.sm}
-    return Code(layers, weights, config, times)
+    return Code(layers, weights, config, times, inexact)
 
 
-def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, launches, schedules, t0) -> Code:
+def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, launches, schedules, t0,
+              inexact=()) -> Code:
     from mlpack.codegen.targets.cpu.link import link_shared
     from mlpack.codegen.targets.cpu.objects import emit_parts
     from mlpack.spec import media
@@ -136,7 +145,7 @@ def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, launches, sche
     times["llvm"] = time.perf_counter() - t1
     elf = link_shared(objs)
     config = {"plan": plan, "cpu_features": media.config_cpu_features(list(host.features), host.arch)}
-    return Code([(media.CODE_ELF, elf)], weights, config, times)
+    return Code([(media.CODE_ELF, elf)], weights, config, times, inexact)
 
 
 __all__ = ["compile_artifact", "schedule", "blocks", "UnsupportedTargetError"]

@@ -121,6 +121,11 @@ def lowering_for(k, module: ir.Module, buffers, symbols: list[str], native_f16=(
 
     if k.strategy == PROCEDURE:
         return SingleThreadLowering(module, k, buffers, symbols, None, native_f16)
+    if schedule is not None and schedule[0] == "mma":
+        from mlpack.codegen.targets.cuda.mma import TensorCoreLowering
+
+        return TensorCoreLowering(module, k, buffers, symbols, None, native_f16, schedule[1], emulate,
+                                  schedule[2])
     if schedule is not None and schedule[0] == "tiled":
         return TiledLowering(module, k, buffers, symbols, None, native_f16, schedule[1], emulate)
     if schedule is not None and schedule[0] == "group":

@@ -90,6 +90,7 @@ class TiledLowering(KernelLowering):
 
     kind = BLOCK_KIND
     threads = THREADS
+    tile = (BM, BN)     # the output tile of a block
 
     def __init__(self, module, k, buffers, symbols, loops_md, native_f16, v: dict, emulate: bool):
         super().__init__(module, k, buffers, symbols, loops_md, native_f16)
@@ -127,20 +128,19 @@ class TiledLowering(KernelLowering):
         kept = set(v["m"]) | set(v["n"]) | set(v["batch"]) | set(v["k"])
         self.zeros = {d: ir.Constant(I64, 0) for d in [*self.out.layout, *self.k.rdims]
                       if d not in kept}
-        tm = b.udiv(b.add(self.M, ir.Constant(I64, BM - 1)), ir.Constant(I64, BM))
-        tn = b.udiv(b.add(self.N, ir.Constant(I64, BN - 1)), ir.Constant(I64, BN))
+        bm, bn = self.tile
+        tm = b.udiv(b.add(self.M, ir.Constant(I64, bm - 1)), ir.Constant(I64, bm))
+        tn = b.udiv(b.add(self.N, ir.Constant(I64, bn - 1)), ir.Constant(I64, bn))
         tiles = b.mul(b.mul(tm, tn), total(v["batch"]))
-        blk = Block(b, THREADS, self.emulate, self.k.name)
+        blk = Block(b, self.threads, self.emulate, self.k.name)
         self.blk = blk
-        self.acc = blk.private(F32, TM * TN, "acc")
-        self.As = blk.shared(F32, BK * BM, "a")
-        self.Bs = blk.shared(F32, BK * BN, "b")
+        self._setup(blk)
         self.a_along_k = _along_k(v["a"], v["k"], self.buffers)
         self.b_along_k = _along_k(v["b"], v["k"], self.buffers)
         with blk.uniform_loop(b.zext(block, I64), tiles, b.zext(blocks, I64), "tile") as t:
             bt, r = b.udiv(t, b.mul(tm, tn)), b.urem(t, b.mul(tm, tn))
-            m0 = b.mul(b.udiv(r, tn), ir.Constant(I64, BM))
-            n0 = b.mul(b.urem(r, tn), ir.Constant(I64, BN))
+            m0 = b.mul(b.udiv(r, tn), ir.Constant(I64, bm))
+            n0 = b.mul(b.urem(r, tn), ir.Constant(I64, bn))
             batch = delinearize(b, bt, v["batch"], size) if v["batch"] else {}
             with E.scope(**batch):
                 self._tile(m0, n0)
@@ -148,6 +148,12 @@ class TiledLowering(KernelLowering):
         self._finish_checks(err, status)
 
     # -- one output tile
+
+    def _setup(self, blk: Block) -> None:
+        """The block's storage: accumulators per thread, the two tiles in shared memory."""
+        self.acc = blk.private(F32, TM * TN, "acc")
+        self.As = blk.shared(F32, BK * BM, "a")
+        self.Bs = blk.shared(F32, BK * BN, "b")
 
     def _tile(self, m0, n0) -> None:
         b, blk = self.b, self.blk

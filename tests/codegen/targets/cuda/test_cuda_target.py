@@ -163,3 +163,40 @@ def test_contractions_tile_and_long_reductions_group():
     # the same kernels on the grid schedule alone compute the same
     art = registry.get("cuda-emulated").compile(g, "fp32", frozenset({"tiled", "group_reduce"}))
     assert {k["block"] for k in art.config["plan"]["cuda"]["kernels"]} == {256}
+
+
+@pytest.mark.parametrize("precision, rtol", [("fp16", 3e-3), ("bf16", 2e-2)])
+def test_tensor_core_tiles_compute_within_their_precision(precision, rtol):
+    # fp16 and bf16 contractions run on mma.sync; emulated, the instruction is computed from the
+    # PTX ISA's fragment layouts, so a fragment loaded into the wrong lane or register is an
+    # O(1) error here, not a rounding one
+    from mlpack.codegen import precisions
+    from mlpack.codegen.targets.cuda import compile as cc
+
+    g = compile_onnx(_gemm_softmax_model())
+    low = precisions.apply(precision, g)
+    schedules = cc.schedule(low, precision=precision)[5]
+    assert [s[0] for s in schedules.values()].count("mma") == 1
+    art = registry.get("cuda-emulated").compile(low, precision)
+    assert art.inexact_passes == ("tensor_cores",)
+    from types import SimpleNamespace
+
+    shim = SimpleNamespace(elf=art.layers[0][1], plan=art.config["plan"], weights=art.weights)
+    for m in (5, 130):
+        x = np.random.default_rng(m).standard_normal((m, 40)).astype(np.float32)
+        got, want = run_plan(shim, low, {"x": x}), run_graph(g, {"x": x})
+        for name in want:
+            err = np.abs(got[name] - want[name]).max() / np.abs(want[name]).max()
+            assert err < rtol, (name, err)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("level", ["cuda-sm80", "cuda-sm90"])
+def test_ptxas_assembles_tensor_core_kernels(precision, level):
+    from mlpack.codegen import precisions
+
+    g = precisions.apply(precision, _graph("bert_block.onnx"))
+    code = registry.get(level).compile(g, precision)
+    assert b"mma.sync.aligned.m16n8k16.row.col.f32" in code.layers[0][1]
+    assert dict(code.layers)[media.CODE_CUBIN][:4] == b"\x7fELF"
