@@ -104,6 +104,25 @@ class LoopIds:
         return re.sub(r'^!(\d+) = !\{ ?!"LOOPSELF\d+"', r"!\1 = distinct !{!\1", text, flags=re.M)
 
 
+@contextmanager
+def strided(b: ir.IRBuilder, start, end, step, name: str):
+    """``for (i = start; i < end; i += step)`` (i64), yielding i: a loop whose start and step are
+    values (a thread's first element and the grid's thread count, say)."""
+    pre = b.block
+    fn = pre.function
+    head, body, exit_ = (fn.append_basic_block(f"{name}.{s}") for s in ("head", "body", "exit"))
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64, name=name)
+    i.add_incoming(start, pre)
+    b.cbranch(b.icmp_signed("<", i, end), body, exit_)
+    b.position_at_end(body)
+    yield i
+    i.add_incoming(b.add(i, step), b.block)
+    b.branch(head)
+    b.position_at_end(exit_)
+
+
 def delinearize(b: ir.IRBuilder, flat, dims: list[str], sizes: dict) -> dict:
     """The index of each of ``dims`` (the last fastest) in the flat index ``flat``."""
     out = {}

@@ -23,11 +23,9 @@ this target lowers the same way.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 from llvmlite import ir
 
-from mlpack.codegen.llvm.loops import Loops
+from mlpack.codegen.llvm.loops import Loops, strided
 from mlpack.codegen.llvm.scalar import ScalarEmitter
 from mlpack.codegen.llvm.types import I64
 from mlpack.codegen.targets.cpu.lower import KernelLowering
@@ -38,48 +36,39 @@ SINGLE = "single"   # one thread (a procedure)
 BLOCK = 256         # threads per block of a grid kernel
 
 
-def _strided(b: ir.IRBuilder, start, end, step, name: str):
-    """``for (i = start; i < end; i += step)`` as a context manager yielding i (i64)."""
-    @contextmanager
-    def loop():
-        pre = b.block
-        fn = pre.function
-        head, body, exit_ = (fn.append_basic_block(f"{name}.{s}") for s in ("head", "body", "exit"))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I64, name=name)
-        i.add_incoming(start, pre)
-        b.cbranch(b.icmp_signed("<", i, end), body, exit_)
-        b.position_at_end(body)
-        yield i
-        i.add_incoming(b.add(i, step, flags=("nsw",)), b.block)
-        b.branch(head)
-        b.position_at_end(exit_)
-    return loop()
-
-
-class GridLowering(KernelLowering):
-    """A comprehension kernel as ``.impl(bindings..., symbols..., i32 thread, i32 threads, err,
-    status)``: each thread computes every ``threads``-th output element from ``thread``."""
-
-    kind = GRID
+class CudaLowering(KernelLowering):
+    """What every cuda comprehension lowering shares: ``emit`` makes the ``.impl`` function
+    (its parameters: the bindings, the symbols, then four of the lowering's own) and ``_begin``
+    its entry, with the expression emitter's tensors and symbols bound."""
 
     def emit(self) -> ir.Function:
         impl = self._impl_signature()
         self._emit_impl(impl)
         return impl
 
-    def _emit_impl(self, f: ir.Function) -> None:
+    def _begin(self, f: ir.Function) -> list:
+        """The entry block and ``self.E``; the last four parameters (a thread or block index,
+        their count, the error record, the status slot)."""
         b = ir.IRBuilder(f.append_basic_block("entry"))
         self.b = b
         self.loops = Loops(b, self.module)
         n = len(self.bound)
-        bases = {t: f.args[j] for j, t in enumerate(self.bound)}
-        E = ScalarEmitter(b, bases, self.buffers, self.k.name, self.native_f16, target="cuda")
-        self.E = E
+        self.E = ScalarEmitter(b, {t: f.args[j] for j, t in enumerate(self.bound)}, self.buffers,
+                               self.k.name, self.native_f16, target="cuda")
         for i, s in enumerate(self.symbols):
-            E.bind("$" + s, f.args[n + i])
-        thread, threads, err, status = f.args[n + len(self.symbols):]
+            self.E.bind("$" + s, f.args[n + i])
+        return list(f.args[n + len(self.symbols):])
+
+
+class GridLowering(CudaLowering):
+    """A comprehension kernel as ``.impl(bindings..., symbols..., i32 thread, i32 threads, err,
+    status)``: each thread computes every ``threads``-th output element from ``thread``."""
+
+    kind = GRID
+
+    def _emit_impl(self, f: ir.Function) -> None:
+        thread, threads, err, status = self._begin(f)
+        b, E = self.b, self.E
         k = self.k
         # every element is computed whole by one thread: a reduction is its inner loop
         k.strategy = "map" if k.reduce is None else "inner"
@@ -91,7 +80,7 @@ class GridLowering(KernelLowering):
         units = ir.Constant(I64, 1)
         for d in dims:
             units = b.mul(units, osz[d], flags=("nsw",))
-        with _strided(b, b.zext(thread, I64), units, b.zext(threads, I64), "elem") as e:
+        with strided(b, b.zext(thread, I64), units, b.zext(threads, I64), "elem") as e:
             with E.scope():
                 self.bind_unit(e, dims)
                 value = E(k.body) if k.reduce is None else self._inner_reduce()

@@ -57,6 +57,7 @@ class TensorCoreLowering(tiled.TiledLowering):
     kind = BLOCK_KIND
     threads = THREADS
     tile = (BM, BN)
+    bk = BK
 
     def __init__(self, module, k, buffers, symbols, loops_md, native_f16, v: dict, emulate: bool,
                  half: str):
@@ -74,17 +75,13 @@ class TensorCoreLowering(tiled.TiledLowering):
             self.bfrag = blk.private(I32, 2 * NT * 2, "bfrag")
 
     def _tile(self, m0, n0) -> None:
-        b, blk, v = self.b, self.blk, self.v
+        b, blk = self.b, self.blk
         with blk.phase():
             for i in range(MT * NT * 4):
                 b.store(ir.Constant(F32, 0.0), blk.at(self.acc, i))
-        with blk.uniform_loop(ir.Constant(I64, 0), self.K, ir.Constant(I64, BK), "ktile") as k0:
+        with blk.uniform_loop(ir.Constant(I64, 0), self.K, ir.Constant(I64, self.bk), "ktile") as k0:
             with blk.phase() as tid:
-                for factor, dims, width, tile, base, along_k, extent in (
-                        (v["a"], v["m"], BM, self.As, m0, self.a_along_k, self.M),
-                        (v["b"], v["n"], BN, self.Bs, n0, self.b_along_k, self.N)):
-                    with self.E.scope():
-                        self._load16(factor, dims, width, tile, base, k0, tid, along_k, extent)
+                self._load_tiles(m0, n0, k0, tid)
             with blk.phase() as tid:
                 self._fragments_and_mma(tid)
             if self.emulate:
@@ -101,33 +98,16 @@ class TensorCoreLowering(tiled.TiledLowering):
             return halfconv.f32_to_f16(b, x)
         return b.bitcast(b.fptrunc(x, HALF), I16)
 
-    def _load16(self, factor, dims, width, tile, base, k0, tid, along_k, extent) -> None:
-        """tiled.py's load, into rows of ``STRIDE`` 16-bit values: tile[i * STRIDE + kk]."""
-        from mlpack.codegen.llvm.loops import delinearize
+    def _slot(self, tile, width: int, i, kk):
+        """Element (i, kk) of a 16-bit tile, m- or n-major: tile[i * STRIDE + kk]."""
+        b = self.b
+        return b.gep(tile, [b.add(b.mul(i, ir.Constant(I64, STRIDE)), kk)], source_etype=I16)
 
-        b, E = self.b, self.E
-        for j in range(BK * width // THREADS):
-            e = b.add(tid, ir.Constant(I64, j * THREADS))
-            if along_k:
-                kk, i = b.urem(e, ir.Constant(I64, BK)), b.udiv(e, ir.Constant(I64, BK))
-            else:
-                i, kk = b.urem(e, ir.Constant(I64, width)), b.udiv(e, ir.Constant(I64, width))
-            gi, gk = b.add(base, i), b.add(k0, kk)
-            ok = b.and_(b.icmp_unsigned("<", gi, extent), b.icmp_unsigned("<", gk, self.K))
-            slot = b.gep(tile, [b.add(b.mul(i, ir.Constant(I64, STRIDE)), kk)], source_etype=I16)
-            fn = b.block.function
-            load, skip, done = (fn.append_basic_block(f"ld.{s}") for s in ("in", "out", "done"))
-            b.cbranch(ok, load, skip)
-            b.position_at_end(load)
-            binds = {**self.zeros, **delinearize(b, gi, dims, self.size),
-                     **delinearize(b, gk, self.v["k"], self.size)}
-            with E.scope(**binds):
-                b.store(self._round16(E.cast(E(factor), factor.dtype, "f32")), slot)
-            b.branch(done)
-            b.position_at_end(skip)
-            b.store(ir.Constant(I16, 0), slot)
-            b.branch(done)
-            b.position_at_end(done)
+    def _stored(self, x):
+        return self._round16(x)
+
+    def _zero(self):
+        return ir.Constant(I16, 0)
 
     def _lane(self, tid):
         b = self.b
@@ -219,7 +199,7 @@ class TensorCoreLowering(tiled.TiledLowering):
             g, t = b.lshr(lane, c(2)), b.and_(lane, c(3))
             row = b.add(g, b.mul(b.lshr(i, c(1)), c(8)))
             col = b.add(b.mul(t, c(2)), b.and_(i, c(1)))
-            slot = self._slot(self.acc, b.add(first, lane),
+            slot = self._lane_slot(self.acc, b.add(first, lane),
                               b.add(b.mul(b.add(b.mul(mt, c(NT)), nt), c(4)), i))
             a_base = b.mul(b.add(b.mul(ks, c(MT)), mt), c(4))
             b_base = b.mul(b.add(b.mul(ks, c(NT)), nt), c(2))
@@ -229,41 +209,29 @@ class TensorCoreLowering(tiled.TiledLowering):
                 # A[row][k]: lane 4 (row % 8) + (k % 8) // 2, word (row >= 8) + 2 (k >= 8)
                 a_lane = b.add(first, b.add(b.mul(b.and_(row, c(7)), c(4)), pair))
                 a_word = b.add(b.lshr(row, c(3)), b.mul(hi, c(2)))
-                aw = b.load(self._slot(self.afrag, a_lane, b.add(a_base, a_word)), typ=I32)
+                aw = b.load(self._lane_slot(self.afrag, a_lane, b.add(a_base, a_word)), typ=I32)
                 # B[k][col]: lane 4 col + (k % 8) // 2, word (k >= 8)
                 b_lane = b.add(first, b.add(b.mul(col, c(4)), pair))
-                bw = b.load(self._slot(self.bfrag, b_lane, b.add(b_base, hi)), typ=I32)
+                bw = b.load(self._lane_slot(self.bfrag, b_lane, b.add(b_base, hi)), typ=I32)
                 half = b.and_(k, c(1))
                 b.store(b.fadd(b.load(slot, typ=F32), b.fmul(self._half(aw, half), self._half(bw, half))),
                         slot)
 
-    def _slot(self, p, thread, index):
+    def _lane_slot(self, p, thread, index):
         """Thread ``thread``'s slot ``index`` (an i64 value) of private ``p`` (emulation)."""
         b = self.b
         return b.gep(p.base, [b.add(b.mul(thread, ir.Constant(I64, p.count)), index)],
                      source_etype=p.ty)
 
     def _store_d(self, m0, n0, tid) -> None:
-        from mlpack.codegen.llvm.loops import delinearize
-
-        b, E = self.b, self.E
+        """Each D fragment element through the epilogue: accumulator i of (mt, nt) is row
+        g + 8 (i >> 1), column 2t + (i & 1) of the m16 x n8 tile."""
+        b = self.b
         wm, wn, g, t4 = self._lane(tid)
-        fn = b.block.function
         for mt in range(MT):
             for nt in range(NT):
                 for i in range(4):
                     r = b.add(b.add(b.mul(wm, ir.Constant(I64, 32)), ir.Constant(I64, mt * 16 + 8 * (i >> 1))), g)
                     n = b.add(b.add(b.mul(wn, ir.Constant(I64, 32)), ir.Constant(I64, nt * 8 + (i & 1))),
                               b.mul(t4, ir.Constant(I64, 2)))
-                    gm, gn = b.add(m0, r), b.add(n0, n)
-                    ok = b.and_(b.icmp_unsigned("<", gm, self.M), b.icmp_unsigned("<", gn, self.N))
-                    put, done = fn.append_basic_block("st.in"), fn.append_basic_block("st.done")
-                    b.cbranch(ok, put, done)
-                    b.position_at_end(put)
-                    binds = {**self.zeros, **delinearize(b, gm, self.v["m"], self.size),
-                             **delinearize(b, gn, self.v["n"], self.size)}
-                    with E.scope(**binds):
-                        value = b.load(self.blk.at(self.acc, (mt * NT + nt) * 4 + i), typ=F32)
-                        self.store(self.finish(value))
-                    b.branch(done)
-                    b.position_at_end(done)
+                    self._put(b.add(m0, r), b.add(n0, n), (mt * NT + nt) * 4 + i)

@@ -17,12 +17,11 @@ from __future__ import annotations
 from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
-from mlpack.codegen.llvm.loops import Loops, delinearize
+from mlpack.codegen.llvm.loops import delinearize, strided
 from mlpack.codegen.llvm.reduce import combine, identity
-from mlpack.codegen.llvm.scalar import ScalarEmitter
 from mlpack.codegen.llvm.types import I64, llvm_type
 from mlpack.codegen.targets.cpu.indexing import is_one
-from mlpack.codegen.targets.cpu.lower import KernelLowering
+from mlpack.codegen.targets.cuda.lower import CudaLowering
 from mlpack.codegen.targets.cuda.spmd import BLOCK_KIND, Block
 
 LANES = 32                 # threads per output element
@@ -52,7 +51,7 @@ def blocks(out) -> ex.Expr:
     return ex.simplify_size(ex.binary("max", ex.const(1), ex.binary("min", ex.const(1 << 21), need)))
 
 
-class GroupReduceLowering(KernelLowering):
+class GroupReduceLowering(CudaLowering):
     """A reduction kernel as ``.impl(bindings..., symbols..., i32 block, i32 blocks, err,
     status)``: block ``block`` of ``blocks`` reduces every ``blocks``-th group of GROUPS outputs."""
 
@@ -63,22 +62,9 @@ class GroupReduceLowering(KernelLowering):
         super().__init__(module, k, buffers, symbols, loops_md, native_f16)
         self.emulate = emulate
 
-    def emit(self) -> ir.Function:
-        impl = self._impl_signature()
-        self._emit_impl(impl)
-        return impl
-
     def _emit_impl(self, f: ir.Function) -> None:
-        b = ir.IRBuilder(f.append_basic_block("entry"))
-        self.b = b
-        self.loops = Loops(b, self.module)
-        k, n = self.k, len(self.bound)
-        E = ScalarEmitter(b, {t: f.args[j] for j, t in enumerate(self.bound)}, self.buffers, k.name,
-                          self.native_f16, target="cuda")
-        self.E = E
-        for i, s in enumerate(self.symbols):
-            E.bind("$" + s, f.args[n + i])
-        block, blocks, err, status = f.args[n + len(self.symbols):]
+        block, blocks, err, status = self._begin(f)
+        b, k, E = self.b, self.k, self.E
         k.strategy = "inner"
         self._sizes()
         osz = E.sizes[self.out.name]
@@ -132,7 +118,7 @@ class GroupReduceLowering(KernelLowering):
 
             def fold():
                 with E.scope(**{**self.zeros, **delinearize(b, e, self.dims, self.osz)}):
-                    with self._strided(lane, self.terms, ir.Constant(I64, LANES)) as t:
+                    with strided(b, lane, self.terms, ir.Constant(I64, LANES), "term") as t:
                         with E.scope(**delinearize(b, t, list(k.rdims), self.extents)):
                             x = self._term(self.vdt)
                             b.store(combine(E, k.reduce, b.load(slot, typ=self.ty), x, self.vdt,
@@ -157,7 +143,3 @@ class GroupReduceLowering(KernelLowering):
                     self.store(self.finish(b.load(self._slot(tid), typ=self.ty)))
             self._guarded(b.and_(b.icmp_unsigned("==", lane, ir.Constant(I64, 0)),
                                  b.icmp_unsigned("<", e, self.units)), put)
-
-    def _strided(self, start, end, step):
-        from mlpack.codegen.targets.cuda.lower import _strided
-        return _strided(self.b, start, end, step, "term")

@@ -24,6 +24,8 @@ from contextlib import contextmanager
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from mlpack.codegen.llvm.loops import strided
+
 I32, I64 = ir.IntType(32), ir.IntType(64)
 # a lowering of this kind runs a whole block in one call of its .impl(..., block, blocks, ...):
 # the PTX entry passes its block index, the emulated kernel its workgroup (module.py)
@@ -126,21 +128,7 @@ class Block:
         b.position_at_end(done)
         self.tid = None
 
-    @contextmanager
     def uniform_loop(self, start, end, step, name: str):
         """``for i in range(start, end, step)`` that every thread runs the same number of
         times (so it may hold phases); yields i (i64)."""
-        b = self.b
-        pre = b.block
-        fn = pre.function
-        head, body, done = (fn.append_basic_block(f"{name}.{s}") for s in ("head", "body", "done"))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I64, name=name)
-        i.add_incoming(start, pre)
-        b.cbranch(b.icmp_signed("<", i, end), body, done)
-        b.position_at_end(body)
-        yield i
-        i.add_incoming(b.add(i, step), b.block)
-        b.branch(head)
-        b.position_at_end(done)
+        return strided(self.b, start, end, step, name)

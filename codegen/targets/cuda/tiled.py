@@ -20,12 +20,11 @@ from __future__ import annotations
 from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
-from mlpack.codegen.llvm.loops import Loops, delinearize
+from mlpack.codegen.llvm.loops import delinearize
 from mlpack.codegen.llvm.oprules import CONTRACT
-from mlpack.codegen.llvm.scalar import ScalarEmitter
 from mlpack.codegen.llvm.types import F32, I64
 from mlpack.codegen.targets.cpu.indexing import is_one
-from mlpack.codegen.targets.cpu.lower import KernelLowering
+from mlpack.codegen.targets.cuda.lower import CudaLowering
 from mlpack.codegen.targets.cuda.spmd import BLOCK_KIND, Block
 
 BM, BN, BK = 64, 64, 16
@@ -84,34 +83,22 @@ def _along_k(factor: ex.Expr, kdims: list[str], buffers) -> bool:
     return bool(ex.free_vars(index[inner]) & set(kdims))
 
 
-class TiledLowering(KernelLowering):
+class TiledLowering(CudaLowering):
     """A contraction kernel as ``.impl(bindings..., symbols..., i32 block, i32 blocks, err,
     status)``: block ``block`` of ``blocks`` computes every ``blocks``-th output tile."""
 
     kind = BLOCK_KIND
     threads = THREADS
     tile = (BM, BN)     # the output tile of a block
+    bk = BK             # the K slice a tile load takes
 
     def __init__(self, module, k, buffers, symbols, loops_md, native_f16, v: dict, emulate: bool):
         super().__init__(module, k, buffers, symbols, loops_md, native_f16)
         self.v, self.emulate = v, emulate
 
-    def emit(self) -> ir.Function:
-        impl = self._impl_signature()
-        self._emit_impl(impl)
-        return impl
-
     def _emit_impl(self, f: ir.Function) -> None:
-        b = ir.IRBuilder(f.append_basic_block("entry"))
-        self.b = b
-        self.loops = Loops(b, self.module)
-        n = len(self.bound)
-        E = ScalarEmitter(b, {t: f.args[j] for j, t in enumerate(self.bound)}, self.buffers,
-                          self.k.name, self.native_f16, target="cuda")
-        self.E = E
-        for i, s in enumerate(self.symbols):
-            E.bind("$" + s, f.args[n + i])
-        block, blocks, err, status = f.args[n + len(self.symbols):]
+        block, blocks, err, status = self._begin(f)
+        b, E = self.b, self.E
         self.k.strategy = "inner"   # (finish: the accumulator is the reduction's f32 value)
         self._sizes()
         v, osz = self.v, E.sizes[self.out.name]
@@ -161,29 +148,48 @@ class TiledLowering(KernelLowering):
         with blk.phase():
             for i in range(TM * TN):
                 b.store(zero, blk.at(self.acc, i))
-        with blk.uniform_loop(ir.Constant(I64, 0), self.K, ir.Constant(I64, BK), "ktile") as k0:
+        with blk.uniform_loop(ir.Constant(I64, 0), self.K, ir.Constant(I64, self.bk), "ktile") as k0:
             with blk.phase() as tid:
-                with self.E.scope():
-                    self._load(self.v["a"], self.v["m"], BM, self.As, m0, k0, tid, self.a_along_k, self.M)
-                with self.E.scope():
-                    self._load(self.v["b"], self.v["n"], BN, self.Bs, n0, k0, tid, self.b_along_k, self.N)
+                self._load_tiles(m0, n0, k0, tid)
             with blk.phase() as tid:
                 self._multiply(tid)
         with blk.phase() as tid:
             self._store(m0, n0, tid)
 
+    def _load_tiles(self, m0, n0, k0, tid) -> None:
+        """This thread's elements of the A and B tiles at ``(m0, k0)`` and ``(n0, k0)``."""
+        v = self.v
+        for factor, dims, width, tile, base, along_k, extent in (
+                (v["a"], v["m"], self.tile[0], self.As, m0, self.a_along_k, self.M),
+                (v["b"], v["n"], self.tile[1], self.Bs, n0, self.b_along_k, self.N)):
+            with self.E.scope():
+                self._load(factor, dims, width, tile, base, k0, tid, along_k, extent)
+
+    def _slot(self, tile, width: int, i, kk):
+        """Where element (i, kk) of a ``BK x width`` tile lies: tile[kk * width + i]."""
+        b = self.b
+        return b.gep(tile, [b.add(b.mul(kk, ir.Constant(I64, width)), i)], source_etype=F32)
+
+    def _stored(self, x):
+        """An f32 factor value as the tile holds it."""
+        return x
+
+    def _zero(self):
+        return ir.Constant(F32, 0.0)
+
     def _load(self, factor, dims, width: int, tile, base, k0, tid, along_k: bool, extent) -> None:
-        """This thread's elements of a ``BK x width`` tile of ``factor``: tile[kk * width + i]."""
-        b, E = self.b, self.E
-        for j in range(BK * width // THREADS):
-            e = b.add(tid, ir.Constant(I64, j * THREADS))
+        """This thread's elements of a ``BK x width`` tile of ``factor`` (at ``_slot``), zero
+        past the M (N) or K extent."""
+        b, E, bk = self.b, self.E, self.bk
+        for j in range(bk * width // self.threads):
+            e = b.add(tid, ir.Constant(I64, j * self.threads))
             if along_k:
-                kk, i = b.urem(e, ir.Constant(I64, BK)), b.udiv(e, ir.Constant(I64, BK))
+                kk, i = b.urem(e, ir.Constant(I64, bk)), b.udiv(e, ir.Constant(I64, bk))
             else:
                 i, kk = b.urem(e, ir.Constant(I64, width)), b.udiv(e, ir.Constant(I64, width))
             gi, gk = b.add(base, i), b.add(k0, kk)
             ok = b.and_(b.icmp_unsigned("<", gi, extent), b.icmp_unsigned("<", gk, self.K))
-            slot = b.gep(tile, [b.add(b.mul(kk, ir.Constant(I64, width)), i)], source_etype=F32)
+            slot = self._slot(tile, width, i, kk)
             fn = b.block.function
             load, skip, done = (fn.append_basic_block(f"ld.{s}") for s in ("in", "out", "done"))
             b.cbranch(ok, load, skip)
@@ -191,10 +197,10 @@ class TiledLowering(KernelLowering):
             binds = {**self.zeros, **delinearize(b, gi, dims, self.size),
                      **delinearize(b, gk, self.v["k"], self.size)}
             with E.scope(**binds):
-                b.store(E.cast(E(factor), factor.dtype, "f32"), slot)
+                b.store(self._stored(E.cast(E(factor), factor.dtype, "f32")), slot)
             b.branch(done)
             b.position_at_end(skip)
-            b.store(ir.Constant(F32, 0.0), slot)
+            b.store(self._zero(), slot)
             b.branch(done)
             b.position_at_end(done)
 
@@ -218,25 +224,30 @@ class TiledLowering(KernelLowering):
                     b.store(s, blk.at(self.acc, i * TN + j))
 
     def _store(self, m0, n0, tid) -> None:
-        b, E = self.b, self.E
+        b = self.b
         ty = b.udiv(tid, ir.Constant(I64, BN // TN))
         tx = b.urem(tid, ir.Constant(I64, BN // TN))
-        fn = b.block.function
         for i in range(TM):
             for j in range(TN):
                 gm = b.add(m0, b.add(b.mul(ty, ir.Constant(I64, TM)), ir.Constant(I64, i)))
                 gn = b.add(n0, b.add(b.mul(tx, ir.Constant(I64, TN)), ir.Constant(I64, j)))
-                ok = b.and_(b.icmp_unsigned("<", gm, self.M), b.icmp_unsigned("<", gn, self.N))
-                put, done = fn.append_basic_block("st.in"), fn.append_basic_block("st.done")
-                b.cbranch(ok, put, done)
-                b.position_at_end(put)
-                binds = {**self.zeros, **delinearize(b, gm, self.v["m"], self.size),
-                         **delinearize(b, gn, self.v["n"], self.size)}
-                with E.scope(**binds):
-                    value = b.load(self.blk.at(self.acc, i * TN + j), typ=F32)
-                    self.store(self.finish(value))
-                b.branch(done)
-                b.position_at_end(done)
+                self._put(gm, gn, i * TN + j)
+
+    def _put(self, gm, gn, slot: int) -> None:
+        """Accumulator ``slot`` of this thread through the epilogue into output (gm, gn), if
+        that is inside the output."""
+        b, E = self.b, self.E
+        fn = b.block.function
+        ok = b.and_(b.icmp_unsigned("<", gm, self.M), b.icmp_unsigned("<", gn, self.N))
+        put, done = fn.append_basic_block("st.in"), fn.append_basic_block("st.done")
+        b.cbranch(ok, put, done)
+        b.position_at_end(put)
+        binds = {**self.zeros, **delinearize(b, gm, self.v["m"], self.size),
+                 **delinearize(b, gn, self.v["n"], self.size)}
+        with E.scope(**binds):
+            self.store(self.finish(b.load(self.blk.at(self.acc, slot), typ=F32)))
+        b.branch(done)
+        b.position_at_end(done)
 
 
 __all__ = ["TiledLowering", "view", "blocks", "THREADS"]

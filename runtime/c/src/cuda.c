@@ -98,9 +98,20 @@ static const char *mp_cu_name(CUresult r) {
   return "an unknown CUDA error";
 }
 
-/* dlsym every function (versioned names where the driver has _v2 ones); 0 when all are there */
+typedef struct { void **slot; const char *name; } mp_cuda_fn;
+
+/* dlsym each of fns; the name of the first the driver lacks, or NULL */
+static const char *mp_cuda_bind_all(const mp_cuda_fn *fns, size_t n) {
+  const char *missing = NULL;
+  for (size_t i = 0; i < n; i++)
+    if (!(*fns[i].slot = dlsym(D.lib, fns[i].name)) && !missing) missing = fns[i].name;
+  return missing;
+}
+
+/* every function (versioned names where the driver has _v2 ones); 0 when all are there. The
+ * graph functions are optional: without them every run launches its dispatches one by one. */
 static int mp_cuda_bind(void) {
-  struct { void **slot; const char *name; } fns[] = {
+  static const mp_cuda_fn fns[] = {
       {(void **)&D.Init, "cuInit"},
       {(void **)&D.DriverGetVersion, "cuDriverGetVersion"},
       {(void **)&D.DeviceGetCount, "cuDeviceGetCount"},
@@ -124,14 +135,7 @@ static int mp_cuda_bind(void) {
       {(void **)&D.LaunchKernel, "cuLaunchKernel"},
       {(void **)&D.GetErrorName, "cuGetErrorName"},
   };
-  for (size_t i = 0; i < sizeof fns / sizeof *fns; i++) {
-    *fns[i].slot = dlsym(D.lib, fns[i].name);
-    if (!*fns[i].slot) {
-      snprintf(D.why, sizeof D.why, "the CUDA driver lacks %s", fns[i].name);
-      return -1;
-    }
-  }
-  struct { void **slot; const char *name; } graph_fns[] = {
+  static const mp_cuda_fn graph_fns[] = {
       {(void **)&D.StreamBeginCapture, "cuStreamBeginCapture_v2"},
       {(void **)&D.StreamEndCapture, "cuStreamEndCapture"},
       {(void **)&D.GraphInstantiate, "cuGraphInstantiateWithFlags"},
@@ -139,9 +143,12 @@ static int mp_cuda_bind(void) {
       {(void **)&D.GraphExecDestroy, "cuGraphExecDestroy"},
       {(void **)&D.GraphDestroy, "cuGraphDestroy"},
   };
-  D.graphs = 1;
-  for (size_t i = 0; i < sizeof graph_fns / sizeof *graph_fns; i++)
-    D.graphs &= (*graph_fns[i].slot = dlsym(D.lib, graph_fns[i].name)) != NULL;
+  const char *missing = mp_cuda_bind_all(fns, sizeof fns / sizeof *fns);
+  if (missing) {
+    snprintf(D.why, sizeof D.why, "the CUDA driver lacks %s", missing);
+    return -1;
+  }
+  D.graphs = mp_cuda_bind_all(graph_fns, sizeof graph_fns / sizeof *graph_fns) == NULL;
   return 0;
 }
 
