@@ -65,6 +65,7 @@ class GridLowering(CudaLowering):
     status)``: each thread computes every ``threads``-th output element from ``thread``."""
 
     kind = GRID
+    threads = BLOCK
 
     def _emit_impl(self, f: ir.Function) -> None:
         thread, threads, err, status = self._begin(f)
@@ -94,6 +95,7 @@ class SingleThreadLowering(ProcedureLowering):
     symbols' values in device memory, where its SetSize statements write theirs)."""
 
     kind = SINGLE
+    threads = 1
 
     def emit(self) -> ir.Function:
         return self._impl()

@@ -3,8 +3,8 @@
 The GEMM view and the tile loads are tiled.py's; here the tiles are stored in shared memory as
 16-bit values (the factors rounded to the artifact's precision, the weights already are) and a
 block of four warps multiplies them with ``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}``,
-accumulating in f32: a 64 x 64 output tile per block, 32 x 32 per warp (2 x 4 instructions per
-16 of K). Each thread holds its fragments as the PTX ISA lays them out (``_a_words``,
+accumulating in f32: a 64 x 64 output tile per block, 32 x 16 per warp for eight warps (2 x 2
+instructions per 16 of K). Each thread holds its fragments as the PTX ISA lays them out (``_a_words``,
 ``_b_words``: "Matrix Fragments for mma.m16n8k16"), and its accumulators as the D fragment.
 
 The ``cuda-emulated`` target runs the same fragment loads, then ``_emulated_mma``: the
@@ -31,9 +31,10 @@ I16, I32 = ir.IntType(16), ir.IntType(32)
 HALF = ir.HalfType()
 V2H = ir.VectorType(HALF, 2)
 BM, BN, BK = 64, 64, 32
-WARPS_M, WARPS_N = 2, 2
-MT, NT = 2, 4                      # m16 and n8 tiles per warp: a 32 x 32 warp tile
-THREADS = 32 * WARPS_M * WARPS_N   # 128
+WARPS_M, WARPS_N = 2, 4
+WM, WN = BM // WARPS_M, BN // WARPS_N   # a warp's tile: 32 x 16
+MT, NT = WM // 16, WN // 8              # its m16 and n8 tiles
+THREADS = 32 * WARPS_M * WARPS_N        # 256
 STRIDE = BK + 8                    # halves per shared row: 16 bytes of padding against bank conflicts
 PASS = "tensor_cores"
 INTRINSIC = {"f16": "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
@@ -58,6 +59,7 @@ class TensorCoreLowering(tiled.TiledLowering):
     threads = THREADS
     tile = (BM, BN)
     bk = BK
+    blocks_per_sm = 2   # (256 threads at up to 128 registers each)
 
     def __init__(self, module, k, buffers, symbols, loops_md, native_f16, v: dict, emulate: bool,
                  half: str):
@@ -126,7 +128,7 @@ class TensorCoreLowering(tiled.TiledLowering):
         """A fragment of m16 tile ``mt`` at k-step ``ks``: a0a1 (row g, cols 2t, 2t+1), a2a3 (row
         g+8), a4a5 (row g, cols 2t+8, 2t+9), a6a7 (row g+8, cols 2t+8, 2t+9)."""
         b = self.b
-        r = b.add(b.add(b.mul(wm, ir.Constant(I64, 32)), ir.Constant(I64, mt * 16)), g)
+        r = b.add(b.add(b.mul(wm, ir.Constant(I64, WM)), ir.Constant(I64, mt * 16)), g)
         c = b.add(ir.Constant(I64, ks * 16), b.mul(t4, ir.Constant(I64, 2)))
         r8, c8 = b.add(r, ir.Constant(I64, 8)), b.add(c, ir.Constant(I64, 8))
         return [self._word(self.As, r, c), self._word(self.As, r8, c), self._word(self.As, r, c8),
@@ -136,7 +138,7 @@ class TensorCoreLowering(tiled.TiledLowering):
         """B fragment of n8 tile ``nt`` at k-step ``ks``: b0b1 (rows k = 2t, 2t+1 of column g),
         b2b3 (k = 2t+8, 2t+9): the tile is stored n-major, so each pair is one word."""
         b = self.b
-        n = b.add(b.add(b.mul(wn, ir.Constant(I64, 32)), ir.Constant(I64, nt * 8)), g)
+        n = b.add(b.add(b.mul(wn, ir.Constant(I64, WN)), ir.Constant(I64, nt * 8)), g)
         k = b.add(ir.Constant(I64, ks * 16), b.mul(t4, ir.Constant(I64, 2)))
         return [self._word(self.Bs, n, k), self._word(self.Bs, n, b.add(k, ir.Constant(I64, 8)))]
 
@@ -231,7 +233,7 @@ class TensorCoreLowering(tiled.TiledLowering):
         for mt in range(MT):
             for nt in range(NT):
                 for i in range(4):
-                    r = b.add(b.add(b.mul(wm, ir.Constant(I64, 32)), ir.Constant(I64, mt * 16 + 8 * (i >> 1))), g)
-                    n = b.add(b.add(b.mul(wn, ir.Constant(I64, 32)), ir.Constant(I64, nt * 8 + (i & 1))),
+                    r = b.add(b.add(b.mul(wm, ir.Constant(I64, WM)), ir.Constant(I64, mt * 16 + 8 * (i >> 1))), g)
+                    n = b.add(b.add(b.mul(wn, ir.Constant(I64, WN)), ir.Constant(I64, nt * 8 + (i & 1))),
                               b.mul(t4, ir.Constant(I64, 2)))
                     self._put(b.add(m0, r), b.add(n0, n), (mt * NT + nt) * 4 + i)

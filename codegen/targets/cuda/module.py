@@ -148,11 +148,12 @@ def build_module(kernels, buffers, symbols: list[str], *, emulate=None, schedule
     # v2 has no F16C: its conversions are integer code, halfconv.py)
     native_f16 = (True, True) if emulate is None else (
         emulate.arch == "arm64" or "f16c" in emulate.features, emulate.arch == "arm64")
-    fns = []
+    fns, lowerings = [], []
     for k in kernels:
         low = lowering_for(k, module, buffers, symbols, native_f16, (schedules or {}).get(k.name),
                            emulate is not None)
         impl = low.emit()
+        lowerings.append(low)
         if list(low.bound) != kernel_bindings(k):
             raise AssertionError(f"cuda: kernel {k.name} loads bindings {low.bound}, but its "
                                  f"dispatch binds {kernel_bindings(k)}")
@@ -165,7 +166,23 @@ def build_module(kernels, buffers, symbols: list[str], *, emulate=None, schedule
     if emulate is not None:
         _table(module, distinct, names, [binding_kinds(k) for k in kernels])
     text = _READONLY.sub(r'ptr noalias readonly %"ro.', _finish(str(module)))
+    if emulate is None:
+        text = _launch_bounds(text, {f.name: (low.threads, getattr(low, "blocks_per_sm", 1))
+                                     for f, low in zip(fns, lowerings)})
     return text, [f.name for f in distinct]
+
+
+def _launch_bounds(text: str, bounds: dict) -> str:
+    """Each entry's block size and the blocks an SM should hold at once (CUDA's
+    ``__launch_bounds__``: ptxas's .maxntid and .minnctapersm), so ptxas keeps the registers a
+    thread uses within what that many blocks leave it."""
+    def add(m):
+        threads, blocks = bounds.get(m.group(2), (None, None))
+        if threads is None:
+            return m.group(0)
+        return f'{m.group(1)} "nvvm.maxntid"="{threads}" "nvvm.minctasm"="{blocks}"\n{{'
+    return re.sub(r'^(define ptx_kernel void @"([^"]+)"\(.*\)[^\n{]*"no-builtins")\n\{', add, text,
+                  flags=re.M)
 
 
 def launch_kind(k) -> str:

@@ -57,6 +57,7 @@ class GroupReduceLowering(CudaLowering):
 
     kind = BLOCK_KIND
     threads = THREADS
+    blocks_per_sm = 2
 
     def __init__(self, module, k, buffers, symbols, loops_md, native_f16, emulate: bool):
         super().__init__(module, k, buffers, symbols, loops_md, native_f16)

@@ -91,6 +91,7 @@ class TiledLowering(CudaLowering):
     threads = THREADS
     tile = (BM, BN)     # the output tile of a block
     bk = BK             # the K slice a tile load takes
+    blocks_per_sm = 2   # (256 threads at up to 128 registers each)
 
     def __init__(self, module, k, buffers, symbols, loops_md, native_f16, v: dict, emulate: bool):
         super().__init__(module, k, buffers, symbols, loops_md, native_f16)
