@@ -230,10 +230,13 @@ class TensorCoreLowering(tiled.TiledLowering):
         g + 8 (i >> 1), column 2t + (i & 1) of the m16 x n8 tile."""
         b = self.b
         wm, wn, g, t4 = self._lane(tid)
+        c = lambda v: ir.Constant(I64, v)  # noqa: E731
+        rows = {(mt, h): self._index(b.add(m0, b.add(b.add(b.mul(wm, c(WM)), c(mt * 16 + 8 * h)), g)),
+                                     self.v["m"], self.M) for mt in range(MT) for h in range(2)}
+        cols = {(nt, e): self._index(b.add(n0, b.add(b.add(b.mul(wn, c(WN)), c(nt * 8 + e)),
+                                                      b.mul(t4, c(2)))), self.v["n"], self.N)
+                for nt in range(NT) for e in range(2)}
         for mt in range(MT):
             for nt in range(NT):
                 for i in range(4):
-                    r = b.add(b.add(b.mul(wm, ir.Constant(I64, WM)), ir.Constant(I64, mt * 16 + 8 * (i >> 1))), g)
-                    n = b.add(b.add(b.mul(wn, ir.Constant(I64, WN)), ir.Constant(I64, nt * 8 + (i & 1))),
-                              b.mul(t4, ir.Constant(I64, 2)))
-                    self._put(b.add(m0, r), b.add(n0, n), (mt * NT + nt) * 4 + i)
+                    self._put(rows[mt, i >> 1], cols[nt, i & 1], (mt * NT + nt) * 4 + i)

@@ -180,10 +180,12 @@ class TiledLowering(CudaLowering):
 
     def _load(self, factor, dims, width: int, tile, base, k0, tid, along_k: bool, extent) -> None:
         """This thread's elements of a ``BK x width`` tile of ``factor`` (at ``_slot``), zero
-        past the M (N) or K extent."""
+        past the M (N) or K extent: a loop LLVM leaves rolled (each element's index math and
+        expression are the bulk of the kernel's code, and of ptxas's time)."""
         b, E, bk = self.b, self.E, self.bk
-        for j in range(bk * width // self.threads):
-            e = b.add(tid, ir.Constant(I64, j * self.threads))
+        per = ir.Constant(I64, bk * width // self.threads)
+        with self.loops.loop(ir.Constant(I64, 0), per, "ld", unroll=False) as j:
+            e = b.add(tid, b.mul(j, ir.Constant(I64, self.threads)))
             if along_k:
                 kk, i = b.urem(e, ir.Constant(I64, bk)), b.udiv(e, ir.Constant(I64, bk))
             else:
@@ -228,24 +230,29 @@ class TiledLowering(CudaLowering):
         b = self.b
         ty = b.udiv(tid, ir.Constant(I64, BN // TN))
         tx = b.urem(tid, ir.Constant(I64, BN // TN))
+        rows = [self._index(b.add(m0, b.add(b.mul(ty, ir.Constant(I64, TM)), ir.Constant(I64, i))),
+                            self.v["m"], self.M) for i in range(TM)]
+        cols = [self._index(b.add(n0, b.add(b.mul(tx, ir.Constant(I64, TN)), ir.Constant(I64, j))),
+                            self.v["n"], self.N) for j in range(TN)]
         for i in range(TM):
             for j in range(TN):
-                gm = b.add(m0, b.add(b.mul(ty, ir.Constant(I64, TM)), ir.Constant(I64, i)))
-                gn = b.add(n0, b.add(b.mul(tx, ir.Constant(I64, TN)), ir.Constant(I64, j)))
-                self._put(gm, gn, i * TN + j)
+                self._put(rows[i], cols[j], i * TN + j)
 
-    def _put(self, gm, gn, slot: int) -> None:
-        """Accumulator ``slot`` of this thread through the epilogue into output (gm, gn), if
-        that is inside the output."""
+    def _index(self, g, dims, extent):
+        """(whether output row/column ``g`` is inside, its dims' indices): computed once per row
+        and per column of a thread's block, not per element."""
+        b = self.b
+        return b.icmp_unsigned("<", g, extent), delinearize(b, g, dims, self.size)
+
+    def _put(self, row, col, slot: int) -> None:
+        """Accumulator ``slot`` (a constant: it stays in a register) through the epilogue into
+        the output at ``row`` and ``col`` (``_index``), if both are inside."""
         b, E = self.b, self.E
         fn = b.block.function
-        ok = b.and_(b.icmp_unsigned("<", gm, self.M), b.icmp_unsigned("<", gn, self.N))
         put, done = fn.append_basic_block("st.in"), fn.append_basic_block("st.done")
-        b.cbranch(ok, put, done)
+        b.cbranch(b.and_(row[0], col[0]), put, done)
         b.position_at_end(put)
-        binds = {**self.zeros, **delinearize(b, gm, self.v["m"], self.size),
-                 **delinearize(b, gn, self.v["n"], self.size)}
-        with E.scope(**binds):
+        with E.scope(**{**self.zeros, **row[1], **col[1]}):
             self.store(self.finish(b.load(self.blk.at(self.acc, slot), typ=F32)))
         b.branch(done)
         b.position_at_end(done)
