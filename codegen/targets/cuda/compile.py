@@ -25,10 +25,11 @@ from mlpack.codegen.targets.cpu.plan import make_plan, output_copies, tensor_buf
 from mlpack.codegen.targets.cpu.procedure import binding_kinds
 from mlpack.codegen.targets.cuda import module as cuda_module
 from mlpack.codegen.targets.cuda import ptx as ptxmod
-from mlpack.codegen.targets.cuda import mma, rowreduce, tiled
+from mlpack.codegen.targets.cuda import mma, rowreduce, splitk, tiled
 from mlpack.codegen.targets.cuda.lower import BLOCK, GRID
 from mlpack.codegen.targets.cuda.target import CudaTarget, get_target
 from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.verify import verify
 from mlpack.spec.ir.program import encode_expr
 
 # a grid never needs more blocks than this: each thread loops over its share (2**31 - 1 is
@@ -45,11 +46,14 @@ def blocks(k, bufs) -> ex.Expr:
 
 
 def schedule(graph, disabled=frozenset(), precision: str = "fp32"):
-    """(kernels, buffers, plan, weights, launches, tiled views) of ``graph`` for the cuda
-    target; ``disabled`` may name "tiled" and "group_reduce" (those kernels then run on the
-    grid schedule) and "tensor_cores" (an fp16 or bf16 artifact's contractions then run on the
-    f32 tiles)."""
+    """(kernels, buffers, plan, weights, launches, schedules) of ``graph`` for the cuda target;
+    ``disabled`` may name "split_k" (splitk.py), "tiled" and "group_reduce" (those kernels then
+    run on the grid schedule) and "tensor_cores" (an fp16 or bf16 artifact's contractions then
+    run on the f32 tiles)."""
     reject_procedures(graph)
+    if splitk.PASS not in disabled:
+        graph = splitk.split_k(graph)
+        verify(graph)
     bufs = tensor_buffers(graph)
     kernels = build_kernels(graph, bufs)
     copies, owners = output_copies(graph, bufs, len(kernels))

@@ -200,3 +200,27 @@ def test_ptxas_assembles_tensor_core_kernels(precision, level):
     code = registry.get(level).compile(g, precision)
     assert b"mma.sync.aligned.m16n8k16.row.col.f32" in code.layers[0][1]
     assert dict(code.layers)[media.CODE_CUBIN][:4] == b"\x7fELF"
+
+
+def test_a_contraction_with_few_tiles_sums_its_k_in_parts():
+    # [64, 2048] x [2048, 64] is one 64 x 64 output tile: split_k makes it 16 parts (a batch dim
+    # of the tiled contraction) and a short sum that takes the bias as its epilogue
+    from mlpack.codegen.targets.cuda import compile as cc
+    from mlpack.codegen.targets.cuda import splitk
+
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["y"])]
+    inits = [helper.make_tensor("w", TP.FLOAT, [2048, 64], (rng.standard_normal(2048 * 64) * 0.05).tolist()),
+             helper.make_tensor("b", TP.FLOAT, [64], rng.standard_normal(64).tolist())]
+    m = helper.make_model(helper.make_graph(nodes, "skinny", [helper.make_tensor_value_info("x", TP.FLOAT, [64, 2048])],
+                                            [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits),
+                          opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    g = compile_onnx(m)
+    split = splitk.split_k(g)
+    assert len(split.ops) == len(g.ops) + 1
+    part = next(op for op in split.ops if op.out.endswith(".part"))
+    assert part.type.dims["ksplit"].value == 16
+    schedules = cc.schedule(g)[5]
+    assert sorted(s[0] for s in schedules.values()) == ["tiled"]   # (the short sum: a grid)
+    _emulated(g, {"x": rng.standard_normal((64, 2048)).astype(np.float32)})
+    assert len(cc.schedule(g, frozenset({"split_k"}))[0]) == 1
