@@ -77,3 +77,19 @@ def test_cli_ops_option(onnx_path, tmp_path):
     assert len(r.output.strip().splitlines()) == 1
     r = cli("import", onnx_path, "--ops", OPS, "--print-ir")
     assert r.exit_code == 0 and "sum{kx=3, ky=3, ci=8, k=4}" in r.output, r.output
+
+
+def test_builds_for_cuda(onnx_path, tmp_path):
+    # the custom op compiles for the GPU like any node; here (no GPU) its kernels are validated
+    # through the cuda lowering on this CPU (cuda-emulated), and the sm_90 PTX is built
+    from mlpack.packager.build import build
+
+    out = tmp_path / "caps-gpu.mlpack"
+    report = build(onnx_path, out, targets=["cuda-emulated", "cuda-sm90"], ops=[OPS], cache=False)
+    by_target = {a.target: a for a in report.artifacts}
+    assert by_target["cuda-emulated"].validated and by_target["cuda-emulated"].max_error < 1e-5
+    gpu = by_target["cuda-sm90"]
+    assert gpu.validated or "needs a CUDA GPU" in gpu.reason, gpu
+    with open_container(out) as c:
+        cuda = next(a for a in c.artifacts if a.device == "cuda")
+        assert cuda.config["custom_ops"][0]["op_type"] == "CapsConv"
