@@ -30,7 +30,7 @@ MLPACK_NATIVE_TARGET=$level timeout 150 python3 -m mlpack.conformance --native -
     --json "$OUT/nodes_cuda.json" > "$OUT/nodes_cuda.txt" 2>&1
 timeout 60 python3 -m mlpack.conformance --native --jobs 16 --json "$OUT/nodes_cpu.json" \
     > "$OUT/nodes_cpu.txt" 2>&1
-tail -5 "$OUT/nodes_cuda.txt" "$OUT/nodes_cpu.txt"
+tail -n 5 "$OUT/nodes_cuda.txt" "$OUT/nodes_cpu.txt"
 # 4. the rest of the GPU suite, as time allows
 timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/gpu -s \
     -k "not (mlp or bert or capsule or lstm or topk or squeezenet or shufflenet or resnet50)" \
