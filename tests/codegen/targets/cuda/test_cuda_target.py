@@ -224,3 +224,15 @@ def test_a_contraction_with_few_tiles_sums_its_k_in_parts():
     assert sorted(s[0] for s in schedules.values()) == ["tiled"]   # (the short sum: a grid)
     _emulated(g, {"x": rng.standard_normal((64, 2048)).astype(np.float32)})
     assert len(cc.schedule(g, frozenset({"split_k"}))[0]) == 1
+
+
+@needs_ptxas
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("name", light.NAMES)
+def test_ptxas_assembles_every_light_model(name, precision):
+    from mlpack.codegen import precisions
+
+    g = precisions.apply(precision, compile_onnx(light.random_weight_model(name, 0)))
+    for level in ("cuda-sm80", "cuda-sm90"):
+        assert dict(registry.get(level).compile(g, precision).layers)[media.CODE_CUBIN][:4] == b"\x7fELF"
