@@ -82,6 +82,48 @@ def emulated(target: str) -> str:
     return emu.qemu
 
 
+def host_lacks(target: str) -> str | None:
+    """Why this host cannot run ``target``'s native code, or None where it can.
+
+    The test selection makes (runtime/select.py): the target's OCI architecture and the CPU
+    features its artifacts' configs name, against ``detect_host()`` (which drops AMX where Linux
+    refuses the tile state). Tests that run code themselves (plan_runner.py, ctypes) ask this
+    first: an x86-64 v4 kernel on a v3 host is SIGILL, which kills the whole test process."""
+    from mlpack.codegen.targets import registry
+    from mlpack.runtime import detect_host
+    from mlpack.spec import media
+
+    t, host = registry.get(target), detect_host()
+    arch = (t.platform or {}).get("architecture")
+    if arch is None:
+        return None if t.device == "portable" else f"{target} is no cpu target"
+    if arch != host.arch:
+        return f"{target} is {arch} code, this host is {host.arch}"
+    missing = [f for f in media.config_cpu_features(t.features, arch) if f not in host.cpu_features]
+    if missing:
+        them = "it" if len(missing) == 1 else "them"
+        return f"{target} needs {', '.join(missing)}; this host lacks {them}"
+    return None
+
+
+def host_params(*targets: str) -> list:
+    """``targets`` as pytest parameters, each one this host cannot run skipped with the reason
+    (so a v4 case runs on AVX-512 hosts and says what is missing elsewhere)."""
+    import pytest
+
+    return [pytest.param(t, marks=pytest.mark.skipif(host_lacks(t) is not None,
+                                                     reason=str(host_lacks(t))))
+            for t in targets]
+
+
+def best_host_target(*targets: str) -> str:
+    """The last of ``targets`` (listed lowest level first) that this host runs; a test of what a
+    level computes runs the most specific code the host has. Fails where it runs none."""
+    runs = [t for t in targets if host_lacks(t) is None]
+    assert runs, f"this host runs none of {targets}: {[host_lacks(t) for t in targets]}"
+    return runs[-1]
+
+
 def assert_user_error(result, *parts) -> None:
     """A user mistake: exit code 2 and one paragraph ``error: ...`` naming ``parts``, no traceback."""
     assert result.exit_code == 2, result.output
