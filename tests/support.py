@@ -19,9 +19,17 @@ MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
 
 
 def oracle_outputs(model, feeds, oracle: str = "ort"):
-    if oracle == "ort":
+    """``model``'s outputs for ``feeds`` by ONNX Runtime ("ort"); by ONNX Runtime without graph
+    optimizations ("ort-unfused": QDQ nodes run as written, in float, where the optimized graph's
+    QLinearConv/MatMulInteger use u8 x s8 kernels that saturate 16-bit pair sums on x86-64 hosts
+    without VNNI, so their outputs depend on the CPU); else by ONNX's reference evaluator."""
+    if oracle in ("ort", "ort-unfused"):
         import onnxruntime as ort
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        if oracle == "ort-unfused":
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"])
         return sess.run(None, feeds)
     from onnx.reference import ReferenceEvaluator
     return ReferenceEvaluator(model).run(None, feeds)
@@ -104,6 +112,16 @@ def host_lacks(target: str) -> str | None:
         them = "it" if len(missing) == 1 else "them"
         return f"{target} needs {', '.join(missing)}; this host lacks {them}"
     return None
+
+
+def runs_native(target: str) -> bool:
+    """Whether libmlpack is built and this host runs ``target``'s native code itself (a cpu
+    target's; so ``mlpack build`` validates and times its artifacts here, not under qemu)."""
+    from mlpack.codegen.targets import registry
+    from mlpack.runtime import engine
+
+    return (registry.get(target).device == "cpu" and engine.available()
+            and host_lacks(target) is None)
 
 
 def host_params(*targets: str) -> list:
