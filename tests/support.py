@@ -4,6 +4,10 @@
 Runtime, or ONNX's reference evaluator where ONNX Runtime departs from the spec) and compares:
 same count, shapes and dtypes; integers exactly (or within ``int_slack``), floats within
 rtol/atol. conftest.py puts this folder on sys.path, so tests ``from support import check``.
+
+What the host runs: CI machines are Intel or AMD, with or without AVX-512 (x86-64 v4), VNNI,
+BF16 or AMX, so a test that runs native code asks ``host_lacks(target)`` (or uses
+``host_params``, ``best_host_target``, ``runs_native``) rather than assuming a level.
 """
 
 from __future__ import annotations

@@ -83,7 +83,8 @@ def test_load_picks_the_hosts_level_and_explains_the_others(mlp):
         reasons = [v.reason for v in m.verdicts]
     assert reasons[0] == "portable: runs anywhere; slower"
     for i in range(1, CHOSEN):
-        assert reasons[i] == f"passed over: x86-64 v{LEVEL} cpu fp32 (artifact {CHOSEN}) ranks higher"
+        assert reasons[i] == (f"passed over: x86-64 v{LEVEL} cpu fp32 (artifact {CHOSEN}) "
+                              "ranks higher")
     for i in range(CHOSEN + 1, 4):   # the levels above the host's
         assert reasons[i] == f"passed over: needs x86-64 v{i + 1}, this host is x86-64 v{LEVEL}"
     assert reasons[4] == "passed over: arm64, this host is amd64"

@@ -9,7 +9,8 @@ they do not depend on the C engine.
 
 Nothing selects here as the engine does, so ``run_plan`` refuses an artifact whose target this
 host cannot run (support.host_lacks: an AVX-512 kernel on an AVX2 host would be SIGILL, killing
-the test process); tests run such levels through ``HOST_TARGETS``, ``NARROW_AND_WIDE`` or ``best_host_target``.
+the test process); tests pick levels with ``HOST_TARGETS``, ``NARROW_AND_WIDE`` or
+``best_host_target``.
 """
 
 from __future__ import annotations

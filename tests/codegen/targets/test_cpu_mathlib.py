@@ -1,7 +1,8 @@
 """Accuracy of the cpu target's exp/log/tanh/sigmoid/erf against float64 references.
 
-Each function runs through a real kernel (a one-op graph compiled for each x86-64 level the host runs)
-over a dense grid plus special values; the bounds are the ones mathlib.py's docstring states.
+Each function runs through a real kernel (a one-op graph compiled for each x86-64 level the
+host runs) over a dense grid plus special values; the bounds are the ones mathlib.py's
+docstring states.
 """
 
 from __future__ import annotations
