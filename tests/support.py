@@ -4,6 +4,10 @@
 Runtime, or ONNX's reference evaluator where ONNX Runtime departs from the spec) and compares:
 same count, shapes and dtypes; integers exactly (or within ``int_slack``), floats within
 rtol/atol. conftest.py puts this folder on sys.path, so tests ``from support import check``.
+
+What the host runs: CI machines are Intel or AMD, with or without AVX-512 (x86-64 v4), VNNI,
+BF16 or AMX, so a test that runs native code asks ``host_lacks(target)`` (or uses
+``host_params``, ``best_host_target``, ``runs_native``) rather than assuming a level.
 """
 
 from __future__ import annotations
@@ -19,9 +23,17 @@ MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
 
 
 def oracle_outputs(model, feeds, oracle: str = "ort"):
-    if oracle == "ort":
+    """``model``'s outputs for ``feeds`` by ONNX Runtime ("ort"); by ONNX Runtime without graph
+    optimizations ("ort-unfused": QDQ nodes run as written, in float, where the optimized graph's
+    QLinearConv/MatMulInteger use u8 x s8 kernels that saturate 16-bit pair sums on x86-64 hosts
+    without VNNI, so their outputs depend on the CPU); else by ONNX's reference evaluator."""
+    if oracle in ("ort", "ort-unfused"):
         import onnxruntime as ort
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        if oracle == "ort-unfused":
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"])
         return sess.run(None, feeds)
     from onnx.reference import ReferenceEvaluator
     return ReferenceEvaluator(model).run(None, feeds)
@@ -80,6 +92,58 @@ def emulated(target: str) -> str:
     if emu is None or arch == detect_host().arch or emulate.missing(emu):
         return ""
     return emu.qemu
+
+
+def host_lacks(target: str) -> str | None:
+    """Why this host cannot run ``target``'s native code, or None where it can.
+
+    The test selection makes (runtime/select.py): the target's OCI architecture and the CPU
+    features its artifacts' configs name, against ``detect_host()`` (which drops AMX where Linux
+    refuses the tile state). Tests that run code themselves (plan_runner.py, ctypes) ask this
+    first: an x86-64 v4 kernel on a v3 host is SIGILL, which kills the whole test process."""
+    from mlpack.codegen.targets import registry
+    from mlpack.runtime import detect_host
+    from mlpack.spec import media
+
+    t, host = registry.get(target), detect_host()
+    arch = (t.platform or {}).get("architecture")
+    if arch is None:
+        return None if t.device == "portable" else f"{target} is no cpu target"
+    if arch != host.arch:
+        return f"{target} is {arch} code, this host is {host.arch}"
+    missing = [f for f in media.config_cpu_features(t.features, arch) if f not in host.cpu_features]
+    if missing:
+        them = "it" if len(missing) == 1 else "them"
+        return f"{target} needs {', '.join(missing)}; this host lacks {them}"
+    return None
+
+
+def runs_native(target: str) -> bool:
+    """Whether libmlpack is built and this host runs ``target``'s native code itself (a cpu
+    target's; so ``mlpack build`` validates and times its artifacts here, not under qemu)."""
+    from mlpack.codegen.targets import registry
+    from mlpack.runtime import engine
+
+    return (registry.get(target).device == "cpu" and engine.available()
+            and host_lacks(target) is None)
+
+
+def host_params(*targets: str) -> list:
+    """``targets`` as pytest parameters, each one this host cannot run skipped with the reason
+    (so a v4 case runs on AVX-512 hosts and says what is missing elsewhere)."""
+    import pytest
+
+    return [pytest.param(t, marks=pytest.mark.skipif(host_lacks(t) is not None,
+                                                     reason=str(host_lacks(t))))
+            for t in targets]
+
+
+def best_host_target(*targets: str) -> str:
+    """The last of ``targets`` (listed lowest level first) that this host runs; a test of what a
+    level computes runs the most specific code the host has. Fails where it runs none."""
+    runs = [t for t in targets if host_lacks(t) is None]
+    assert runs, f"this host runs none of {targets}: {[host_lacks(t) for t in targets]}"
+    return runs[-1]
 
 
 def assert_user_error(result, *parts) -> None:

@@ -16,11 +16,12 @@ import os
 import numpy as np
 import pytest
 import support
-from support import emulated
+from support import best_host_target, emulated
+from support import runs_native as _runs_here
 
 import mlpack
 from mlpack.packager.build import build
-from mlpack.runtime import detect_host, engine
+from mlpack.runtime import engine
 from mlpack.spec import accuracy, media
 from mlpack.spec.container import open_container
 
@@ -30,13 +31,6 @@ MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"
 MLP = os.path.join(MODELS, "mlp.onnx")
 BERT = os.path.join(MODELS, "bert_block.onnx")
 CPU = ["x86_64-v2", "x86_64-v3", "x86_64-v4", "aarch64", "riscv64"]
-
-
-def _runs_here(target: str) -> bool:
-    host = detect_host()
-    p = media.platform_for(target) or {}
-    level = int(p.get("variant", "v0")[1:]) if p.get("architecture") == "amd64" else 0
-    return engine.available() and p.get("architecture") == host.arch and level <= host.x86_level
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +92,7 @@ def test_bf16_products_build_and_validate_on_x86_and_arm(tmp_path):
     default aarch64 CPU has BF16), with the activations rounded (no pass dropped)."""
     report = build(MLP, tmp_path / "m.mlpack", targets=["x86_64-v4-bf16", "aarch64-bf16"],
                    precisions=["bf16"])
-    runs = {"x86_64-v4-bf16": "avx512_bf16" in detect_host().cpu_features and engine.available(),
+    runs = {"x86_64-v4-bf16": _runs_here("x86_64-v4-bf16"),
             "aarch64-bf16": bool(emulated("aarch64-bf16"))}
     for a in report.artifacts[1:]:
         assert a.precision == "bf16" and a.dropped_passes == (), a.target
@@ -108,7 +102,7 @@ def test_bf16_products_build_and_validate_on_x86_and_arm(tmp_path):
 
 
 def test_bert_block_in_bf16_is_validated(tmp_path):
-    target = {4: "x86_64-v4", 3: "x86_64-v3"}.get(detect_host().x86_level, "x86_64-v2")
+    target = best_host_target("x86_64-v2", "x86_64-v3", "x86_64-v4")
     report = build(BERT, tmp_path / "bert.mlpack", targets=[target], precisions=["bf16"])
     (a,) = [a for a in report.artifacts if a.precision == "bf16"]
     if _runs_here(target):

@@ -1,9 +1,10 @@
 """``mlpack.load`` through the C engine: the engine selects, native artifacts run in it.
 
-On an x86-64 v4 host with libmlpack built, a container with every cpu target picks x86-64 v4,
-says why each other artifact was passed over, matches ONNX Runtime, gives the portable
-artifact's outputs, runs any batch size from one artifact and validates every artifact it can
-run. Without the library, load falls back to Python's selection and the portable program, loudly.
+On an x86-64 host with libmlpack built, a container with every default cpu target picks the
+host's level (v4 with AVX-512, else v3), says why each other artifact was passed over (a level
+above the host's by what it needs), matches ONNX Runtime, gives the portable artifact's outputs,
+runs any batch size from one artifact and validates every artifact it can run. Without the
+library, load falls back to Python's selection and the portable program, loudly.
 """
 
 from __future__ import annotations
@@ -28,8 +29,13 @@ MLP = os.path.join(MODELS, "mlp.onnx")
 BERT = os.path.join(MODELS, "bert_block.onnx")
 RTOL, ATOL = 1e-4, 1e-5
 
-pytestmark = pytest.mark.skipif(not (engine.available() and detect_host().x86_level == 4),
-                                reason="needs libmlpack on an x86-64 v4 host")
+# the default build's artifacts are portable, x86-64 v2, v3, v4, aarch64, riscv64: the engine
+# chooses the host's level, artifact LEVEL - 1
+HOST = detect_host()
+LEVEL = min(HOST.x86_level or 0, 4)
+CHOSEN = LEVEL - 1
+pytestmark = pytest.mark.skipif(not (engine.available() and HOST.arch == "amd64" and LEVEL >= 2),
+                                reason="needs libmlpack on an x86-64 host")
 
 
 def _ort(path, feeds):
@@ -67,18 +73,23 @@ def _x(batch, seed=0):
 # ---------------------------------------------------------------- selection
 
 
-def test_load_picks_v4_and_explains_the_others(mlp):
+def test_load_picks_the_hosts_level_and_explains_the_others(mlp):
     with mlpack.load(mlp) as m:
-        assert (m.artifact.target, m.artifact.device, m.artifact.index) == ("x86_64-v4", "cpu", 3)
-        assert m.artifact.platform == "linux/amd64/v4" and m.engine.startswith("libmlpack ")
-        assert m.artifact.reason == ("chosen: x86-64 v4 cpu fp32 (artifact 3) is the most specific "
-                                     "artifact this host runs")
+        assert (m.artifact.target, m.artifact.device, m.artifact.index) == (
+            f"x86_64-v{LEVEL}", "cpu", CHOSEN)
+        assert m.artifact.platform == f"linux/amd64/v{LEVEL}" and m.engine.startswith("libmlpack ")
+        assert m.artifact.reason == (f"chosen: x86-64 v{LEVEL} cpu fp32 (artifact {CHOSEN}) is the "
+                                     "most specific artifact this host runs")
         reasons = [v.reason for v in m.verdicts]
     assert reasons[0] == "portable: runs anywhere; slower"
-    assert reasons[1] == reasons[2] == "passed over: x86-64 v4 cpu fp32 (artifact 3) ranks higher"
+    for i in range(1, CHOSEN):
+        assert reasons[i] == (f"passed over: x86-64 v{LEVEL} cpu fp32 (artifact {CHOSEN}) "
+                              "ranks higher")
+    for i in range(CHOSEN + 1, 4):   # the levels above the host's
+        assert reasons[i] == f"passed over: needs x86-64 v{i + 1}, this host is x86-64 v{LEVEL}"
     assert reasons[4] == "passed over: arm64, this host is amd64"
     assert reasons[5] == "passed over: riscv64, this host is amd64"
-    assert [v.runnable for v in m.verdicts] == [True, True, True, True, False, False]
+    assert [v.runnable for v in m.verdicts] == [i <= CHOSEN for i in range(4)] + [False, False]
 
 
 def test_no_fallback_warning_when_native_runs(mlp, recwarn):
@@ -100,13 +111,15 @@ def test_inspect_host_json_lists_the_engine_verdicts(mlp):
     result = cli("inspect", mlp, "--host", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["engine"].startswith("libmlpack ") and "x86-64 v4" in doc["host"]
+    assert doc["engine"].startswith("libmlpack ") and f"x86-64 v{LEVEL}" in doc["host"]
     chosen = [v for v in doc["verdicts"] if v["chosen"]]
-    assert [v["index"] for v in chosen] == [3]
+    assert [v["index"] for v in chosen] == [CHOSEN]
     assert all(v["reason"] for v in doc["verdicts"])
-    assert sum(v["reason"].startswith("passed over: ") for v in doc["verdicts"]) == 4  # v2, v3, aarch64, riscv64
+    # the other two x86-64 levels, aarch64, riscv64
+    assert sum(v["reason"].startswith("passed over: ") for v in doc["verdicts"]) == 4
     text = cli("inspect", mlp, "--host").stdout
-    assert "(selection by libmlpack" in text and "[3] chosen: x86-64 v4 cpu fp32" in text
+    assert "(selection by libmlpack" in text
+    assert f"[{CHOSEN}] chosen: x86-64 v{LEVEL} cpu fp32" in text
 
 
 # ---------------------------------------------------------------- running
@@ -131,7 +144,7 @@ def test_dynamic_batch_from_one_artifact(mlp):
 
 def test_bert_block_matches_onnxruntime_at_two_sequence_lengths(bert):
     with mlpack.load(bert) as m, mlpack.load(bert, device="portable") as p:
-        assert m.artifact.target == "x86_64-v4"
+        assert m.artifact.target == f"x86_64-v{LEVEL}"
         for batch, seq in ((1, 5), (3, 16)):
             ids = np.random.default_rng(seq).integers(0, 100, (batch, seq)).astype(np.int64)
             got = m.run({"ids": ids})
@@ -189,11 +202,15 @@ def test_bad_inputs_are_named_before_the_engine_runs(mlp):
 
 def test_validate_every_artifact_this_host_runs(mlp):
     with mlpack.load(mlp) as m:
-        for i in range(4):
+        for i in range(CHOSEN + 1):
             result = m.validate(i)
             assert result.ok and result.cases == 2 and result.artifact.index == i, result
-        assert m.validate().artifact.target == "x86_64-v4"
+        assert m.validate().artifact.target == f"x86_64-v{LEVEL}"
         assert len(m.test_vectors()) == 2
+        for i in range(CHOSEN + 1, 4):
+            with pytest.raises(Error, match=f"artifact {i} cannot run here: passed over: needs "
+                                            f"x86-64 v{i + 1}"):
+                m.validate(i)
         with pytest.raises(Error, match="artifact 4 cannot run here: passed over: arm64"):
             m.validate(4)
 
@@ -204,7 +221,7 @@ def test_the_engine_runs_a_pinned_artifact_from_the_file_itself(mlp, tmp_path, m
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     with native.open_model(mlp, artifact=1) as engine:  # x86_64-v2, not what selection picks
         assert [v.index for v in engine.artifacts if v.chosen] == [1]
-        assert "artifact 1 was requested" in engine.artifacts[3].reason
+        assert "artifact 1 was requested" in engine.artifacts[CHOSEN].reason
     with mlpack.load(mlp) as m:
         assert m.validate(1).ok
     assert os.listdir(tmp_path) == []
@@ -224,7 +241,7 @@ def test_without_libmlpack_python_selects_and_runs_portable(mlp, monkeypatch):
         m = mlpack.load(mlp)
     with m:
         assert m.artifact.device == "portable" and m.engine.startswith("python")
-        assert "which this runtime cannot execute yet" in m.verdicts[3].reason
+        assert "which this runtime cannot execute yet" in m.verdicts[CHOSEN].reason
         np.testing.assert_allclose(m(x=x)["y"], want, rtol=RTOL, atol=ATOL)
     with pytest.raises(PortableFallbackError, match="libmlpack is not built"):
         mlpack.load(mlp, strict=True)

@@ -6,6 +6,11 @@ the table's record of its kernel's (ABI 1.3: the count, and no written binding o
 weight, as the engine's plan.c does), binds symbols from the inputs' shapes, lays out the arena,
 and runs every dispatch's workgroups in order. The codegen tests use it so
 they do not depend on the C engine.
+
+Nothing selects here as the engine does, so ``run_plan`` refuses an artifact whose target this
+host cannot run (support.host_lacks: an AVX-512 kernel on an AVX2 host would be SIGILL, killing
+the test process); tests pick levels with ``HOST_TARGETS``, ``NARROW_AND_WIDE`` or
+``best_host_target``.
 """
 
 from __future__ import annotations
@@ -19,11 +24,17 @@ import numpy as np
 from mlpack.spec.ir import dtypes as dt
 from mlpack.spec.ir.expr import index_value
 from mlpack.spec.ir.graph import Graph
+from support import best_host_target, host_lacks, host_params
 
 
-# what the cpu codegen tests share: the x86-64 targets they run here and the fp32 tolerance
+# what the cpu codegen tests share: the x86-64 targets they compile, the same as parameters
+# that skip each level this host cannot run (naming what it lacks), and the fp32 tolerance
 # against ONNX Runtime (summation orders differ)
 TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
+HOST_TARGETS = host_params(*TARGETS)
+# the narrowest level (SSE, no FMA) and the widest this host runs (v4 with AVX-512, else v3),
+# for tests of what two unlike levels both compute
+NARROW_AND_WIDE = ("x86_64-v2", best_host_target("x86_64-v3", "x86_64-v4"))
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -45,6 +56,10 @@ class Dispatch(ctypes.Structure):
 
 class IndexCheckError(RuntimeError):
     """A kernel reported an index out of range (ABI 1.2): the message is the engine's."""
+
+
+class HostCannotRun(RuntimeError):
+    """The artifact's code needs CPU features (or an architecture) this host lacks."""
 
 
 KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(Dispatch), ctypes.c_uint32)
@@ -109,6 +124,10 @@ class Library:
 
 def run_plan(artifact, graph: Graph, inputs: dict[str, np.ndarray], lib: Library | None = None):
     """Run ``artifact`` on ``inputs`` (arrays in port layout); outputs by name, in port layout."""
+    why = host_lacks(artifact.target)
+    if why is not None:
+        raise HostCannotRun(f"cannot run this artifact here: {why} (pick the level with "
+                            "support.host_lacks, host_params or best_host_target)")
     lib = lib or Library(artifact.elf)
     plan = artifact.plan
     lib.check_plan(plan)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from plan_runner import IndexCheckError, Library, assert_matches_ort, run_plan
+from plan_runner import NARROW_AND_WIDE, IndexCheckError, Library, assert_matches_ort, run_plan
 
 from mlpack.codegen.compile import compile_onnx
 from mlpack.codegen.targets.cpu import compile_cpu
@@ -29,7 +29,7 @@ def embedding():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("target", ["x86_64-v2", "x86_64-v4"])
+@pytest.mark.parametrize("target", NARROW_AND_WIDE)
 def test_in_range_ids_match_onnxruntime(target):
     ids = np.random.default_rng(1).integers(-VOCAB, VOCAB, TOKENS).astype(np.int64)
     _, art = assert_matches_ort(embedding(), {"ids": ids}, target)

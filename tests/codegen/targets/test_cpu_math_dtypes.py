@@ -19,9 +19,8 @@ from mlpack.codegen.targets.cpu import compile_cpu
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.graph import Comprehension, Graph, Port, TensorType
 from mlpack.spec.ir.interp import run_graph
-from plan_runner import run_plan
+from plan_runner import HOST_TARGETS, NARROW_AND_WIDE, TARGETS, run_plan
 
-TARGETS = ("x86_64-v2", "x86_64-v3", "x86_64-v4")
 ALL_TARGETS = (*TARGETS, "aarch64")
 
 
@@ -68,7 +67,7 @@ UNARY = {
 }
 
 
-@pytest.mark.parametrize("target", ("x86_64-v2", "x86_64-v4"))
+@pytest.mark.parametrize("target", NARROW_AND_WIDE)
 @pytest.mark.parametrize("name", list(UNARY))
 def test_unary_accuracy(name, target):
     ref_fn, x, rel_bound, floor = UNARY[name]
@@ -219,7 +218,7 @@ def _every(dtype: str) -> np.ndarray:
                                                     else np.float16)
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", HOST_TARGETS)
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_half_conversions_are_exact(dtype, target):
     """Every f16/bf16 round-trips; f32 values (ties, overflow, denormals) round to nearest even."""

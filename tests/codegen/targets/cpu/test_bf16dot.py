@@ -27,16 +27,14 @@ from mlpack.codegen.targets.cpu import bf16dot, compile_cpu
 from mlpack.codegen.targets.cpu.compile import schedule_kernels
 from mlpack.codegen.targets.cpu.gemm import pack_pairs
 from mlpack.codegen.targets.cpu.target import get_target
-from mlpack.runtime import detect_host
 from mlpack.spec.ir.interp import run_graph
-from support import one_output_model, oracle_outputs
+from support import host_lacks, one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from plan_runner import rand, run_plan   # noqa: E402  (tests/codegen/targets/plan_runner.py)
 
 TARGET = "x86_64-v4-bf16"
-HAS_BF16 = "avx512_bf16" in detect_host().cpu_features
-needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="the host has no AVX512_BF16")
+needs_bf16 = pytest.mark.skipif(host_lacks(TARGET) is not None, reason=str(host_lacks(TARGET)))
 
 
 def test_pairs_are_adjacent_k_of_one_column():

@@ -24,7 +24,7 @@ from onnx import helper
 from support import one_output_model, oracle_outputs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plan_runner import ATOL, RTOL, TARGETS, rand, run_plan  # tests/codegen/targets/plan_runner.py
+from plan_runner import ATOL, HOST_TARGETS, RTOL, rand, run_plan  # tests/codegen/targets/plan_runner.py
 
 F = TP.FLOAT
 
@@ -67,14 +67,14 @@ def concat_affine_case(batch=1):
     return m, {"a": rand(batch, 6, 9, 11, seed=1), "b": rand(batch, 4, 9, 11, seed=2)}
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", HOST_TARGETS)
 @pytest.mark.parametrize("n_in,batch,pads", [(2, 1, 0), (4, 1, 1), (3, 2, 0)])
 def test_concat_into_pooling(target, n_in, batch, pads):
     m, feeds = concat_pool_case(n_in, batch, pads)
     check(m, feeds, target)
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", HOST_TARGETS)
 @pytest.mark.parametrize("batch", [1, 2])
 def test_concat_into_map(target, batch):
     m, feeds = concat_affine_case(batch)
@@ -88,7 +88,7 @@ def _with_nans(*shape, seed=0):
     return x
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", HOST_TARGETS)
 def test_minmax_propagate_nan(target):
     nodes = [helper.make_node("Max", ["a", "b"], ["p"]), helper.make_node("Min", ["p", "a"], ["q"]),
              helper.make_node("Relu", ["q"], ["y"])]
@@ -97,7 +97,7 @@ def test_minmax_propagate_nan(target):
           oracle="interp")
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", HOST_TARGETS)
 @pytest.mark.parametrize("op", ["MaxPool", "ReduceMax"])
 def test_max_reductions_propagate_nan(target, op):
     if op == "MaxPool":

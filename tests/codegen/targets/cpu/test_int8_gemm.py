@@ -25,17 +25,14 @@ from mlpack.codegen.targets.cpu import compile_cpu
 from mlpack.codegen.targets.cpu.compile import schedule_kernels
 from mlpack.codegen.targets.cpu.gemm import pack_pairs
 from mlpack.codegen.targets.cpu.target import get_target
-from mlpack.runtime import detect_host
 from mlpack.spec.ir.interp import run_graph
-from support import one_output_model
+from support import host_lacks, host_params, one_output_model
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from plan_runner import rand, run_plan   # noqa: E402  (tests/codegen/targets/plan_runner.py)
 
 VNNI = "x86_64-v4-vnni"
-HOST = detect_host().cpu_features
-RUNS = {"x86_64-v2": "sse4_2" in HOST, "x86_64-v4": "avx512f" in HOST and "avx512bw" in HOST,
-        VNNI: "avx512_vnni" in HOST}
+X86 = ("x86_64-v2", "x86_64-v3", "x86_64-v4", VNNI)   # widened i32 lanes, then vpdpbusd quads
 
 
 def test_quads_are_four_adjacent_k_of_one_column():
@@ -95,11 +92,9 @@ def test_every_int8_contraction_is_a_gemm_and_quads_need_vnni(case):
                    for k in ints), target
 
 
-@pytest.mark.parametrize("target", list(RUNS))
+@pytest.mark.parametrize("target", host_params(*X86))
 @pytest.mark.parametrize("case", list(CASES))
 def test_int8_kernels_give_the_interpreters_outputs(case, target):
-    if not RUNS[target]:
-        pytest.skip(f"this host cannot run {target}")
     g, feeds = _int8(case)
     got = run_plan(compile_cpu(g, target), g, feeds)[g.outputs[0].name]
     want = run_graph(g, feeds)[g.outputs[0].name]
@@ -121,7 +116,7 @@ def test_every_level_computes_the_same_integers_chunked_k_included(tmp_path):
 
     m, _ = _conv(cin=64, mid=256, size=6)
     onnx.save(m, tmp_path / "conv.onnx")
-    targets = ["x86_64-v2", "x86_64-v4", VNNI, "aarch64", "aarch64-dotprod", "aarch64-i8mm"]
+    targets = [*X86, "aarch64", "aarch64-dotprod", "aarch64-i8mm"]
     g = precisions.apply("int8", compile_onnx(m), precisions.calibrate(
         "int8", compile_onnx(m), [{"x": rand(1, 64, 6, 6, seed=s)} for s in (1, 2)]))
     _, kernels, _, _, _ = schedule_kernels(g, get_target("aarch64-dotprod"))
@@ -131,6 +126,6 @@ def test_every_level_computes_the_same_integers_chunked_k_included(tmp_path):
                    precisions=["int8"])
     ran = {a.target: a.max_error for a in report.artifacts if a.precision == "int8" and a.validated}
     for t in targets:
-        if RUNS.get(t) or emulated(t):
+        if host_lacks(t) is None or emulated(t):
             assert t in ran, t
     assert len(ran) >= 2 and max(ran.values()) <= min(ran.values()) * (1 + 1e-3), ran

@@ -19,7 +19,7 @@ from mlpack.codegen.targets.cpu import compile as cpu_compile
 from mlpack.codegen.targets.cpu import module
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from plan_runner import Library, rand, run_plan  # noqa: E402
+from plan_runner import NARROW_AND_WIDE, Library, rand, run_plan  # noqa: E402
 
 F = TP.FLOAT
 
@@ -42,12 +42,8 @@ def _model():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-@pytest.mark.parametrize("target", ["x86_64-v2", "x86_64-v4"])
+@pytest.mark.parametrize("target", NARROW_AND_WIDE)
 def test_parts_link_into_the_same_library(target, monkeypatch, tmp_path):
-    from mlpack.runtime import detect_host
-
-    if target == "x86_64-v4" and (detect_host().x86_level or 0) < 4:
-        pytest.skip("this host does not run x86-64 v4")
     g = compile_onnx(_model())
     feeds = {"x": rand(1, 3, 14, 14, seed=4)}
     arts, outs = [], []
