@@ -211,7 +211,7 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
         return ex.const(1)
     if k.gemm is not None:   # a gemm kernel shares out tiles (contraction.py)
         return contraction.workgroups(k, out)
-    outer, _ = row_dim(out)
+    outer, _ = row_dim(out, k.blocked)
     rows = ex.product([*[out.sizes[d] for d in outer], ex.const(k.row_chunks)])
     work = ex.product([*out.sizes.values(), *k.rdims.values(), ex.const(k.window)])
     per = ex.binary("max", ex.const(1), ex.binary(
