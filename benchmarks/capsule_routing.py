@@ -20,7 +20,8 @@ float64 maths, inverse temperature 0.01):
 mlpack and ONNX Runtime (``best``) alternate in this process (packager/bench.py's
 ``time_alternating``) at each thread count; each model's peak memory is that of a child process
 that loads and runs only it (``peak_rss``); each output's error is against the float64
-reference. Prints one line per thread count and the peaks.
+reference. Prints one line per thread count (the medians and their ratios, and the fastest
+runs', the steadier measure on a shared machine) and the peaks.
 """
 
 from __future__ import annotations
@@ -239,11 +240,14 @@ def main(argv=None) -> int:
                 got = r if isinstance(r, dict) else dict(zip(("mu", "a"), r))
                 errs[name] = max(rel_error(got["mu"], want["mu"]), rel_error(got["a"], want["a"]))
             ms = {n: 1e3 * v.median_s for n, v in t.items()}
+            fast = {n: 1e3 * v.min_s for n, v in t.items()}
             print(f"{threads} thread(s): mlpack {ms['mlpack']:.1f} ms ({mod.artifact.target}), "
                   f"ORT best {ms['ort_best']:.1f} ms ({ms['ort_best'] / ms['mlpack']:.1f}x), "
                   f"ORT framework {ms['ort_framework']:.1f} ms "
-                  f"({ms['ort_framework'] / ms['mlpack']:.1f}x); max rel. error vs float64: "
-                  + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()))
+                  f"({ms['ort_framework'] / ms['mlpack']:.1f}x); fastest runs: mlpack "
+                  f"{fast['mlpack']:.1f} ms, ORT best {fast['ort_best'] / fast['mlpack']:.1f}x, "
+                  f"framework {fast['ort_framework'] / fast['mlpack']:.1f}x; max rel. error vs "
+                  "float64: " + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()))
             del mod, best, fw
         peaks = {"mlpack": peak_rss("mlpack", path, feeds, 1),
                  "ort_best": peak_rss("ort", files["best"], feeds, 1),

@@ -608,8 +608,10 @@ def _model_name(proto, model, name: str | None) -> str:
 def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=()):
     """(inputs, the baseline's outputs, float64 reference outputs), one dict per case; the
     baseline is ONNX Runtime, or with DSL custom ops (``custom``) the fp32 interpreter
-    (packager/customops.py)."""
-    from mlpack.packager.reference import float64_outputs
+    (packager/customops.py). The interpreter evaluates the model as imported, before any pass
+    (``reference.as_written``): what the artifacts are judged against owes nothing to the
+    compiler's rewrites."""
+    from mlpack.packager.reference import as_written, float64_outputs
 
     if inputs is None:
         feeds = tv.random_cases(graph, dims=dims, cases=cases, seed=seed)
@@ -618,8 +620,9 @@ def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=()):
         feeds = [case for one in many for case in
                  (tv.user_case(one, graph, "inputs") if isinstance(one, dict)
                   else tv.load_npz(one, graph))]
-    outputs = customops.baseline_outputs(proto, graph, feeds, custom)
-    return feeds, outputs, float64_outputs(graph, feeds)
+    source = as_written(proto)
+    outputs = customops.baseline_outputs(proto, source, feeds, custom)
+    return feeds, outputs, float64_outputs(source, feeds)
 
 
 class ReferenceMismatchError(BuildError):

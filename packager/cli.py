@@ -440,9 +440,11 @@ def build_cmd(
                f"{len(report.artifacts)} artifact{'s' * (len(report.artifacts) != 1)}, "
                f"{report.cases} test case{'s' * (report.cases != 1)} ({report.reference})"
                + _cache_note(report.cache))
+    from mlpack.spec.accuracy import baseline_word
+
     for a in report.artifacts:
         typer.echo(f"  {a.target} {a.precision}: "
-                   f"{_artifact_state(a, _baseline_word(report.reference))}{_dropped(a)}")
+                   f"{_artifact_state(a, baseline_word(report.reference))}{_dropped(a)}")
 
 
 def _cache_note(cache: dict) -> str:
@@ -451,12 +453,6 @@ def _cache_note(cache: dict) -> str:
         return ""
     return (f"; {cache['hits']} of {cache['hits'] + cache['misses']} artifacts' code from the "
             "kernel cache")
-
-
-def _baseline_word(baseline: str | None) -> str:
-    """What a transcript calls the baseline: ONNX Runtime, or for a model with custom DSL ops
-    (packager/customops.py) the fp32 interpreter."""
-    return "fp32 interpreter" if (baseline or "").startswith("mlpack interpreter") else "ONNX Runtime"
 
 
 def _artifact_state(a, baseline: str = "ONNX Runtime") -> str:
@@ -580,6 +576,23 @@ def _host_doc(container) -> dict:
     return {"host": host.describe(), "engine": engine.describe_engine(), "verdicts": rows}
 
 
+def _custom_ops_doc(container) -> list[dict]:
+    """The custom ops written in the DSL that the artifacts record (spec/SPEC.md, "Custom
+    ops"), each (domain, op type, source digest) once: which function defines it, the digest
+    of its module's source, and the source itself."""
+    seen, out = set(), []
+    for art in container.artifacts:
+        if not art.present:
+            continue
+        for op in art.config.get("custom_ops") or []:
+            key = (op.get("domain"), op.get("op_type"), op.get("sha256"))
+            if key not in seen:
+                seen.add(key)
+                out.append({k: op.get(k) for k in ("domain", "op_type", "function", "language",
+                                                   "sha256", "source")})
+    return out
+
+
 def inspect_doc(container, host: bool) -> dict:
     """Everything ``mlpack inspect`` shows, as one JSON-able document."""
     model = next(a for a in container.artifacts if a.present).config["model"]
@@ -587,6 +600,7 @@ def inspect_doc(container, host: bool) -> dict:
            "format_version": ".".join(map(str, container.format_version)),
            "model": container.name, "tag": container.tag, "sizes": _layer_sizes(container),
            "inputs": model["inputs"], "outputs": model["outputs"],
+           "custom_ops": _custom_ops_doc(container),
            "artifacts": [_artifact_doc(a) for a in container.artifacts],
            "signature": _signature_doc(container)}
     if host:
@@ -606,6 +620,10 @@ def _inspect_lines(doc: dict) -> list[str]:
              f"test vectors {_bytes(sizes['vectors'])}"]
     lines += [f"input:      {_sig_text(s)}" for s in doc["inputs"]]
     lines += [f"output:     {_sig_text(s)}" for s in doc["outputs"]]
+    for op in doc.get("custom_ops", []):
+        source = op.get("source") or ""
+        lines.append(f"custom op:  {op['domain']} {op['op_type']} = {op['function']} "
+                     f"({len(source.splitlines())} lines of source, sha256 {op['sha256']})")
     lines.append(f"artifacts:  {len(doc['artifacts'])}")
     for a in doc["artifacts"]:
         if not a.get("present", True):   # a partial container's (spec/SPEC.md section 2)
@@ -765,9 +783,11 @@ def _blind_spots(path: str) -> list[str]:
 def _accuracy_text(acc: dict) -> str:
     """A config's recorded accuracy in a few words: against float64 (format 1.1) or, in a 1.0
     container, the max abs error against what its vectors were computed by."""
+    from mlpack.spec.accuracy import baseline_word
+
     if "max_error" in acc or "baseline" in acc:
         return (f"max err {_err(acc.get('max_error'))} vs float64 "
-                f"({_baseline_word(acc.get('baseline'))} {_err(acc.get('baseline_max_error'))})")
+                f"({baseline_word(acc.get('baseline'))} {_err(acc.get('baseline_max_error'))})")
     return f"max abs err {_err(acc.get('max_abs_error'))} vs {acc.get('reference', '?')}"
 
 

@@ -5,8 +5,9 @@ op needs their values at compile time, as ``mlpack.backend`` does) and evaluates
 with ``spec.ir.interp.run_graph``. Wrong names, ranks and dtypes are ``InputError``s naming
 the input, before anything runs.
 
-``float64_outputs(graph, cases)`` is the build's oracle (``spec/accuracy.py``): the compiled
-graph with every f32, f16 and bf16 value widened to float64 (``widen``), so what it computes is
+``float64_outputs(graph, cases)`` is the build's oracle (``spec/accuracy.py``): the graph (the
+build gives it the model as imported, ``as_written``, before any pass) with every f32, f16 and
+bf16 value widened to float64 (``widen``), so what it computes is
 the model's arithmetic with rounding errors some 1e-9 of fp32's. The inputs and the constants
 keep their values (an fp32 weight is exactly representable in float64); fp8 and fp4 types are
 quantization formats whose rounding is the model's meaning, so they stay as they are.
@@ -143,6 +144,20 @@ def widen(graph: Graph) -> Graph:
                                      {n: w.type(t) for n, t in op.locals_.items()},
                                      dict(op.bounds)))
     return out
+
+
+def as_written(proto) -> Graph:
+    """The model as imported, verified, before any pass of the pipeline: the graph the build's
+    references evaluate, so that a pass that changed what the model computes shows up as an
+    artifact that misses its tolerance, not as a reference that moved with it (and a pass
+    that trades memory for recomputation, codegen/passes/recompute.py, does not make the
+    interpreter recompute)."""
+    from mlpack.codegen.onnx.importer import import_model
+    from mlpack.spec.ir.verify import verify
+
+    graph = import_model(proto)
+    verify(graph)
+    return graph
 
 
 def float64_outputs(graph: Graph, cases: list[dict]) -> list[dict]:

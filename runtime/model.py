@@ -125,8 +125,8 @@ class ArtifactInfo:
 
 @dataclass(frozen=True)
 class OutputCheck:
-    """One output over every test case: its errors against the float64 reference, ONNX
-    Runtime's (the baseline), the bound they set and the verdict (``spec/accuracy.py``).
+    """One output over every test case: its errors against the float64 reference, the
+    baseline's (ONNX Runtime's, or the fp32 interpreter's for custom ops), the bound they set and the verdict (``spec/accuracy.py``).
 
     A container written before the float64 reference (format 1.x with no ``reference64``
     vectors) is judged as it was written, by its config's rtol/atol against the recorded
@@ -145,6 +145,7 @@ class OutputCheck:
     note: str = ""
     rtol: float | None = None
     atol: float | None = None
+    baseline: str = "ONNX Runtime"   # what the baseline is (accuracy.baseline_word)
 
     @property
     def max_rel_error(self) -> float:  # the name the format's 1.0 configs used
@@ -165,7 +166,7 @@ class OutputCheck:
                     f"atol {self.atol:g}, rtol {self.rtol:g})")
         return accuracy.bound_text(self.name, self.max_error, self.allowed_max_error,
                                    self.rel_l2, self.allowed_rel_l2, self.baseline_max_error,
-                                   self.baseline_rel_l2)
+                                   self.baseline_rel_l2, self.baseline)
 
 
 @dataclass(frozen=True)
@@ -570,15 +571,18 @@ def judge_vectors(art: Artifact, cases: list, got: list[dict], reason: str,
     wants = [want for _, want, _ in cases]
     if cases and all(ref for _, _, ref in cases):
         checks = _judged(names, got, wants, [ref for _, _, ref in cases],
-                         accuracy.tolerance_for(art.precision, acc.get("tolerance")))
+                         accuracy.tolerance_for(art.precision, acc.get("tolerance")),
+                         accuracy.baseline_word(acc.get("baseline")))
     else:  # written before the float64 reference: its own rtol/atol against its outputs
         checks = _legacy_checks(names, got, wants, float(acc.get("rtol", 1e-5)),
                                 float(acc.get("atol", 1e-6)))
     return ValidationResult(_artifact_info(art, reason), len(cases), checks, emulator)
 
 
-def _judged(names, got: list, baseline: list, refs: list, tol) -> tuple[OutputCheck, ...]:
-    """Each output over the cases, against the float64 reference (spec/accuracy.py)."""
+def _judged(names, got: list, baseline: list, refs: list, tol,
+            word: str) -> tuple[OutputCheck, ...]:
+    """Each output over the cases, against the float64 reference (spec/accuracy.py);
+    ``word`` names the baseline in messages."""
     out = []
     for name in names:
         mine, base = accuracy.Errors(), accuracy.Errors()
@@ -590,7 +594,7 @@ def _judged(names, got: list, baseline: list, refs: list, tol) -> tuple[OutputCh
         v = accuracy.judge(name, mine, base, tol)
         out.append(OutputCheck(name, mine.max_error, mine.rel_l2, mine.max_abs_error, v.ok,
                                v.allowed_max_error, v.allowed_rel_l2, base.max_error,
-                               base.rel_l2, mine.top1, mine.problem()))
+                               base.rel_l2, mine.top1, mine.problem(), baseline=word))
     return tuple(out)
 
 

@@ -235,11 +235,22 @@ class OutputVerdict:
                           self.allowed_rel_l2, self.baseline.max_error, self.baseline.rel_l2)
 
 
+def baseline_word(baseline: str | None) -> str:
+    """What a message calls the baseline a config or vectors name (``accuracy.baseline``):
+    ONNX Runtime, or, for a model with custom ops written in the DSL, which ONNX Runtime cannot
+    run (packager/customops.py: "mlpack interpreter fp32 (custom ops: ...)"), the fp32
+    interpreter."""
+    return "fp32 interpreter" if (baseline or "").startswith("mlpack interpreter") \
+        else "ONNX Runtime"
+
+
 def bound_text(name: str, max_error: float, allowed_max_error: float, rel_l2: float,
-               allowed_rel_l2: float, baseline_max_error: float, baseline_rel_l2: float) -> str:
-    """An output's errors beside their bounds and ONNX Runtime's own, in one clause."""
+               allowed_rel_l2: float, baseline_max_error: float, baseline_rel_l2: float,
+               baseline: str = "ONNX Runtime") -> str:
+    """An output's errors beside their bounds and the baseline's own (``baseline``: its name,
+    ``baseline_word``), in one clause."""
     return (f"output {name!r}: max error {max_error:.3g} (allowed {allowed_max_error:.3g}), "
-            f"rel L2 {rel_l2:.3g} (allowed {allowed_rel_l2:.3g}); ONNX Runtime's own: "
+            f"rel L2 {rel_l2:.3g} (allowed {allowed_rel_l2:.3g}); {baseline}'s own: "
             f"{baseline_max_error:.3g}, {baseline_rel_l2:.3g}")
 
 
@@ -288,4 +299,4 @@ def blind_spots(references: list[dict]) -> list[str]:
 
 __all__ = ["REFERENCE", "REFERENCES_AGREE", "disagreement", "Tolerance", "TOLERANCES",
            "tolerance_for", "Errors", "measure",
-           "OutputVerdict", "judge", "bound_text", "blind_spots", "is_float"]
+           "OutputVerdict", "judge", "baseline_word", "bound_text", "blind_spots", "is_float"]

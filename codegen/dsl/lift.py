@@ -74,7 +74,8 @@ def op(fn=None, **declared):
                                f"({p}.rename({d}=...))")
         if trace is None or not extra:
             return fn(*bound.args, **bound.kwargs)
-        trace.lifted.append((fn.__name__, frozenset(extra)))
+        trace.lifted.append((fn.__name__, {d: bound.arguments[p].sizes[d]
+                                           for d, p in extra.items()}))
         try:
             return fn(*bound.args, **bound.kwargs)
         finally:

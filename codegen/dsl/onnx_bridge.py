@@ -42,7 +42,7 @@ def _inputs(c: CustomOp, node, trace: Trace, where: str) -> tuple[dict, set]:
     if len(node.input_names) > len(c.inputs):
         raise DslError(f"{where}: the node has {len(node.input_names)} inputs, the op is "
                        f"registered with {len(c.inputs)} ({', '.join(c.inputs)})")
-    args, lifted = {}, set()
+    args, lifted = {}, {}
     for k, (param, layout) in enumerate(c.inputs.items()):
         v = node.input(k)
         if v is None:
@@ -57,11 +57,13 @@ def _inputs(c: CustomOp, node, trace: Trace, where: str) -> tuple[dict, set]:
             raise DimError(f"{where}: input {param} has {extra} more axes than its dims, lifted "
                            f"as {', '.join(names[:extra])}, but the op names a dim "
                            f"{sorted(clash)[0]} itself; rename it in the registration")
-        lifted.update(names[:extra])
         sizes = {n: Size(s, f"input {param}'s {n} (axis {a})")
                  for a, (n, s) in enumerate(zip(names, v.shape))}
+        for n in names[:extra]:
+            lifted.setdefault(n, sizes[n])
         args[param] = Value(v.at([ex.var(n) for n in names]), sizes, label=param, trace=trace)
-    return args, lifted
+    # outermost first, as they lead the outputs' axes
+    return args, {n: lifted[n] for n in sorted(lifted, key=_lifted_index, reverse=True)}
 
 
 def _attributes(c: CustomOp, node, where: str) -> dict:
@@ -97,7 +99,7 @@ def import_node(c: CustomOp, b, node) -> list:
         args.update(_attributes(c, node, where))
         with trace:
             if lifted:
-                trace.lifted.append((f"{where} ({c.function})", frozenset(lifted)))
+                trace.lifted.append((f"{where} ({c.function})", lifted))
             out = results(call_by_name(c.fn, args, where), list(c.outputs))
             values = []
             for i, (oname, layout) in enumerate(c.outputs.items()):

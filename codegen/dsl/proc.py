@@ -13,6 +13,14 @@ Each statement is the IR's (spec/ir/graph.py): ``loop`` is ``for``, ``while_``/`
 re-index them; every other dim is read at the variable of its own name, which must then be a
 loop variable in scope (a ``DimError`` says which is not). The op joins the graph when the
 ``with`` block ends; its outputs are tensors like any other.
+
+**Lifting.** Inside a lifted call (an ``op`` applied to inputs with more dims, or a custom ONNX
+op whose inputs have more axes than it names: lift.py, onnx_bridge.py), the procedure runs once
+per element of the dims it is lifted over: its statements are wrapped in loops over them
+(outermost first), its outputs and scratch tensors get them as leading dims, and since those
+dims are then loop variables, every read and store is at the current element, locals start
+afresh for each. A data-dependent size cannot be lifted (each element would set its own), and
+the procedure may not name a lifted dim itself: both are refused by name.
 """
 
 from __future__ import annotations
@@ -51,12 +59,25 @@ class ProcedureBuilder:
         self._blocks = [self.body]
         self._scope: list[set[str]] = [set()]
         self._locals: dict[str, str] = {}
+        self.lifted: dict = {}           # dim -> Size, outermost first
+        for _, dims in trace.lifted:
+            for d, size in dims.items():
+                self.lifted.setdefault(d, size)
+        for d, size in self.lifted.items():   # one run of the statements per lifted element
+            loop = For(d, size.expr, [])
+            self._blocks[-1].append(loop)
+            self._blocks.append(loop.body)
+            self._scope.append({d})
 
     # ---------------------------------------------------------------- tensors and sizes
     def _tensor(self, kind: dict, dtype: str, name: str | None, sizes: dict) -> Value:
         if not sizes:
             raise DslError("a procedure's tensor needs at least one dim (name=size)")
-        dims = {check_dim_name(d): size_expr(s, f"dim {d}") for d, s in sizes.items()}
+        for d in sizes:
+            self.trace.check_not_lifted(check_dim_name(d), f"its procedure has a tensor with "
+                                        f"a dim {d}")
+        dims = {d: s.expr for d, s in self.lifted.items()}
+        dims.update((d, size_expr(s, f"dim {d}")) for d, s in sizes.items())
         tname = self.trace.fresh(name or "proc")
         self.trace.graph.types[tname] = kind[tname] = TensorType(dtype, dims)
         self.trace.made.add(tname)
@@ -73,6 +94,10 @@ class ProcedureBuilder:
     def size(self, name: str, bound) -> ex.Expr:
         """A size the procedure sets (``set_size``), allocated at ``bound``: use it as a dim's
         size in ``output``."""
+        if self.lifted:
+            raise DslError(f"size {name}: a data-dependent size cannot be lifted over "
+                           f"{', '.join(self.lifted)} (each element would set its own); give "
+                           "the op inputs with only the dims it is about")
         self.bounds[check_dim_name(name)] = size_expr(bound, f"size {name}")
         return ex.sym(name)
 
@@ -145,6 +170,7 @@ class ProcedureBuilder:
         dim's size (``p.loop(x.dim("n"))``) or that of the procedure's tensors' dim of that
         name."""
         name = var.name if isinstance(var, Dim) else check_dim_name(var)
+        self.trace.check_not_lifted(name, f"its procedure loops over {name}")
         if extent is None and isinstance(var, Dim) and var.sizes[name] is not None:
             extent = var.sizes[name].expr          # p.loop(x.dim("n")): x's size of n
         if extent is None:

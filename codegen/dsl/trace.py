@@ -41,7 +41,8 @@ class Trace:
         self.graph = graph
         self._fresh = fresh
         self._counter = itertools.count()
-        self.lifted: list[tuple[str, frozenset]] = []   # (operator, dims it is lifted over)
+        # (operator, {dim it is lifted over: its Size}), outermost call first
+        self.lifted: list[tuple[str, dict]] = []
         self.procedure = None                            # the procedure being written, if any
         self.made: set[str] = set()                      # tensors this trace's ops define
 

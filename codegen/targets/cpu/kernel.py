@@ -43,11 +43,20 @@ class Kernel:
     epilogue: Expr | None = None   # over the output's dim vars and var kernels.ACC
     strategy: str = "map"          # "map", "row", "inner" (kernels.py), "gemm", "procedure"
     row_chunks: int = 1            # workgroup units per row (rows too few to share out)
+    # outer dims of the output that one unit walks whole with its row
+    # (kernels.block_rows: a reduction's operand that does not vary along them is read once
+    # per unit and reduction step instead of once per row)
+    block: tuple[str, ...] = ()
     reads: list[str] = field(default_factory=list)
     fused: list[str] = field(default_factory=list)   # IR ops it computes, for messages
     gemm: object = None            # gemm.Contraction or depthwise.Direct when strategy == "gemm"
     window: int = 1                # terms per element of an unrolled window (unroll_window)
     checks: list = field(default_factory=list)   # (tensor, dim) per index check, once lowered
+
+    @property
+    def blocked(self) -> tuple[str, ...]:
+        """``block`` where it applies: a row reduction's (a kernel made a gemm later has none)."""
+        return self.block if self.strategy == "row" else ()
 
 
 def exact_bytes(buf: Buffer) -> Expr:

@@ -14,6 +14,10 @@ of two ways, whichever gives more unit-stride reads in the innermost loop:
   output buffer (matmul with a row-major right operand, convolution over output columns);
 * ``inner``: the row loop goes outside and one reduction dim is innermost, accumulating in a
   scalar (dot products, softmax and layernorm statistics, argmax).
+
+A ``row`` reduction may take a few outer dims into each unit (``block_rows``), walked inside
+each reduction step around the row: an operand that does not move along them is then read once
+for all of the unit's rows.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ MAX_WORKGROUPS = 256
 MIN_ROW_CHUNK = 16           # rows are split into chunks no shorter than this
 MAX_WINDOW = 16              # window positions a max/min pooling is unrolled over
 ROW_BIAS = 0.5               # how much the row strategy is preferred at equal scores
+ROW_BLOCK = 4096             # elements of the rows one unit of a blocked row kernel walks
+MIN_UNITS = 64               # units a blocked row kernel leaves to share out at least
+L1_BYTES = 32768             # what a row's operands may touch and still be in L1 for the next
 
 
 # ---------------------------------------------------------------- helpers
@@ -157,12 +164,13 @@ def _score(body: Expr, v: str, extent: Expr, buffers) -> float:
     return score
 
 
-def row_dim(buf: Buffer) -> tuple[list[str], str | None]:
-    """(outer dims, row dim) of a kernel writing ``buf``."""
+def row_dim(buf: Buffer, block=()) -> tuple[list[str], str | None]:
+    """(outer dims, row dim) of a kernel writing ``buf``; the outer dims leave out ``block``
+    (``Kernel.block``: walked inside each unit with the row)."""
     dims = [d for d in buf.layout if not is_one(buf.sizes[d])]
     if not dims:
         return [], None
-    return dims[:-1], dims[-1]
+    return [d for d in dims[:-1] if d not in block], dims[-1]
 
 
 def _row_chunks(k: Kernel, out: Buffer) -> int:
@@ -203,10 +211,62 @@ def schedule(k: Kernel, out: Buffer, buffers: dict[str, Buffer]) -> None:
     if can_row and (best is None or _score(k.body, row, out.sizes[row], buffers) + ROW_BIAS
                     >= scores[best]):
         k.strategy = "row"
+        block_rows(k, out)
         return
     k.strategy = "inner"
     if best is not None:
         k.rdims = {**{r: s for r, s in k.rdims.items() if r != best}, best: k.rdims[best]}
+
+
+def _streams(read: Expr, dims) -> bool:
+    """Whether ``read``'s index moves with any of ``dims``."""
+    return any(ex.free_vars(i) & set(dims) for i in read.args)
+
+
+def _footprint(reads: list[Expr], k: Kernel, out: Buffer, row: str) -> int:
+    """Bytes ``reads`` touch over one row's whole reduction (each read over the reduction dims
+    and the row dim it moves with; constant extents only, others count as 1)."""
+    total = 0
+    for r in reads:
+        n = dt.bits(r.dtype) // 8 or 1
+        for d, size in [*k.rdims.items(), (row, out.sizes[row])]:
+            if _streams(r, [d]) and size.is_const:
+                n *= size.value
+        total += n
+    return total
+
+
+def block_rows(k: Kernel, out: Buffer) -> None:
+    """A ``row`` reduction walks, in each unit, the outer dims (innermost first) whose extents
+    are small constants and along which some operand that streams with the reduction does not
+    move (the capsule routing's transformation matrices W[.., k, j, co] do not vary
+    with the pose row i nor the position y), those along which the most bytes stay put first: that operand is then read once per unit and reduction step, not once
+    per row, which is what bounded such kernels (each row re-read all of W from L2). The rows
+    of a unit are at most ROW_BLOCK elements (their accumulators stay in L1), at least
+    MIN_UNITS units are left to share out, and what stays put along a blocked dim touches more
+    than L1_BYTES per row (less is read from L1 by the next row anyway)."""
+    if k.strategy != "row" or k.row_chunks != 1 or not k.rdims:
+        return
+    dims = [d for d in out.layout if not is_one(out.sizes[d])]
+    if len(dims) < 2 or not all(out.sizes[d].is_const for d in dims):
+        return
+    reads = [n for n in ex.walk(k.body) if n.op == "read" and _streams(n, k.rdims)]
+    size, units = out.sizes[dims[-1]].value, 1
+    for d in dims[:-1]:
+        units *= out.sizes[d].value
+    # the dims along which the most bytes stay put first (ties: the innermost)
+    reuse = {d: _footprint([r for r in reads if not _streams(r, [d])], k, out, dims[-1])
+             for d in dims[:-1]}
+    block: list[str] = []
+    for d in sorted(reversed(dims[:-1]), key=lambda d: -reuse[d]):
+        n = out.sizes[d].value
+        if reuse[d] <= L1_BYTES:
+            break   # what stays put along d is in L1 for the next row anyway
+        if size * n > ROW_BLOCK or units // n < MIN_UNITS:
+            continue
+        block.append(d)
+        size, units = size * n, units // n
+    k.block = tuple(d for d in dims if d in block)   # (in layout order)
 
 
 # ---------------------------------------------------------------- building

@@ -114,7 +114,7 @@ class KernelLowering:
             self._emit_gemm(wg, count)
             self._finish_checks(err, status)
             return
-        outer, row = row_dim(self.out)
+        outer, row = row_dim(self.out, self.k.blocked)
         chunks = ir.Constant(I64, self.k.row_chunks)
         units = chunks
         for d in outer:
@@ -201,8 +201,18 @@ class KernelLowering:
         return E.address(self.out.name, [E.lookup(d) for d in self.out.layout])
 
     @contextmanager
-    def _row_loop(self, row: str | None, vectorize: bool = True):
-        """Over the row dim (or just once, for an output with no dim left)."""
+    def _row_loop(self, row: str | None, vectorize: bool = True, block=None):
+        """Over the row dim (or just once, for an output with no dim left), inside loops over
+        the kernel's ``block`` dims (the unit's rows: kernels.block_rows)."""
+        block = list(self.k.blocked) if block is None else block
+        if block:
+            d = block[0]
+            with self.loops.loop(ir.Constant(I64, 0), self.E.sizes[self.out.name][d],
+                                 f"b.{d}") as i:
+                with self.E.scope(**{d: i}):
+                    with self._row_loop(row, vectorize, block[1:]):
+                        yield
+            return
         if row is None:
             with self.E.scope():
                 yield
@@ -216,7 +226,7 @@ class KernelLowering:
         """The row, branching first on any select whose condition is the same for the whole
         row (a concatenation on an outer dim: hoist.py), so each arm gets a plain row loop."""
         k, b = self.k, self.b
-        outer = {d for d in self.out.layout if d != row}
+        outer = {d for d in self.out.layout if d != row and d not in k.blocked}
         sel = hoist.invariant_select([k.body, k.epilogue], outer) if depth < hoist.MAX_HOISTED \
             else None
         if sel is None:

@@ -5,7 +5,10 @@ their port layout (ONNX order), constants in their own layout, and every other t
 type's dim order. Arena offsets are assigned by liveness: a tensor's slot is free again after
 the last dispatch that reads it, and a later tensor of a provably equal size (or, for constant
 sizes, no larger size) reuses it. A slot keeps the offset it got, so offsets and sizes stay
-plain polynomials in the symbols.
+plain polynomials in the symbols. When every size is constant, the tensors are also packed by
+size (``_pack_by_size``: the largest first, each at the lowest offset clear of every tensor
+live with it), and that placement is kept when its arena is smaller (the capsule layer's EM
+routing: 45.8 -> 30.7 MB; ResNet-50 9.6 -> 8.0 MB).
 """
 
 from __future__ import annotations
@@ -137,6 +140,12 @@ def assign_arena(kernels: list[Kernel], arena: list[str], bufs: dict[str, Buffer
         offsets[id(s)] = total
         total = ex.simplify_size(total + s.size)
     placed = {t: (offsets[id(s)], need(t)) for t, s in slot_of.items()}
+    sizes = {t: need(t) for t in slot_of}
+    if total.is_const and all(v.is_const for v in sizes.values()):
+        packed, end = _pack_by_size(kernels, sizes, last_use, aliases)
+        if end < total.value:   # (never worse than the slots: the smaller of the two)
+            placed = {t: (ex.const(packed[t]), sizes[t]) for t in slot_of}
+            total = ex.const(end)
     for t in arena:
         r, off = root(t, aliases)
         if r != t:   # its exact bytes: rounded up, the last part would pass its root's end
@@ -144,6 +153,33 @@ def assign_arena(kernels: list[Kernel], arena: list[str], bufs: dict[str, Buffer
             placed[t] = (ex.simplify_size(placed[r][0] + ex.const(off * item)),
                          exact_bytes(bufs[t]))
     return placed, total
+
+
+def _pack_by_size(kernels: list[Kernel], sizes: dict[str, Expr], last_use: dict[str, int],
+                  aliases: dict) -> tuple[dict[str, int], int]:
+    """Constant sizes: each tensor at the lowest offset where it overlaps no tensor live at
+    the same time, the largest placed first (the greedy-by-size planner of TensorFlow Lite).
+    The slots above keep two big tensors that never live together apart when small ones
+    sat in the slot one of them grew from; this packs them by what is live. Returns
+    ({tensor: offset}, arena bytes)."""
+    first: dict[str, int] = {}
+    for i, k in enumerate(kernels):
+        for t in procedure.kernel_writes(k):
+            first.setdefault(root(t, aliases)[0], i)
+    span = {t: (first[t], max(last_use.get(t, first[t]), first[t])) for t in sizes}
+    order = sorted(sizes, key=lambda t: (-sizes[t].value, span[t][0]))
+    offset: dict[str, int] = {}
+    for t in order:
+        lo, hi = span[t]
+        busy = sorted((offset[u], offset[u] + sizes[u].value) for u in offset
+                      if span[u][0] <= hi and lo <= span[u][1])
+        at = 0
+        for a, b in busy:
+            if at + sizes[t].value <= a:
+                break
+            at = max(at, b)
+        offset[t] = at
+    return offset, max((offset[t] + sizes[t].value for t in sizes), default=0)
 
 
 def symbol_sources(g: Graph) -> tuple[list[str], list[dict]]:
@@ -175,7 +211,7 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
         return ex.const(1)
     if k.gemm is not None:   # a gemm kernel shares out tiles (contraction.py)
         return contraction.workgroups(k, out)
-    outer, _ = row_dim(out)
+    outer, _ = row_dim(out, k.blocked)
     rows = ex.product([*[out.sizes[d] for d in outer], ex.const(k.row_chunks)])
     work = ex.product([*out.sizes.values(), *k.rdims.values(), ex.const(k.window)])
     per = ex.binary("max", ex.const(1), ex.binary(

@@ -93,3 +93,35 @@ def test_builds_for_cuda(onnx_path, tmp_path):
     with open_container(out) as c:
         cuda = next(a for a in c.artifacts if a.device == "cuda")
         assert cuda.config["custom_ops"][0]["op_type"] == "CapsConv"
+
+
+def test_inspect_shows_the_ops_and_validate_names_the_interpreter(onnx_path, tmp_path):
+    """``mlpack inspect`` lists each custom op with its function and source digest; a failing
+    artifact's detail in ``mlpack validate`` names the fp32 interpreter as the baseline, since
+    ONNX Runtime never ran this model."""
+    import sys
+    from support import cli
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    from container_edits import rewrite
+
+    out = tmp_path / "caps.mlpack"
+    assert cli("build", onnx_path, "-o", out, "-t", "portable", "--ops", OPS,
+               "--no-cache").exit_code == 0
+    digest = hashlib.sha256(open(OPS, "rb").read()).hexdigest()
+    r = cli("inspect", out)
+    assert f"custom op:  capsules.example CapsConv = capsules.py:capsule_conv" in r.output
+    assert f"sha256 {digest}" in r.output, r.output
+    r = cli("inspect", out, "--json")
+    (op,) = json.loads(r.output)["custom_ops"]
+    assert op["sha256"] == digest and op["source"] == open(OPS).read()
+    assert "fp32 interpreter" in cli("inspect", out).output
+
+    def strict(i, doc):   # no error allowed at all: the artifact misses
+        doc["accuracy"]["tolerance"].update(multiple=0.0, floor=0.0)
+
+    bad = tmp_path / "strict.mlpack"
+    rewrite(out, bad, config=strict)
+    r = cli("validate", bad)
+    assert r.exit_code == 2, r.output
+    assert "fp32 interpreter's own" in r.output and "ONNX Runtime" not in r.output, r.output

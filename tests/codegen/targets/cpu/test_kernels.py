@@ -88,3 +88,59 @@ def test_small_windows_become_maps(case):
     assert k.window == UNROLLED[case]
     assert (k.reduce is None) == (k.window > 1)
     assert UNROLLED[case] <= MAX_WINDOW
+
+
+# ---------------------------------------------------------------- row blocks (block_rows)
+
+
+def _routing():
+    """examples/capsules' EM routing, small: its weighted sums over the votes are row
+    reductions along co whose transformation matrices W do not move with the pose row i."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "dsl"))
+    from dsl_support import example
+    from mlpack.codegen import dsl
+    caps = example("capsules")
+    c = 16
+    g = dsl.to_graph(
+        lambda P, A, W, beta_v, beta_a: caps.em_routing(P, A, W, beta_v, beta_a,
+                                                        inverse_temperature=0.01),
+        inputs={"P": dsl.f32(n=1, x=9, y=9, ci=c, i=4, k=4), "A": dsl.f32(n=1, x=9, y=9, ci=c),
+                "W": dsl.f32(kx=3, ky=3, ci=c, k=4, j=4, co=c), "beta_v": dsl.f32(co=c),
+                "beta_a": dsl.f32(co=c)},
+        name="em", layouts={"mu": "n x y i j co", "a": "n x y co"}, optimize=True)
+    rng = np.random.default_rng(2)
+    feeds = {"P": rng.standard_normal((1, 9, 9, c, 4, 4)).astype(np.float32),
+             "A": rng.uniform(0.2, 1, (1, 9, 9, c)).astype(np.float32),
+             "W": (rng.standard_normal((3, 3, c, 4, 4, c)) / 12).astype(np.float32),
+             "beta_v": (0.1 * rng.standard_normal(c)).astype(np.float32),
+             "beta_a": np.zeros(c, np.float32)}
+    return g, feeds
+
+
+def test_row_blocks_walk_the_rows_that_share_an_operand(monkeypatch):
+    """The routing's sums over the votes walk the pose rows i in each unit (W is read once per
+    unit and step), and give the outputs of one row per unit and the interpreter's within
+    fp32 (sums may reassociate: FAST_SUM), never more than 64 workgroups at this size."""
+    from mlpack.codegen.targets.cpu import compile_cpu, kernels as kmod
+    from mlpack.codegen.targets.cpu.compile import schedule_kernels
+    from mlpack.codegen.targets.cpu.target import get_target
+    from mlpack.spec.ir.interp import run_graph
+
+    g, feeds = _routing()
+    target = "x86_64-v2"   # every x86-64 host runs it
+    _, ks, bufs, _, _ = schedule_kernels(g, get_target(target))
+    blocked = {k.name: k.blocked for k in ks if k.blocked}
+    assert blocked and all("i" in b for b in blocked.values()), blocked
+    art = compile_cpu(g, target)
+    units = {d["kernel"]: d["workgroups"] for d in art.plan["dispatches"]}
+    assert all(isinstance(w, int) and w <= 64 for w in units.values())
+    got = run_plan(art, g, feeds)
+    with monkeypatch.context() as m:
+        m.setattr(kmod, "ROW_BLOCK", 0)   # no room for a block: one row per unit
+        plain = run_plan(compile_cpu(g, target), g, feeds)
+    want = run_graph(g, feeds)
+    for name in want:
+        scale = np.abs(want[name]).max()   # errors of the output's scale, as the build's
+        assert np.abs(got[name] - plain[name]).max() / scale < 1e-5, name
+        assert np.abs(got[name] - want[name]).max() / scale < 1e-5, name

@@ -1,0 +1,83 @@
+"""Comprehensions evaluated in blocks (spec/ir/interp_comprehension.py) give what one piece does."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlpack.spec.ir import interp_comprehension as ic
+from mlpack.spec.ir import parse_graph, run_graph
+
+RNG = np.random.default_rng(5)
+
+# the capsule routing's kinds of op: a weighted sum over the inputs of a broadcast deviation, a
+# max and a softmax denominator over one dim, a strided convolution (a true contraction), a map
+ROUTING = '''graph "routing" {
+  in %v: f32{n=3, x=4, b=6, o=5} (n, x, b, o)
+  in %r: f32{n=3, x=4, b=6} (n, x, b)
+  in %p: f32{n=3, h=9, c=2} (n, h, c)
+  in %w: f32{k=3, c=2, o=5} (k, c, o)
+  %mu: f32{n=3, x=4, o=5} = sum{b=6} %v[n=n, x=x, b=b, o=o] * %r[n=n, x=x, b=b]
+  %var: f32{n=3, x=4, o=5} = sum{b=6} (%v[n=n, x=x, b=b, o=o] - %mu[n=n, x=x, o=o]) * (%v[n=n, x=x, b=b, o=o] - %mu[n=n, x=x, o=o]) * %r[n=n, x=x, b=b] * 0.5
+  %top: f32{n=3, x=4, b=6} = max{o=5} %v[n=n, x=x, b=b, o=o]
+  %e: f32{n=3, x=4, b=6} = sum{o=5} exp(%v[n=n, x=x, b=b, o=o] - %top[n=n, x=x, b=b])
+  %conv: f32{n=3, x=4, o=5} = sum{k=3, c=2} %p[n=n, h=2 * x + k, c=c] * %w[k=k, c=c, o=o]
+  %y: f32{n=3, x=4, o=5} = %var[n=n, x=x, o=o] + log(%mu[n=n, x=x, o=o] * %mu[n=n, x=x, o=o]) + %conv[n=n, x=x, o=o]
+  out %y (n, x, o)
+  out %e (n, x, b)
+}'''
+
+
+def _inputs():
+    return {"v": RNG.standard_normal((3, 4, 6, 5)).astype(np.float32),
+            "r": RNG.uniform(0.1, 1, (3, 4, 6)).astype(np.float32),
+            "p": RNG.standard_normal((3, 9, 2)).astype(np.float32),
+            "w": RNG.standard_normal((3, 2, 5)).astype(np.float32)}
+
+
+def test_blocks_give_what_one_piece_gives(monkeypatch):
+    g, feeds = parse_graph(ROUTING), _inputs()
+    whole = run_graph(g, feeds)
+    seen = []
+    plan = ic.ComprehensionEval.blocks
+
+    def blocks(self):
+        out = plan(self)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(ic, "BLOCK_BYTES", 64)   # a block of 8 elements at most
+    monkeypatch.setattr(ic.ComprehensionEval, "blocks", blocks)
+    blocked = run_graph(g, feeds)
+    assert all(seen) and any(len(b) > 1 for b in seen)   # every op ran in several blocks
+    for name in whole:
+        np.testing.assert_allclose(blocked[name], whole[name], rtol=1e-6, atol=1e-6)
+    v, r = feeds["v"].astype(np.float64), feeds["r"].astype(np.float64)
+    mu = np.einsum("nxbo,nxb->nxo", v, r)
+    var = 0.5 * np.einsum("nxbo,nxb->nxo", (v - mu[:, :, None]) ** 2, r)
+    idx = 2 * np.arange(4)[:, None] + np.arange(3)[None, :]
+    conv = np.einsum("nxkc,kco->nxo", feeds["p"][:, idx], feeds["w"])
+    np.testing.assert_allclose(blocked["y"], var + np.log(mu * mu) + conv, rtol=1e-4, atol=1e-5)
+
+
+def test_the_largest_temporary_sets_the_blocks():
+    """A weighted sum over a big space is blocked; a contraction whose operands are views and
+    whose output is small is not (its GEMM would repeat the packing of the shared operand)."""
+    g = parse_graph('''graph "big" {
+      in %v: f32{n=64, b=512, o=256} (n, b, o)
+      in %r: f32{n=64, b=512} (n, b)
+      in %w: f32{b=512, o=256} (b, o)
+      %d: f32{n=64, o=256} = sum{b=512} (%v[n=n, b=b, o=o] - 1.0) * %r[n=n, b=b]
+      %m: f32{n=64, o=256} = sum{b=512} %r[n=n, b=b] * %w[b=b, o=o]
+      out %d (n, o)
+      out %m (n, o)
+    }''')
+
+    class Tensors:
+        data = {"v": np.zeros((64, 512, 256), np.float32), "r": np.zeros((64, 512), np.float32),
+                "w": np.zeros((512, 256), np.float32)}
+        layout = {"v": ("n", "b", "o"), "r": ("n", "b"), "w": ("b", "o")}
+
+    d, m = (ic.ComprehensionEval(op, Tensors, {}) for op in g.ops)
+    [(dim, size)] = d.blocks()
+    assert dim == "n" and 8 * size * 512 * 256 <= ic.BLOCK_BYTES
+    assert m.blocks() == []
