@@ -19,9 +19,17 @@ MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
 
 
 def oracle_outputs(model, feeds, oracle: str = "ort"):
-    if oracle == "ort":
+    """The oracle's outputs: ONNX Runtime ("ort"), ONNX Runtime with basic graph optimizations
+    only ("ort-unfused": a QDQ model's quantize and dequantize nodes run as ONNX defines them,
+    not fused into its int8 kernels, which on x86 CPUs without VNNI add u8 x s8 pairs in
+    saturating i16, ``vpmaddubsw``, and so depend on the CPU), or ONNX's reference evaluator."""
+    if oracle in ("ort", "ort-unfused"):
         import onnxruntime as ort
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        opts = ort.SessionOptions()
+        if oracle == "ort-unfused":
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
         return sess.run(None, feeds)
     from onnx.reference import ReferenceEvaluator
     return ReferenceEvaluator(model).run(None, feeds)

@@ -107,8 +107,22 @@ class Library:
                                        f"a {plan['buffers'][b]['kind']} buffer")
 
 
+def skip_unless_runs(artifact) -> None:
+    """Skip the test when this host lacks a CPU feature ``artifact`` needs (an AVX-512 level
+    on a CPU without it): loading its code would end the whole run with SIGILL."""
+    import pytest
+
+    from mlpack.runtime import detect_host
+    host = detect_host()
+    missing = [f for f in artifact.features if f not in host.cpu_features]
+    if missing:
+        pytest.skip(f"this host cannot run {artifact.target} (lacks {', '.join(missing)})")
+
+
 def run_plan(artifact, graph: Graph, inputs: dict[str, np.ndarray], lib: Library | None = None):
-    """Run ``artifact`` on ``inputs`` (arrays in port layout); outputs by name, in port layout."""
+    """Run ``artifact`` on ``inputs`` (arrays in port layout); outputs by name, in port layout.
+    The test is skipped where this host cannot run it (``skip_unless_runs``)."""
+    skip_unless_runs(artifact)
     lib = lib or Library(artifact.elf)
     plan = artifact.plan
     lib.check_plan(plan)
