@@ -43,6 +43,7 @@ from mlpack.codegen.passes.fuse import fuse_elementwise
 from mlpack.codegen.precisions.intsum import (MIN_DEPTH, IntegerRewrite, channels, fresh,
                                               quad_dim)
 from mlpack.codegen.precisions.qdq import integer_contractions
+from mlpack.codegen.precisions.qlinear import has_integer_sums, integer_sums
 from mlpack.codegen.precisions.weights16 import weights
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
@@ -113,7 +114,7 @@ def quantizes(g: Graph) -> bool:
                 if n.op == "cast" and n.dtype in ("u8", "i8") and any(
                         m.op == "round" for m in ex.walk(n.args[0])):
                     return True
-    return False
+    return has_integer_sums(g)   # ConvInteger, MatMulInteger: sums of its own 8-bit integers
 
 
 # ---------------------------------------------------------------- calibration
@@ -213,7 +214,7 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
     """``g`` with its int8 contractions (``contractions``) quantized with the activation ranges
     of ``calibration`` (``calibrate``'s result), after the contractions the model quantizes
     itself (QDQ: qdq.py) are put on the same integer sums; ``g`` itself when there are none."""
-    g = integer_contractions(g)
+    g = integer_contractions(integer_sums(g))
     found = contractions(g)
     if not found:
         return g
