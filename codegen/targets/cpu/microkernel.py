@@ -376,9 +376,9 @@ class GemmEmitter:
 
     def _pairs_step(self, kquad, off, rows, panels, accs) -> None:
         """One step of four K without quad products (c.dot: ``pmaddwd``, two i16 products per
-        i32 lane): per row, A's four u8 broadcast once and shuffled into two vectors of
-        zero-extended pairs (K 0, 1 and K 2, 3); per B vector and pair, vl columns x two s8
-        sign-extended (gemm.pair_halves); acc += a0*b0 + a1*b1 twice, exact in i32."""
+        i32 lane): per row, A's four u8 broadcast once, its even bytes (K 0, 2) masked and its
+        odd ones (K 1, 3) shifted down as zero-extended i16; per B vector and pair, vl columns
+        x two s8 sign-extended (gemm.pair_halves); acc += a0*b0 + a1*b1 twice, exact in i32."""
         c, b = self.c, self.b
         per_block = PACK // c.vl
         kp = b.mul(kquad, i64(QUAD * PACK))
@@ -389,19 +389,13 @@ class GemmEmitter:
                for j in range(c.tb) for q in range(per_block)] for h in range(2)]
         self._prefetch(panels, kp, QUAD * PACK, I8)
         dot = declare(b.module, c.dot, ir.FunctionType(self.vty, [wide, wide]))
-        byte_ty = ir.VectorType(I8, QUAD * c.vl)
-        zero = ir.Constant(byte_ty, [0] * (QUAD * c.vl))
-        # lane i's bytes are A's quad (4i .. 4i + 3); pair h takes bytes 2h, 2h + 1 of its lane
-        # as two i16 (each byte followed by a zero byte)
-        masks = [ir.Constant(ir.VectorType(I32, QUAD * c.vl), [
-            4 * i + 2 * h + j // 2 if j % 2 == 0 else QUAD * c.vl
-            for i in range(c.vl) for j in range(4)]) for h in range(2)]
+        low = ir.Constant(wide, [0xFF] * (2 * c.vl))
+        eight = ir.Constant(wide, [8] * (2 * c.vl))
         nv = len(bv[0])
         for r, row in enumerate(rows):
             a = b.load(b.gep(row, [off], inbounds=True, source_etype=I8), typ=I32, align=1)
-            quads = b.bitcast(splat(b, a, self.vty), byte_ty)
-            for h in range(2):
-                pairs = b.bitcast(b.shuffle_vector(quads, zero, masks[h]), wide)
+            halves = b.bitcast(splat(b, a, self.vty), wide)
+            for h, pairs in enumerate((b.and_(halves, low), b.lshr(halves, eight))):
                 for q in range(nv):
                     acc = accs[r * nv + q]
                     b.store(b.add(b.load(acc), b.call(dot, [pairs, bv[h][q]])), acc)
