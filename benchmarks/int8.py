@@ -117,9 +117,10 @@ def measure(model_path: str, threads: list[int], agreement: int, folder: str,
                      "ort_int8_vs_mlpack_qdq": ms["ort int8"] / ms["mlpack qdq"]})
     agree = {"mlpack int8": 0, "ort int8": 0, "mlpack qdq": 0, "mlpack qdq vs ort int8": 0}
     if agreement:
-        model = {p: bench.load_mlpack(container, max(threads), p) for p in ("fp32", "int8")}
-        model["qdq"] = bench.load_mlpack(from_qdq, max(threads), "int8")
-        session = bench.ort_session(quant, max(threads))
+        most = max(threads or [os.cpu_count() or 1])
+        model = {p: bench.load_mlpack(container, most, p) for p in ("fp32", "int8")}
+        model["qdq"] = bench.load_mlpack(from_qdq, most, "int8")
+        session = bench.ort_session(quant, most)
         for i in range(agreement):
             case = tv.random_cases(graph, dims=None, cases=1, seed=10_000 + i)[0]
             want = int(np.argmax(model["fp32"].run(case)[out_name]))
@@ -156,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet50", help="a model of benchmarks/models.py")
     parser.add_argument("--onnx", help="an ONNX file instead of --model")
-    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--threads", default="1,2",
+                        help="thread counts to time at (\"\": time nothing, count agreement only, "
+                             "which needs no timing lock)")
     parser.add_argument("--agreement", type=int, default=1000,
                         help="random inputs to count top-1 agreement on (0: skip)")
     parser.add_argument("--max-seconds", type=float, default=20.0)
@@ -164,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     path = args.onnx or str(bench_models.materialize(args.model))
     with tempfile.TemporaryDirectory() as folder:
-        doc = measure(path, [int(t) for t in args.threads.split(",")], args.agreement, folder,
-                      args.max_seconds)
+        doc = measure(path, [int(t) for t in args.threads.split(",") if t], args.agreement,
+                      folder, args.max_seconds)
     _print(doc)
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2))

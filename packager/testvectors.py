@@ -232,7 +232,7 @@ def _ort_feeds(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-_QDQ = ("QuantizeLinear", "DequantizeLinear")
+EXACT_INT8 = "session.x64quantprecision"   # ONNX Runtime's session option (since 1.13)
 
 
 def reference_outputs(model, cases: list[dict], output_names: list[str]) -> list[dict]:
@@ -243,11 +243,10 @@ def reference_outputs(model, cases: list[dict], output_names: list[str]) -> list
     # its warnings about unused initializers are not the user's problem, and its errors come
     # back as the exception below: printed as well, they would make the CLI's error two lines
     opts.log_severity_level = 4
-    if any(n.op_type in _QDQ for n in model.graph.node):
-        # a QDQ model's quantize and dequantize nodes as ONNX defines them: fused into ONNX
-        # Runtime's int8 kernels they add u8 x s8 pairs in saturating i16 on x86 CPUs without
-        # VNNI (vpmaddubsw), so its numbers would depend on the build host's CPU
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    # its u8 x s8 kernels (QLinearConv, MatMulInteger, a QDQ model's fused contractions) add
+    # pairs of products in saturating i16 on x86 CPUs without VNNI (vpmaddubsw), so a quantized
+    # model's reference would depend on the build host's CPU; this option makes them exact
+    opts.add_session_config_entry(EXACT_INT8, "1")
     try:
         session = ort.InferenceSession(model.SerializeToString(), opts,
                                        providers=["CPUExecutionProvider"])

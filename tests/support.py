@@ -19,15 +19,18 @@ MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
 
 
 def oracle_outputs(model, feeds, oracle: str = "ort"):
-    """The oracle's outputs: ONNX Runtime ("ort"), ONNX Runtime with basic graph optimizations
-    only ("ort-unfused": a QDQ model's quantize and dequantize nodes run as ONNX defines them,
-    not fused into its int8 kernels, which on x86 CPUs without VNNI add u8 x s8 pairs in
-    saturating i16, ``vpmaddubsw``, and so depend on the CPU), or ONNX's reference evaluator."""
-    if oracle in ("ort", "ort-unfused"):
+    """The oracle's outputs: ONNX Runtime ("ort"), ONNX Runtime with exact int8 kernels
+    ("ort-exact": its u8 x s8 kernels add pairs of products in saturating i16 on x86 CPUs
+    without VNNI, ``vpmaddubsw``, so a quantized model's outputs depend on the CPU unless its
+    session option asks for exact ones, as the build's reference does), or ONNX's reference
+    evaluator."""
+    if oracle in ("ort", "ort-exact"):
         import onnxruntime as ort
+
+        from mlpack.packager.testvectors import EXACT_INT8
         opts = ort.SessionOptions()
-        if oracle == "ort-unfused":
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        if oracle == "ort-exact":
+            opts.add_session_config_entry(EXACT_INT8, "1")
         sess = ort.InferenceSession(model.SerializeToString(), opts,
                                     providers=["CPUExecutionProvider"])
         return sess.run(None, feeds)

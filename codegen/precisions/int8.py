@@ -27,8 +27,10 @@ inside the model grows with zero weights, read as the zero point).
 Activation ranges come from running the f32 graph on calibration inputs (``calibrate``): for
 each tensor, min-max and clipping at the 99.9th, 99.99th and 99.999th percentiles are tried,
 and the range whose quantization error (mean squared, over the observed values) is smallest
-is kept. The cpu target multiplies with ``vpdpbusd`` (AVX512_VNNI) where it has it, else widens
-to 32-bit lanes (codegen/targets/cpu/microkernel.py).
+is kept. The cpu target multiplies with ``vpdpbusd`` (AVX512_VNNI), SDOT or USDOT where it has
+them, with ``pmaddwd`` on i16 pairs on other x86 levels, else widens to 32-bit lanes
+(codegen/targets/cpu/microkernel.py). Per-channel affine maps after a contraction (batch norms)
+are folded into its weights first (``_scales_folded``).
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ def test_a_quantized_model_is_calibrated_on_nothing(qdq):
 
 
 def test_the_integer_sums_compute_what_onnx_runtime_computes(qdq):
-    """Sums exact in i32, scaled once: the outputs are ONNX Runtime's running the QDQ nodes as
-    ONNX defines them (its fused int8 kernels saturate on CPUs without VNNI) up to the
+    """Sums exact in i32, scaled once: the outputs are ONNX Runtime's with its exact int8
+    kernels (support.oracle_outputs: they saturate on CPUs without VNNI otherwise) up to the
     requantizations' rounding, an output step at most, and within int8's tolerance of the
     float64 reference."""
     path, g = qdq
@@ -72,7 +72,7 @@ def test_the_integer_sums_compute_what_onnx_runtime_computes(qdq):
     worst_ort, worst_ref, scale = 0.0, 0.0, 0.0
     for feed in quantized.feeds(4, 11):
         got = run_graph(out, feed)["y"]
-        [ort] = support.oracle_outputs(model, feed, "ort-unfused")
+        [ort] = support.oracle_outputs(model, feed, "ort-exact")
         scale = max(scale, float(abs(ort).max()))
         ref = float64_outputs(g, [feed])[0]["y"]
         worst_ort = max(worst_ort, accuracy.measure(got, ort).max_error)
@@ -88,7 +88,7 @@ def test_asymmetric_u8_weights_with_zero_points_sum_on_the_same_kernels(tmp_path
     """u8 weights with zero points (quantize_static's asymmetric QUInt8, per channel and per
     tensor): ``W - zw`` is an s8 weight plus a per-channel shift whose share is a row sum
     (qlinear.py), so the deep contractions still multiply u8 x s8 and give ONNX Runtime's
-    unfused outputs bit for bit."""
+    outputs (its exact int8 kernels) bit for bit."""
     path = quantized.qdq_convnet(str(tmp_path), "u8", per_channel)
     model = onnx.load(path)
     assert any(t.data_type == onnx.TensorProto.UINT8 and onnx.numpy_helper.to_array(t).any()
@@ -97,7 +97,7 @@ def test_asymmetric_u8_weights_with_zero_points_sum_on_the_same_kernels(tmp_path
     out = precisions.apply("int8", compile_onnx(model), {})
     assert _sums(out).count(("i32", ("u8", "i8"))) == 2
     for feed in quantized.feeds(3, 13):
-        [want] = support.oracle_outputs(model, feed, "ort-unfused")
+        [want] = support.oracle_outputs(model, feed, "ort-exact")
         np.testing.assert_array_equal(run_graph(out, feed)["y"], want)
 
 

@@ -129,7 +129,7 @@ def test_cli_builds_int8_with_a_calibration_directory(tmp_path):
 def test_a_quantized_model_builds_int8_by_default_and_runs_its_own_integers(tmp_path):
     """ONNX Runtime's QDQ model: no --precision gives int8 (its own precision), its deep
     contractions as the model's integers summed in i32, judged with int8's tolerance, and the
-    native artifact's outputs are ONNX Runtime's for the same model (its QDQ nodes unfused:
+    native artifact's outputs are ONNX Runtime's for the same model (its exact int8 kernels:
     support.oracle_outputs) within an output step."""
     import onnx
     quantized = support.load_models_module("quantized")
@@ -147,7 +147,7 @@ def test_a_quantized_model_builds_int8_by_default_and_runs_its_own_integers(tmp_
     with mlpack.load(str(out), device="cpu") as m:
         assert m.artifact.precision == "int8"
         for feed in quantized.feeds(3, 21):
-            [want] = support.oracle_outputs(model, feed, "ort-unfused")
+            [want] = support.oracle_outputs(model, feed, "ort-exact")
             np.testing.assert_allclose(m(**feed)["y"], want, rtol=0, atol=2 * step)
 
 
