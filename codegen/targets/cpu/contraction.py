@@ -72,13 +72,13 @@ PACK_MIN_M = 128             # rows a run-time pack of B must feed to repay its 
 
 def _tile_shape(t: CpuTarget, blocks: int, pairs: bool = False) -> tuple[int, int, int]:
     """(vl, tb, mr): vector lanes, PACK blocks per tile and rows per tile for ``t``.
-    ``pairs``: a step holds both pairs' B vectors and three temporaries (pmaddwd's A quad
-    shuffled into pairs, gemm.PAIR_PRODUCTS) instead of one set and two broadcasts."""
+    ``pairs``: a step holds both pairs' B vectors (pmaddwd's, gemm.PAIR_PRODUCTS) beside a
+    broadcast and a product."""
     vl = max(4, t.vector_bits // 32)
     per_block = PACK // vl
 
     def live(nv):   # registers a step needs besides the accumulators
-        return 2 * nv + 3 if pairs else nv + 2
+        return 2 * nv + 2 if pairs else nv + 2
 
     def shape(tb):
         # accumulators, plus the step's B vectors and its temporaries, fit the registers
@@ -212,13 +212,16 @@ def _runtime(k: Kernel, out: Buffer, r1: Expr, r2: Expr, bufs, t=None) -> dict |
 # ---------------------------------------------------------------- A: the zero-halo copy
 
 
-def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, layout=None):
+def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, layout=None,
+             dtype: str | None = None):
     """(A read without guards, pad kernel or None); None when the index range is unknown.
-    ``layout``: the copy's dims in memory order (amx.a_layout), which makes a copy even of an
-    A that needs no padding."""
+    ``layout``: the copy's dims in memory order (amx.a_layout), ``dtype``: its element type
+    (u8 widened to u16 for gemm.PAIR_PRODUCTS), either of which makes a copy even of an A that
+    needs no padding."""
     ra = info["a"]
     src = bufs[ra.arg[0]]
-    relaid = layout is not None and tuple(layout) != tuple(src.layout)
+    dtype = dtype or src.dtype
+    relaid = (layout is not None and tuple(layout) != tuple(src.layout)) or dtype != src.dtype
     if ra.arg[2] is None and not relaid:
         return ra, None
     out = bufs[k.out]
@@ -239,14 +242,16 @@ def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, layout=N
                  for d in ra.arg[1]}
     if inside and not relaid:   # every read is in bounds: no copy
         return ex.read(src.name, dict(zip(ra.arg[1], ra.args)), ra.dtype), None
-    pbuf = Buffer(name, tuple(layout or src.layout), sizes, src.dtype)
+    pbuf = Buffer(name, tuple(layout or src.layout), sizes, dtype)
     bufs[name] = pbuf
     body = ex.read(src.name, {d: ex.var(d) + shift[d] if shift[d] else ex.var(d)
                               for d in src.layout}, src.dtype, ra.arg[2])
-    pk = Kernel(f"{k.name}_pad", name, body, None, {}, src.dtype, reads=[src.name],
+    if dtype != src.dtype:
+        body = ex.cast(body, dtype)
+    pk = Kernel(f"{k.name}_pad", name, body, None, {}, dtype, reads=[src.name],
                 fused=list(k.fused))
     schedule(pk, pbuf, bufs)
-    return ex.read(name, unguarded, ra.dtype), pk
+    return ex.read(name, unguarded, dtype), pk
 
 
 # ---------------------------------------------------------------- the pass
@@ -331,7 +336,11 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             # extent is a constant)
             tiles = amx.plan(info, bufs, {v: extent(v, ob, k.rdims).value for v in info["k"]},
                              ob.contiguous_dim())
-        hit = _unguard(k, info, bufs, f"{k.out}#a", tiles[0] if tiles else info.get("relayout"))
+        dot = _dot_of(info, t)
+        # pmaddwd multiplies i16: A is copied widened, once per run, so that a row's pair of K
+        # is one 32-bit broadcast (the copy is a pass over A; the GEMM reads it N / 16 times)
+        hit = _unguard(k, info, bufs, f"{k.out}#a", tiles[0] if tiles else info.get("relayout"),
+                       "u16" if dot in PAIR_PRODUCTS else None)
         if hit is None:
             out.append(k)
             continue
@@ -344,7 +353,6 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             out.append(k)
             continue
         direct = None
-        dot = _dot_of(info, t)
         if info["mode"] == "const":
             const = g.constants[rb.arg[0]]
             dims = info["batch"] + info["n"] + info["k"]

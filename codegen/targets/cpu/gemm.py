@@ -33,9 +33,9 @@ INT8_DOT = {"avx512vnni": ("llvm.x86.avx512.vpdpbusd.512", 16),
             "i8mm": ("llvm.aarch64.neon.usdot.v4i32.v16i8", 4),
             "dotprod": ("llvm.aarch64.neon.sdot.v4i32.v16i8", 4),
             # x86 without VNNI: ``pmaddwd`` adds a0*b0 + a1*b1 of i16 pairs to each i32 lane,
-            # exact (u8 and s8 widen to i16); K still goes in quads, A's quad broadcast once
-            # and split into its even and odd bytes as i16 (a mask, a shift), B packed as two
-            # pairs per quad (``pair_halves``). ``pmaddubsw`` would take the bytes as they are, but its i16
+            # exact (u8 and s8 widen to i16); K still goes in quads, A copied as u16 first
+            # (contraction.py) so that each pair is one 32-bit broadcast, B packed as two s8
+            # pairs per quad (``pair_halves``), sign-extended per load. ``pmaddubsw`` would take the bytes as they are, but its i16
             # pair sum saturates (2 * 255 * 127 > 32767): what ONNX Runtime's AVX2 kernel risks
             "avx512bw": ("llvm.x86.avx512.pmaddw.d.512", 16),
             "avx2": ("llvm.x86.avx2.pmadd.wd", 8),
@@ -60,12 +60,10 @@ def signed_correction(panel: np.ndarray) -> np.ndarray:
 
 def pair_halves(quads: np.ndarray) -> np.ndarray:
     """A quad-packed int8 B panel [batch, N blocks, K / 4, PACK, 4] as ``pmaddwd`` reads it:
-    each quad's two pairs apart, [batch, N blocks, K / 4, 2, PACK, 2], pair 0 its K 0 and 2,
-    pair 1 its K 1 and 3 (the even and odd bytes of A's quad, which a mask and a shift of its
-    16-bit halves give), so one load of a pair gives every column of a vector its two K."""
+    each quad's two pairs apart, [batch, N blocks, K / 4, 2, PACK, 2] (pair h of a quad is
+    its K 2h and 2h + 1), so one load of a pair gives every column of a vector its two K."""
     b, nb, kq, lanes, _ = quads.shape
-    pairs = quads.reshape(b, nb, kq, lanes, 2, 2).transpose(0, 1, 2, 5, 3, 4)
-    return np.ascontiguousarray(pairs)
+    return np.ascontiguousarray(quads.reshape(b, nb, kq, lanes, 2, 2).transpose(0, 1, 2, 4, 3, 5))
 
 
 def _dot(t, table) -> str | None:

@@ -53,7 +53,7 @@ class GemmEmitter:
         # A in bf16 (bf16dot.py's rounded activations): paired with B for vdpbf16ps along
         # c.pair, else widened per element
         self.adt = L.E.buffers[self.c.a.arg[0]].dtype
-        self.aety = {"bf16": I16, "u8": I8}.get(self.adt, F32)
+        self.aety = {"bf16": I16, "u16": I16, "u8": I8}.get(self.adt, F32)
 
     # small integer helpers (operands i64)
     def add(self, x, y):
@@ -376,9 +376,9 @@ class GemmEmitter:
 
     def _pairs_step(self, kquad, off, rows, panels, accs) -> None:
         """One step of four K without quad products (c.dot: ``pmaddwd``, two i16 products per
-        i32 lane): per row, A's four u8 broadcast once, its even bytes (K 0, 2) masked and its
-        odd ones (K 1, 3) shifted down as zero-extended i16; per B vector and pair, vl columns
-        x two s8 sign-extended (gemm.pair_halves); acc += a0*b0 + a1*b1 twice, exact in i32."""
+        i32 lane): per row, A's pairs (K 0, 1 and K 2, 3 of its u16 copy, contraction.py) each
+        broadcast as 32 bits; per B vector and pair, vl columns x two s8 sign-extended
+        (gemm.pair_halves); acc += a0*b0 + a1*b1 twice, exact in i32."""
         c, b = self.c, self.b
         per_block = PACK // c.vl
         kp = b.mul(kquad, i64(QUAD * PACK))
@@ -389,13 +389,11 @@ class GemmEmitter:
                for j in range(c.tb) for q in range(per_block)] for h in range(2)]
         self._prefetch(panels, kp, QUAD * PACK, I8)
         dot = declare(b.module, c.dot, ir.FunctionType(self.vty, [wide, wide]))
-        low = ir.Constant(wide, [0xFF] * (2 * c.vl))
-        eight = ir.Constant(wide, [8] * (2 * c.vl))
         nv = len(bv[0])
         for r, row in enumerate(rows):
-            a = b.load(b.gep(row, [off], inbounds=True, source_etype=I8), typ=I32, align=1)
-            halves = b.bitcast(splat(b, a, self.vty), wide)
-            for h, pairs in enumerate((b.and_(halves, low), b.lshr(halves, eight))):
+            for h in range(2):
+                at = b.gep(row, [self.add(off, i64(2 * h))], inbounds=True, source_etype=I16)
+                pairs = b.bitcast(splat(b, b.load(at, typ=I32, align=2), self.vty), wide)
                 for q in range(nv):
                     acc = accs[r * nv + q]
                     b.store(b.add(b.load(acc), b.call(dot, [pairs, bv[h][q]])), acc)

@@ -39,12 +39,12 @@ RUNS = {"x86_64-v2": "sse4_2" in HOST, "x86_64-v3": "avx2" in HOST and "fma" in 
         "x86_64-v4": "avx512f" in HOST and "avx512bw" in HOST, VNNI: "avx512_vnni" in HOST}
 
 
-def test_pair_halves_split_each_quad_into_its_even_and_odd_k():
+def test_pair_halves_split_each_quad_into_its_two_pairs():
     quads = np.arange(2 * 3 * 16 * 4, dtype=np.int8).reshape(1, 2, 3, 16, 4)
     halves = pair_halves(quads)
     assert halves.shape == (1, 2, 3, 2, 16, 2)
-    for h in range(2):   # pair 0: K 0 and 2 (A's even bytes), pair 1: K 1 and 3
-        assert (halves[:, :, :, h] == quads[..., [h, h + 2]]).all()
+    for h in range(2):
+        assert (halves[:, :, :, h] == quads[..., 2 * h:2 * h + 2]).all()
 
 
 def test_quads_are_four_adjacent_k_of_one_column():
@@ -101,8 +101,9 @@ def test_every_int8_contraction_is_a_gemm_on_the_levels_product_instruction(case
         _, kernels, bufs, _, _ = schedule_kernels(g, get_target(target))
         ints = [k for k in kernels if k.acc_dtype == "i32"]
         assert ints and all(k.strategy == "gemm" for k in ints)
-        assert all(bufs[k.gemm.packed].dtype == "i8" and bufs[k.gemm.a.arg[0]].dtype == "u8"
-                   for k in ints)
+        # (pmaddwd reads A's copy widened to u16, each pair of K one 32-bit broadcast)
+        assert all(bufs[k.gemm.packed].dtype == "i8" and bufs[k.gemm.a.arg[0]].dtype
+                   == ("u16" if dot and "pmadd" in dot else "u8") for k in ints), target
         assert all(k.gemm.dot == dot and (k.gemm.pair is not None) == (dot is not None)
                    for k in ints), target
 
