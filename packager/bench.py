@@ -134,8 +134,9 @@ def time_alternating(fns: dict[str, Callable[[], object]], *, repeat: int = 20,
 # ---------------------------------------------------------------- the runtimes
 
 
-def ort_session(model, threads: int):
-    """An ONNX Runtime CPU session as the benchmark runs it (``model``: a path or bytes)."""
+def ort_session(model, threads: int, config: dict | None = None):
+    """An ONNX Runtime CPU session as the benchmark runs it (``model``: a path or bytes;
+    ``config``: session config entries, e.g. testvectors.EXACT_INT8)."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -148,6 +149,8 @@ def ort_session(model, threads: int):
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 3
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(key, value)
     try:
         return ort.InferenceSession(os.fspath(model) if not isinstance(model, bytes) else model,
                                     opts, providers=["CPUExecutionProvider"])

@@ -232,6 +232,9 @@ def _ort_feeds(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+EXACT_INT8 = "session.x64quantprecision"   # ONNX Runtime's session option (since 1.13)
+
+
 def reference_outputs(model, cases: list[dict], output_names: list[str]) -> list[dict]:
     """The outputs ONNX Runtime computes for each case, by output name."""
     import onnxruntime as ort
@@ -240,6 +243,10 @@ def reference_outputs(model, cases: list[dict], output_names: list[str]) -> list
     # its warnings about unused initializers are not the user's problem, and its errors come
     # back as the exception below: printed as well, they would make the CLI's error two lines
     opts.log_severity_level = 4
+    # its u8 x s8 kernels (QLinearConv, MatMulInteger, a QDQ model's fused contractions) add
+    # pairs of products in saturating i16 on x86 CPUs without VNNI (vpmaddubsw), so a quantized
+    # model's reference would depend on the build host's CPU; this option makes them exact
+    opts.add_session_config_entry(EXACT_INT8, "1")
     try:
         session = ort.InferenceSession(model.SerializeToString(), opts,
                                        providers=["CPUExecutionProvider"])

@@ -9,8 +9,10 @@ One algorithm, in three steps, written flat so the C engine can port it line for
 2. **Rank** the rest, fastest first, with or without an accuracy budget (the budget only drops
    artifacts): the device (cuda > cpu > the portable interpreter, whatever the precision), then
    of a device the artifact measured fastest at build time (``latency``: the build timed them
-   all on one host), and where none was timed, the most specific target (highest CPU level,
-   most features) and then the narrowest precision. Every artifact in a container passed its
+   all on one host; one that host could not run, a higher level or extra features, counts as
+   fast as the fastest timed one of its precision whose target it extends, ``timed_as``, and
+   ranks above it), and where none was timed, the most specific target (highest CPU level, most
+   features) and then the narrowest precision. Every artifact in a container passed its
    precision's tolerance when it was built, so without a budget the fastest is the choice, as
    a TensorRT engine built with fp16 allowed runs its fastest kernels; ``precision="fp32"``
    pins the reference precision.
@@ -247,19 +249,41 @@ def check_policy(device, precision, budget) -> None:
 # ---------------------------------------------------------------- step 2: rank
 
 
-def rank_key(art: Artifact) -> tuple:
-    """Sort key, larger is better: the device, then the measured fastest (build-time latency),
-    then the most specific target and the narrowest precision (see the module docstring)."""
-    seconds = latency(art)
+def timed_as(art: Artifact, artifacts) -> Artifact | None:
+    """The timing that stands for an artifact the build did not time (its host could not run
+    it): the fastest measured artifact of ``artifacts`` of the same device, architecture and
+    precision whose target ``art`` extends (a CPU level no higher, every required feature among
+    ``art``'s), as more instructions never make the same computation slower; ``art`` itself
+    when measured; None when there is none."""
+    if latency(art) is not None:
+        return art
+    best = None
+    arch = (art.platform or {}).get("architecture", "")
+    for b in artifacts:
+        if latency(b) is None or b.device != art.device or b.precision != art.precision \
+                or (b.platform or {}).get("architecture", "") != arch \
+                or (x86_variant_level(b) or 0) > (x86_variant_level(art) or 0) \
+                or not set(cpu_features(b)) <= set(cpu_features(art)):
+            continue
+        if best is None or latency(b) < latency(best):
+            best = b
+    return best
+
+
+def rank_key(art: Artifact, artifacts=()) -> tuple:
+    """Sort key, larger is better: the device, then the measured fastest (build-time latency;
+    an artifact the build host could not run by ``timed_as`` among ``artifacts``), then the most
+    specific target and the narrowest precision (see the module docstring)."""
+    timed = timed_as(art, artifacts)
     device, *rest = specificity(art)   # native code before the interpreter, whatever precision
-    measured = (1, -int(seconds * 1e9)) if seconds is not None else (0, 0)
+    measured = (1, -int(latency(timed) * 1e9)) if timed is not None else (0, 0)
     return (device, *measured, *rest, PRECISION_SPEED.get(art.precision, 0), -art.index)
 
 
 # ---------------------------------------------------------------- step 3: explain
 
 
-def _chosen_reason(art: Artifact, device, budget, others: int) -> str:
+def _chosen_reason(art: Artifact, device, budget, others: int, artifacts) -> str:
     if device == "portable":
         return "chosen: the portable artifact was requested"
     if budget is not None:
@@ -269,8 +293,12 @@ def _chosen_reason(art: Artifact, device, budget, others: int) -> str:
         return "chosen: portable: runs anywhere; slower (no native artifact fits)"
     if others == 0:
         return f"chosen: {describe(art)} is the only artifact this host runs"
-    if latency(art) is not None:
+    timed = timed_as(art, artifacts)
+    if timed is art:
         return f"chosen: {describe(art)} is the fastest artifact this host runs (timed at build)"
+    if timed is not None:
+        return (f"chosen: {describe(art)} is the fastest artifact this host runs (as "
+                f"{describe(timed)} timed at build, whose instructions it extends)")
     return f"chosen: {describe(art)} is the most specific artifact this host runs"
 
 
@@ -312,12 +340,13 @@ def select_artifact(container, host: Host, *, device=None, precision=None, accur
         raise NoRunnableArtifactError(
             f"{container.path}: no artifact runs on this host ({host.describe()}) as requested:\n"
             + explain(verdicts))
-    winner = max(candidates, key=rank_key)
+    arts = list(container.artifacts)
+    winner = max(candidates, key=lambda a: rank_key(a, arts))
     runnable = sum(v.runnable for v in verdicts)
     for v in verdicts:
         if v.artifact is winner:
             v.chosen = True
-            v.reason = _chosen_reason(winner, device, accuracy_budget, runnable - 1)
+            v.reason = _chosen_reason(winner, device, accuracy_budget, runnable - 1, arts)
         elif not v.reason:
             v.reason = _loser_reason(v.artifact, winner)
     return winner, verdicts

@@ -23,16 +23,22 @@ MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
 
 
 def oracle_outputs(model, feeds, oracle: str = "ort"):
-    """``model``'s outputs for ``feeds`` by ONNX Runtime ("ort"); by ONNX Runtime without graph
-    optimizations ("ort-unfused": QDQ nodes run as written, in float, where the optimized graph's
-    QLinearConv/MatMulInteger use u8 x s8 kernels that saturate 16-bit pair sums on x86-64 hosts
-    without VNNI, so their outputs depend on the CPU); else by ONNX's reference evaluator."""
-    if oracle in ("ort", "ort-unfused"):
+    """The oracle's outputs: ONNX Runtime ("ort"); ONNX Runtime without graph optimizations
+    ("ort-unfused": QDQ nodes run as written, in float); ONNX Runtime with exact int8 kernels
+    ("ort-exact": its u8 x s8 kernels add pairs of products in saturating i16 on x86 CPUs
+    without VNNI, ``vpmaddubsw``, so a quantized model's outputs depend on the CPU unless its
+    session option asks for exact ones, as the build's reference does); or ONNX's reference
+    evaluator."""
+    if oracle in ("ort", "ort-unfused", "ort-exact"):
         import onnxruntime as ort
-        options = ort.SessionOptions()
+
+        from mlpack.packager.testvectors import EXACT_INT8
+        opts = ort.SessionOptions()
         if oracle == "ort-unfused":
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(model.SerializeToString(), options,
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if oracle == "ort-exact":
+            opts.add_session_config_entry(EXACT_INT8, "1")
+        sess = ort.InferenceSession(model.SerializeToString(), opts,
                                     providers=["CPUExecutionProvider"])
         return sess.run(None, feeds)
     from onnx.reference import ReferenceEvaluator

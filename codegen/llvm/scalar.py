@@ -33,7 +33,7 @@ from mlpack.codegen.errors import UnsupportedTargetError
 from mlpack.codegen.llvm import halfconv, narrow, oprules
 from mlpack.codegen.llvm.indexchecks import IndexChecks
 from mlpack.codegen.llvm.intrinsics import intrinsic
-from mlpack.codegen.llvm.types import (F16, F32, FLOAT_TYPES, I8, I16, I64, NARROW_FLOATS,
+from mlpack.codegen.llvm.types import (F16, F32, FLOAT_TYPES, I8, I16, I32, I64, NARROW_FLOATS,
                                        const, is_signed, itemsize, llvm_type, storage_type)
 
 
@@ -133,6 +133,8 @@ class ScalarEmitter:
         if op == "read":
             return self._read(e)
         if op == "cast":
+            if _in_i32(e.args[0]) and dt.is_int(e.dtype) and dt.bits(e.dtype) <= 32:
+                return self._cast_clamped(self(e.args[0]), e.dtype)
             return self.cast(self(e.args[0]), e.args[0].dtype, e.dtype)
         if op == "select":
             c, a, x = (self(a) for a in e.args)
@@ -297,6 +299,18 @@ class ScalarEmitter:
             return b.sext(v, ty) if is_signed(src) else b.zext(v, ty)
         return v
 
+    def _cast_clamped(self, v, dst: str):
+        """A float known to lie in i32's range when finite (``_in_i32``) as the int ``dst``:
+        what ``cast`` gives (nan/inf are 0, narrower ints wrap), through i32 instead of i64,
+        which vector units convert at full width (AVX2 has no f32-to-i64 conversion: the
+        i64 path goes element by element, a requantizing epilogue's main cost)."""
+        b = self.b
+        finite = b.fcmp_ordered("<", self._unary("abs", v, "f32" if v.type == F32 else "f64"),
+                                ir.Constant(v.type, math.inf))
+        wide = b.fptosi(b.select(finite, v, ir.Constant(v.type, 0.0)), I32)
+        out = wide if dst in ("i32", "u32") else b.trunc(wide, llvm_type(dst))
+        return narrow.round_to(b, dst, out) if dst in narrow.INTS else out
+
     # -- operations
 
     def intrinsic(self, name: str, ty, *args):
@@ -318,3 +332,26 @@ class ScalarEmitter:
         return UnsupportedTargetError(
             f"{self.target}: kernel {self.kname}: op {op} on {dtype} is not lowered by the "
             f"{self.target} target")
+
+
+def _bounds(e: Expr) -> tuple[float, float]:
+    """(lower, upper) bounds of a float expression's finite values, from constants and the
+    min/max of a clamp (nan passes min and max; ``_cast_clamped`` handles it); infinite where
+    unknown."""
+    if e.op == "const":
+        return float(e.arg), float(e.arg)
+    if e.op in ("min", "max") and len(e.args) == 2:
+        (la, ha), (lb, hb) = _bounds(e.args[0]), _bounds(e.args[1])
+        if e.op == "min":
+            return min(la, lb), min(ha, hb)
+        return max(la, lb), max(ha, hb)
+    return -math.inf, math.inf
+
+
+def _in_i32(e: Expr) -> bool:
+    """Whether float expression ``e`` is clamped into i32's range (a quantization's
+    ``min(max(round(x), 0), 255)``)."""
+    if e.dtype not in ("f32", "f64") or e.op not in ("min", "max"):
+        return False
+    lo, hi = _bounds(e)
+    return lo >= -2.0 ** 31 and hi < 2.0 ** 31

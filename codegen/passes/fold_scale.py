@@ -27,6 +27,10 @@ from mlpack.codegen.passes.sums import fresh, read_counts
 _ZERO = None  # marks "no term" in an (a, b) pair
 
 
+def _is_one(size: Expr) -> bool:
+    return size.is_const and size.value == 1
+
+
 def _is_const_expr(e: Expr, g: Graph) -> bool:
     return all(n.arg[0] in g.constants for n in walk(e) if n.op == "read")
 
@@ -92,32 +96,42 @@ def _evaluate(g: Graph, name: str, dims: dict, layout, body: Expr):
     return Constant(name, TensorType(dtype, dict(dims)), tuple(layout), data)
 
 
-def fold_scales(g: Graph) -> Graph:
+def fold_scales(g: Graph, wider: bool = False) -> Graph:
+    """``g`` with each affine epilogue folded (in place). ``wider``: also where the epilogue
+    reads the contraction's size-1 dims at 0 (a batch of one) or reads other tensors beside it
+    (a residual add), as the int8 precision asks (its requantizing epilogues cost more per
+    element); the graph pipeline keeps the narrower rule, so fp32 kernels stay as they are."""
     counts, pinned = read_counts(g)
     producers = {op.out: op for op in g.ops if isinstance(op, Comprehension)}
     for op in list(g.ops):
         if not isinstance(op, Comprehension) or op.reduce is not None or not dt.is_float(op.type.dtype):
             continue
         targets = [n for n in walk(op.body) if n.op == "read" and n.arg[0] in producers]
-        if len(targets) != 1:
+        if len(targets) != 1 and not wider:
             continue
-        at = targets[0]
-        src = producers[at.arg[0]]
-        if (src.reduce != "sum" or src.out in pinned or counts[src.out] != 1 or at.arg[2] is not None
-                or src.type.dtype != op.type.dtype):
-            continue
-        # the read must rename dims: epilogue var -> contraction var
-        back = {}
-        for d, ix in zip(at.arg[1], at.args):
-            if ix.op != "var" or ix.arg in back or not ex.same_size(op.type.dims[ix.arg], src.type.dims[d]):
-                break
-            back[ix.arg] = d
-        else:
-            if len(back) != len(op.type.dims):
+        for at in targets:
+            src = producers[at.arg[0]]
+            if (src.reduce != "sum" or src.out in pinned or counts[src.out] != 1
+                    or at.arg[2] is not None or src.type.dtype != op.type.dtype):
                 continue
-            if _fold(g, op, src, at, back):
+            back = _renaming(op, src, at, wider)
+            if back is not None and _fold(g, op, src, at, back):
                 counts, pinned = read_counts(g)
     return g
+
+
+def _renaming(op: Comprehension, src: Comprehension, at: Expr, wider: bool) -> dict | None:
+    """{epilogue var: contraction dim} when the read ``at`` renames every dim (``wider``: a
+    size-1 dim read at 0 aside), else None."""
+    back = {}
+    for d, ix in zip(at.arg[1], at.args):
+        if wider and ix.is_const and ix.value == 0 and _is_one(src.type.dims[d]):
+            continue   # a batch of one, read at its only index
+        if ix.op != "var" or ix.arg in back or not ex.same_size(op.type.dims[ix.arg], src.type.dims[d]):
+            return None
+        back[ix.arg] = d
+    want = sum(not _is_one(s) for s in op.type.dims.values()) if wider else len(op.type.dims)
+    return back if len(back) == want else None
 
 
 def _affine_part(e: Expr, target: str, g: Graph):

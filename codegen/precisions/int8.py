@@ -27,8 +27,10 @@ inside the model grows with zero weights, read as the zero point).
 Activation ranges come from running the f32 graph on calibration inputs (``calibrate``): for
 each tensor, min-max and clipping at the 99.9th, 99.99th and 99.999th percentiles are tried,
 and the range whose quantization error (mean squared, over the observed values) is smallest
-is kept. The cpu target multiplies with ``vpdpbusd`` (AVX512_VNNI) where it has it, else widens
-to 32-bit lanes (codegen/targets/cpu/microkernel.py).
+is kept. The cpu target multiplies with ``vpdpbusd`` (AVX512_VNNI), SDOT or USDOT where it has
+them, with ``pmaddwd`` on i16 pairs on other x86 levels, else widens to 32-bit lanes
+(codegen/targets/cpu/microkernel.py). Per-channel affine maps after a contraction (batch norms)
+are folded into its weights first (``_scales_folded``).
 """
 
 from __future__ import annotations
@@ -39,10 +41,13 @@ import numpy as np
 
 from mlpack.codegen.errors import UnsupportedTargetError
 from mlpack.codegen.passes.dce import eliminate_dead_code
+from mlpack.codegen.passes.fold_constants import fold_constant_maps
+from mlpack.codegen.passes.fold_scale import fold_scales
 from mlpack.codegen.passes.fuse import fuse_elementwise
 from mlpack.codegen.precisions.intsum import (MIN_DEPTH, IntegerRewrite, channels, fresh,
                                               quad_dim)
 from mlpack.codegen.precisions.qdq import integer_contractions
+from mlpack.codegen.precisions.qlinear import has_integer_sums, integer_sums
 from mlpack.codegen.precisions.weights16 import weights
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
@@ -113,7 +118,7 @@ def quantizes(g: Graph) -> bool:
                 if n.op == "cast" and n.dtype in ("u8", "i8") and any(
                         m.op == "round" for m in ex.walk(n.args[0])):
                     return True
-    return False
+    return has_integer_sums(g)   # ConvInteger, MatMulInteger: sums of its own 8-bit integers
 
 
 # ---------------------------------------------------------------- calibration
@@ -213,10 +218,11 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
     """``g`` with its int8 contractions (``contractions``) quantized with the activation ranges
     of ``calibration`` (``calibrate``'s result), after the contractions the model quantizes
     itself (QDQ: qdq.py) are put on the same integer sums; ``g`` itself when there are none."""
-    g = integer_contractions(g)
-    found = contractions(g)
-    if not found:
+    g = integer_contractions(integer_sums(g))
+    if not contractions(g):
         return g
+    g = _scales_folded(g)
+    found = contractions(g)
     if calibration is None:
         raise CalibrationError("int8 needs activation ranges: calibrate the graph on inputs "
                                "first (mlpack build does, with --calibration or random inputs)")
@@ -244,6 +250,17 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
     _share_quantized(ops, quantized, {p.name for p in g.outputs})
     out = replace(g, ops=ops, constants=rw.constants, types=rw.types)
     return eliminate_dead_code(fuse_elementwise(out))
+
+
+def _scales_folded(g: Graph) -> Graph:
+    """A copy of ``g`` with each per-channel affine map after a contraction (a BatchNormalization
+    whose ``1 / sqrt(var + eps)`` is still a map of constants when the graph passes run) folded
+    into its weights (codegen/passes/fold_scale.py): quantized per output channel, the weights
+    give the same integers scaled, and the requantizing epilogue loses three multiplies and
+    three loads per element, which a short-K int8 convolution feels."""
+    copy = replace(g, ops=[replace(op) if isinstance(op, Comprehension) else op for op in g.ops],
+                   constants=dict(g.constants), types=dict(g.types))
+    return fold_scales(fold_constant_maps(copy), wider=True)
 
 
 def _share_quantized(ops: list, quantized: dict, outputs: set[str]) -> None:

@@ -98,38 +98,52 @@ class IntegerRewrite:
         weight's (int8 values, per-channel scale) where the model gives them (a QDQ model's
         weights, codegen/passes/qdq.py), else ``w``'s values are quantized here."""
         c = self.g.constants[w.arg[0]]
+        wq, sw = quantized if quantized is not None else quantize_weight(c, channels(op, w, self.g))
+        sop, ch_layout, ch_index = self.integer_sum(op, x, w, q, None if x.arg[2] is None else zx,
+                                                    wq, zx)
+        ch_shape = [c.data.shape[c.layout.index(d)] for d in ch_layout]
+        ch_dims = {d: c.type.dims[d] for d in ch_layout}
+        zname = self.constant(f"{w.arg[0]}#zsum", "i32", ch_dims, ch_layout,
+                              (zx * column_sums(wq, c.layout, ch_layout)).astype(np.int32)
+                              .reshape(ch_shape))
+        sname = self.constant(f"{w.arg[0]}#scale", "f32", ch_dims, ch_layout,
+                              (sx * sw).astype(np.float32).reshape(ch_shape))
+        deq = ex.mul(ex.cast(ex.sub(ex.read(sop.out, {d: ex.var(d) for d in op.type.dims}, "i32"),
+                                    ex.read(zname, ch_index, "i32")), "f32"),
+                     ex.read(sname, ch_index, "f32"))
+        return [sop, Comprehension(op.out, op.type, deq)]
+
+    def integer_sum(self, op: Comprehension, x: Expr, w: Expr, q: str, pad: int | None,
+                    wq: np.ndarray, fill: int) -> tuple[Comprehension, list[str], dict[str, Expr]]:
+        """(``sum_k i32(q#u8[x's index; pad]) * i32(W#i8[w's index])`` as a new i32 tensor,
+        W's output-channel dims in its layout order, their index in ``op``): ``wq`` is W's int8
+        values as ``w``'s constant lies. K grows to whole quads (``quad_dim``) with zero
+        weights, where x is then read past its end (at ``fill`` if it had no padding)."""
+        c = self.g.constants[w.arg[0]]
         chans = channels(op, w, self.g)
-        wq, sw = quantized if quantized is not None else quantize_weight(c, chans)
         dims = dict(c.type.dims)
         qv, qext = quad_dim(op, x)
-        pad = None if x.arg[2] is None else zx
         if qext != op.rdims[qv].value:   # K grown to whole quads: zero weights, x read guarded
             d = next(d for d, ix in zip(w.arg[1], w.args) if ix.op == "var" and ix.arg == qv)
             widths = [(0, 0)] * wq.ndim
             widths[c.layout.index(d)] = (0, qext - dims[d].value)
             wq, dims[d] = np.pad(wq, widths), ex.const(qext)
             op = replace(op, rdims={**op.rdims, qv: ex.const(qext)})
-            pad = zx
-        stem = w.arg[0]
-        wname = self.constant(f"{stem}#i8", "i8", dims, c.layout, wq)
+            pad = fill if pad is None else pad
+        wname = self.constant(f"{w.arg[0]}#i8", "i8", dims, c.layout, wq)
         ch_layout = [d for d in c.layout if d in chans]
-        ch_shape = [c.data.shape[c.layout.index(d)] for d in ch_layout]
-        sums = wq.astype(np.int64).sum(axis=tuple(i for i, d in enumerate(c.layout)
-                                                  if d not in chans))
-        ch_dims = {d: dims[d] for d in ch_layout}
-        zname = self.constant(f"{stem}#zsum", "i32", ch_dims, ch_layout,
-                              (zx * sums).astype(np.int32).reshape(ch_shape))
-        sname = self.constant(f"{stem}#scale", "f32", ch_dims, ch_layout,
-                              (sx * sw).astype(np.float32).reshape(ch_shape))
         at = dict(zip(w.arg[1], w.args))
-        ch_index = {d: at[d] for d in ch_layout}
         xq = Expr("read", x.args, (q, x.arg[1], pad), "u8")
         wr = Expr("read", w.args, (wname, w.arg[1], None), "i8")
         acc = fresh(f"{op.out}#i32", self.taken)
         sop = replace(op, out=acc, type=TensorType("i32", dict(op.type.dims)),
                       body=ex.mul(ex.cast(xq, "i32"), ex.cast(wr, "i32")))
         self.types[acc] = sop.type
-        deq = ex.mul(ex.cast(ex.sub(ex.read(acc, {d: ex.var(d) for d in op.type.dims}, "i32"),
-                                    ex.read(zname, ch_index, "i32")), "f32"),
-                     ex.read(sname, ch_index, "f32"))
-        return [sop, Comprehension(op.out, op.type, deq)]
+        return sop, ch_layout, {d: at[d] for d in ch_layout}
+
+
+def column_sums(wq: np.ndarray, layout, ch_layout) -> np.ndarray:
+    """Per output channel (the dims ``ch_layout`` of ``wq``'s ``layout``), the sum of its
+    int8 weights, as int64 in ``ch_layout`` order."""
+    return wq.astype(np.int64).sum(axis=tuple(i for i, d in enumerate(layout)
+                                              if d not in ch_layout))

@@ -32,7 +32,7 @@ import numpy as np
 from mlpack.codegen.passes.dce import eliminate_dead_code
 from mlpack.codegen.passes.fold_constants import fold_constant_maps
 from mlpack.codegen.passes.fuse import fuse_elementwise
-from mlpack.codegen.precisions import intsum
+from mlpack.codegen.precisions import intsum, qlinear
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Constant, Graph, TensorType
@@ -80,9 +80,9 @@ def _activation(e: Expr, producers: dict, g: Graph):
 
 
 def _weight(e: Expr, producers: dict, g: Graph):
-    """(read of the i8 constant in place of ``e``, scale array over the constant's layout or
-    None when the scale is per tensor, its float value) when ``e`` reads a map dequantizing an
-    i8 constant with zero zero points; else None."""
+    """(read of the 8-bit constant in place of ``e``, scale and zero point as arrays over the
+    constant's layout, size 1 where they do not vary) when ``e`` reads a map dequantizing an
+    8-bit constant per tensor or per output channel; else None."""
     op = producers.get(e.arg[0])
     if op is None or op.reduce is not None or e.arg[2] is not None:
         return None
@@ -90,14 +90,20 @@ def _weight(e: Expr, producers: dict, g: Graph):
     if parts is None:
         return None
     q, zero, scale = parts
-    if q.op != "read" or q.dtype != "i8" or q.arg[0] not in g.constants or q.arg[2] is not None:
+    if q.op != "read" or q.dtype not in ("i8", "u8") or q.arg[0] not in g.constants \
+            or q.arg[2] is not None:
         return None
     if not all(i.op == "var" and i.arg == d for d, i in zip(q.arg[1], q.args)) \
             or set(q.arg[1]) != set(op.type.dims):
         return None   # the map reads the constant as it lies, one element per output
-    if zero is not None and not _all_zero(zero, g):
-        return None
     c = g.constants[q.arg[0]]
+    zw = np.zeros([1] * c.data.ndim, dtype=np.int64)
+    if zero is not None and not _all_zero(zero, g):
+        zw = _number(zero, g)
+        zw = _per_channel(zero, c, g) if zw is None else np.full([1] * c.data.ndim, zw)
+        if zw is None or np.any(zw != np.round(zw)):
+            return None
+        zw = zw.astype(np.int64)
     per_tensor = _number(scale, g)
     if per_tensor is not None:
         sw = np.full([1] * c.data.ndim, per_tensor)
@@ -109,7 +115,7 @@ def _weight(e: Expr, producers: dict, g: Graph):
         return None
     at = dict(zip(e.arg[1], e.args))
     moved = ex.substitute(q, at)
-    return Expr("read", moved.args, q.arg, "i8"), sw
+    return Expr("read", moved.args, q.arg, q.dtype), sw, zw
 
 
 def _all_zero(e: Expr, g: Graph) -> bool:
@@ -154,16 +160,39 @@ def _match(op: Comprehension, producers: dict, g: Graph):
         x, w = _activation(a, producers, g), _weight(b, producers, g)
         if x is None or w is None:
             continue
-        (q, sx, zx), (wr, sw) = x, w
+        (q, sx, zx), (wr, sw, zw) = x, w
         channels = intsum.channels(op, wr, g)
         if channels is None or intsum.quad_dim(op, a) is None:
             continue
         c = g.constants[wr.arg[0]]
-        if any(sw.shape[i] > 1 and d not in channels for i, d in enumerate(c.layout)):
-            continue   # a scale that varies along the sum cannot be taken out of it
+        if any(p.shape[i] > 1 and d not in channels for p in (sw, zw)
+               for i, d in enumerate(c.layout)):
+            continue   # a scale or zero point that varies along the sum cannot leave it
         keep = [c.data.shape[i] if d in channels else 1 for i, d in enumerate(c.layout)]
-        return a, q, sx, zx, wr, np.broadcast_to(sw, keep)
+        values = c.data.astype(np.int64) - zw
+        split = qlinear.shifted(values, c.layout, channels)   # W - zw = W8 + off[n]
+        if split is None:
+            continue
+        return a, q, sx, zx, wr, np.broadcast_to(sw, keep), split
     return None
+
+
+def _shifted_contraction(rw, op, xq, wr, u8, sx, zx, sw, w8, off, g) -> list[Comprehension]:
+    """``op`` over weights with a zero point (or u8 ones): the u8 x s8 sum of ``W8`` with the
+    row-sum correction of qlinear.py, in i32, then its dequantization by ``sx * sw``."""
+    c = g.constants[wr.arg[0]]
+    pad = None if xq.arg[2] is None else zx
+    sop, ch_layout, ch_index = rw.integer_sum(op, xq, wr, u8, pad, w8, zx)
+    total = intsum.fresh(f"{op.out}#sum", rw.taken)
+    x = Expr("read", xq.args, (u8, xq.arg[1], pad), "u8")   # (its padding: the zero point)
+    fixes = qlinear.corrections(rw, op, sop, x, wr, c, w8, off, zx, ch_layout, ch_index, total)
+    rw.types[total] = fixes[-1].type
+    shape = [c.data.shape[c.layout.index(d)] for d in ch_layout]
+    sname = rw.constant(f"{wr.arg[0]}#scale", "f32", {d: c.type.dims[d] for d in ch_layout},
+                        ch_layout, (sx * sw).astype(np.float32).reshape(shape))
+    deq = ex.mul(ex.cast(ex.read(total, {d: ex.var(d) for d in op.type.dims}, "i32"), "f32"),
+                 ex.read(sname, ch_index, "f32"))
+    return [sop, *fixes, Comprehension(op.out, op.type, deq)]
 
 
 def integer_contractions(g: Graph) -> Graph:
@@ -178,7 +207,7 @@ def integer_contractions(g: Graph) -> Graph:
         hit = _match(op, producers, g)
         if hit is None:
             continue
-        xr, q, sx, zx, wr, sw = hit
+        xr, q, sx, zx, wr, sw, (w8, off) = hit
         rw = rw or intsum.IntegerRewrite(g)
         dq = producers[xr.arg[0]]
         if dq.out not in split:   # its u8 value becomes a tensor of its own, read by both
@@ -187,8 +216,10 @@ def integer_contractions(g: Graph) -> Graph:
             rw.types[name] = split[dq.out].type
         u8 = split[dq.out].out
         xq = Expr("read", xr.args, (u8, xr.arg[1], xr.arg[2]), "u8")
-        c = g.constants[wr.arg[0]]
-        changed[id(op)] = rw.contraction(op, xq, wr, u8, sx, zx, quantized=(c.data, sw))
+        if not np.any(off):   # (s8 weights with a zero zero point: the common case)
+            changed[id(op)] = rw.contraction(op, xq, wr, u8, sx, zx, quantized=(w8, sw))
+        else:
+            changed[id(op)] = _shifted_contraction(rw, op, xq, wr, u8, sx, zx, sw, w8, off, g)
     if not changed:
         return fold_constant_maps(g)
     ops = []

@@ -1,5 +1,5 @@
 """Models that arrive quantized (codegen/precisions/qdq.py): ONNX Runtime's QDQ contractions go
-on int8's exact i32 sums in the int8 precision, keep their float form in the others (with the
+on int8's exact i32 sums in the int8 precision (s8 weights, or u8 ones with zero points), keep their float form in the others (with the
 dequantized weights evaluated once), and compute what ONNX Runtime computes for the same model.
 """
 
@@ -61,11 +61,10 @@ def test_a_quantized_model_is_calibrated_on_nothing(qdq):
 
 
 def test_the_integer_sums_compute_what_onnx_runtime_computes(qdq):
-    """Sums exact in i32, scaled once: the outputs are ONNX Runtime's up to the
+    """Sums exact in i32, scaled once: the outputs are ONNX Runtime's with its exact int8
+    kernels (support.oracle_outputs: they saturate on CPUs without VNNI otherwise) up to the
     requantizations' rounding, an output step at most, and within int8's tolerance of the
-    float64 reference. ONNX Runtime runs the QDQ nodes as written (dequantize, contract in f32,
-    quantize: the same integers): its fused u8 x s8 kernels saturate 16-bit pair sums on x86-64
-    hosts without VNNI (23 output steps off on an AVX2 host)."""
+    float64 reference."""
     path, g = qdq
     out = precisions.apply("int8", g, {})
     from mlpack.packager.reference import float64_outputs
@@ -73,7 +72,7 @@ def test_the_integer_sums_compute_what_onnx_runtime_computes(qdq):
     worst_ort, worst_ref, scale = 0.0, 0.0, 0.0
     for feed in quantized.feeds(4, 11):
         got = run_graph(out, feed)["y"]
-        [ort] = support.oracle_outputs(model, feed, "ort-unfused")
+        [ort] = support.oracle_outputs(model, feed, "ort-exact")
         scale = max(scale, float(abs(ort).max()))
         ref = float64_outputs(g, [feed])[0]["y"]
         worst_ort = max(worst_ort, accuracy.measure(got, ort).max_error)
@@ -82,6 +81,24 @@ def test_the_integer_sums_compute_what_onnx_runtime_computes(qdq):
         t for t in model.graph.initializer if t.name == "y_scale")))
     assert worst_ort <= 2 * step / scale
     assert worst_ref <= accuracy.TOLERANCES["int8"].cap
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_asymmetric_u8_weights_with_zero_points_sum_on_the_same_kernels(tmp_path, per_channel):
+    """u8 weights with zero points (quantize_static's asymmetric QUInt8, per channel and per
+    tensor): ``W - zw`` is an s8 weight plus a per-channel shift whose share is a row sum
+    (qlinear.py), so the deep contractions still multiply u8 x s8 and give ONNX Runtime's
+    outputs (its exact int8 kernels) bit for bit."""
+    path = quantized.qdq_convnet(str(tmp_path), "u8", per_channel)
+    model = onnx.load(path)
+    assert any(t.data_type == onnx.TensorProto.UINT8 and onnx.numpy_helper.to_array(t).any()
+               for t in model.graph.initializer if t.name.endswith("zero_point")
+               and t.name.startswith("w"))
+    out = precisions.apply("int8", compile_onnx(model), {})
+    assert _sums(out).count(("i32", ("u8", "i8"))) == 2
+    for feed in quantized.feeds(3, 13):
+        [want] = support.oracle_outputs(model, feed, "ort-exact")
+        np.testing.assert_array_equal(run_graph(out, feed)["y"], want)
 
 
 def test_fp32_keeps_the_float_form_with_its_weights_evaluated_once(qdq):

@@ -122,8 +122,8 @@ def test_cli_builds_int8_with_a_calibration_directory(tmp_path):
 def test_a_quantized_model_builds_int8_by_default_and_runs_its_own_integers(tmp_path):
     """ONNX Runtime's QDQ model: no --precision gives int8 (its own precision), its deep
     contractions as the model's integers summed in i32, judged with int8's tolerance, and the
-    native artifact's outputs are ONNX Runtime's for the same model within an output step (its
-    QDQ nodes run as written: its fused u8 x s8 kernels saturate on hosts without VNNI)."""
+    native artifact's outputs are ONNX Runtime's for the same model (its exact int8 kernels:
+    support.oracle_outputs) within an output step."""
     import onnx
     quantized = support.load_models_module("quantized")
     qdq = quantized.qdq_convnet(str(tmp_path))
@@ -140,8 +140,27 @@ def test_a_quantized_model_builds_int8_by_default_and_runs_its_own_integers(tmp_
     with mlpack.load(str(out), device="cpu") as m:
         assert m.artifact.precision == "int8"
         for feed in quantized.feeds(3, 21):
-            [want] = support.oracle_outputs(model, feed, "ort-unfused")
+            [want] = support.oracle_outputs(model, feed, "ort-exact")
             np.testing.assert_allclose(m(**feed)["y"], want, rtol=0, atol=2 * step)
+
+
+@pytest.mark.parametrize("op", ["QLinearConv", "MatMulInteger"])
+def test_a_model_of_integer_operators_builds_int8_and_computes_onnxs_integers(tmp_path, op):
+    """QLinearConv (u8 x s8, requantized) and MatMulInteger (u8 x u8 with zero points, i32
+    out): int8 by default, their sums on the integer kernels (qlinear.py), and the native
+    artifact's outputs are ONNX's reference evaluator's bit for bit."""
+    import onnx
+    quantized = support.load_models_module("quantized")
+    model, feeds = (quantized.qlinear_conv() if op == "QLinearConv"
+                    else quantized.matmul_integer(np.uint8, 3))
+    onnx.save(model, tmp_path / "m.onnx")
+    report = build(tmp_path / "m.onnx", tmp_path / "m.mlpack", targets=["x86_64-v2"])
+    assert [(a.target, a.precision) for a in report.artifacts] == [
+        ("portable", "fp32"), ("x86_64-v2", "int8")]
+    assert all(a.validated for a in report.artifacts), report.artifacts
+    [want] = support.oracle_outputs(model, feeds, "reference")
+    with mlpack.load(str(tmp_path / "m.mlpack"), device="cpu") as m:
+        np.testing.assert_array_equal(m(**feeds)["y"], want)
 
 
 def test_an_int8_artifact_that_misses_keeps_its_most_sensitive_activations_in_f32(tmp_path):

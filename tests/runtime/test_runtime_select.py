@@ -141,6 +141,32 @@ def test_under_a_budget_a_measured_latency_outranks_the_precisions_name(tmp_path
         assert select_artifact(c, ARM)[0].index == 2
 
 
+def test_a_level_the_build_host_could_not_time_counts_as_the_one_it_extends(tmp_path, tiny):
+    """Built on an AVX2 host (v3 timed, v4 not: that host could not run it), opened on an
+    AVX-512 one: v4 counts as fast as the v3 artifact of its precision whose instructions it
+    extends, and ranks above it; a precision timed faster at v3 that v4 lacks still wins. The
+    C engine's test_select.c checks the same, word for word."""
+    def box(fp32_s, fp16_s):
+        specs = [artifact(tiny),
+                 artifact(tiny, "cpu", target="x86_64-v3", features=("avx2", "fma"),
+                          latency=fp32_s),
+                 artifact(tiny, "cpu", "fp16", target="x86_64-v3", features=("avx2", "fma"),
+                          err=1e-3, latency=fp16_s),
+                 artifact(tiny, "cpu", target="x86_64-v4",
+                          features=("avx2", "fma", "avx512f", "avx512bw"))]
+        return write(tmp_path / f"t{fp32_s}-{fp16_s}.mlpack", tiny, specs)
+    with open_container(box(2e-3, 3e-3)) as c:
+        winner, v = select_artifact(c, AVX512)
+        assert winner.index == 3
+        assert v[3].reason == ("chosen: x86-64 v4 cpu fp32 (artifact 3) is the fastest artifact "
+                               "this host runs (as x86-64 v3 cpu fp32 (artifact 1) timed at "
+                               "build, whose instructions it extends)")
+        assert v[1].reason == "passed over: x86-64 v4 cpu fp32 (artifact 3) ranks higher"
+        assert select_artifact(c, AVX2)[0].index == 1   # where v4 cannot run: as timed
+    with open_container(box(2e-3, 1e-3)) as c:
+        assert select_artifact(c, AVX512)[0].index == 2
+
+
 def test_without_a_budget_native_code_outranks_the_interpreter_at_any_precision(tmp_path, tiny):
     """A container whose only fp32 artifact is the portable one and whose native ones are int8
     (`-t x86_64-v4-vnni -p int8`): the host runs the native int8 code, not the interpreter;
@@ -220,7 +246,7 @@ def test_selection_invariants(full_artifacts, subset, arch, level, features, sm,
         allowed = _policy_fault(v.artifact, device, precision, budget) is None
         assert v.runnable == (host_fault(v.artifact, host) is None)
         if v.runnable and allowed:
-            assert rank_key(v.artifact) <= rank_key(winner)
+            assert rank_key(v.artifact, box.artifacts) <= rank_key(winner, box.artifacts)
 
 
 @pytest.fixture(scope="module")

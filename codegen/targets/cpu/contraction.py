@@ -40,8 +40,9 @@ from mlpack.spec.ir import dtypes
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.targets.cpu import amx, depthwise
-from mlpack.codegen.targets.cpu.gemm import (PACK, SIGNED_A, Contraction, bf16_dot, int8_dot,
-                                            pack_b, pack_pairs, signed_correction)
+from mlpack.codegen.targets.cpu.gemm import (PACK, PAIR_PRODUCTS, SIGNED_A, Contraction,
+                                            bf16_dot, int8_dot, pack_b, pack_pairs, pair_halves,
+                                            signed_correction)
 from mlpack.codegen.targets.cpu.gemmview import (MIN_N, const_view, extent, int8_view,
                                                  narrow_view, pair_size, panel_dtype, split,
                                                  widened)
@@ -69,18 +70,23 @@ PACK_MIN_M = 128             # rows a run-time pack of B must feed to repay its 
 # ---------------------------------------------------------------- classification
 
 
-def _tile_shape(t: CpuTarget, blocks: int) -> tuple[int, int, int]:
-    """(vl, tb, mr): vector lanes, PACK blocks per tile and rows per tile for ``t``."""
+def _tile_shape(t: CpuTarget, blocks: int, pairs: bool = False) -> tuple[int, int, int]:
+    """(vl, tb, mr): vector lanes, PACK blocks per tile and rows per tile for ``t``.
+    ``pairs``: a step holds both pairs' B vectors (pmaddwd's, gemm.PAIR_PRODUCTS) beside a
+    broadcast and a product."""
     vl = max(4, t.vector_bits // 32)
     per_block = PACK // vl
 
+    def live(nv):   # registers a step needs besides the accumulators
+        return 2 * nv + 2 if pairs else nv + 2
+
     def shape(tb):
-        # accumulators, plus the step's B vectors and two for broadcasts, fit the registers
+        # accumulators, plus the step's B vectors and its temporaries, fit the registers
         nv = tb * per_block
-        mr = max(1, min(MAX_MR, (t.vector_registers - nv - 2) // nv))
+        mr = max(1, min(MAX_MR, (t.vector_registers - live(nv)) // nv))
         fill = blocks / (-(-blocks // tb) * tb)        # padding columns are wasted work
         return fill * (mr * nv) / (mr + nv), mr        # FMAs per load, times that
-    tbs = [tb for tb in range(1, 5) if tb * per_block * 2 + 2 <= t.vector_registers]
+    tbs = [tb for tb in range(1, 5) if live(tb * per_block) + tb * per_block <= t.vector_registers]
     tb = max(tbs or [1], key=lambda x: shape(x)[0])
     mr = shape(tb)[1]
     return vl, tb, mr
@@ -206,13 +212,16 @@ def _runtime(k: Kernel, out: Buffer, r1: Expr, r2: Expr, bufs, t=None) -> dict |
 # ---------------------------------------------------------------- A: the zero-halo copy
 
 
-def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, layout=None):
+def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, layout=None,
+             dtype: str | None = None):
     """(A read without guards, pad kernel or None); None when the index range is unknown.
-    ``layout``: the copy's dims in memory order (amx.a_layout), which makes a copy even of an
-    A that needs no padding."""
+    ``layout``: the copy's dims in memory order (amx.a_layout), ``dtype``: its element type
+    (u8 widened to u16 for gemm.PAIR_PRODUCTS), either of which makes a copy even of an A that
+    needs no padding."""
     ra = info["a"]
     src = bufs[ra.arg[0]]
-    relaid = layout is not None and tuple(layout) != tuple(src.layout)
+    dtype = dtype or src.dtype
+    relaid = (layout is not None and tuple(layout) != tuple(src.layout)) or dtype != src.dtype
     if ra.arg[2] is None and not relaid:
         return ra, None
     out = bufs[k.out]
@@ -233,14 +242,16 @@ def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, layout=N
                  for d in ra.arg[1]}
     if inside and not relaid:   # every read is in bounds: no copy
         return ex.read(src.name, dict(zip(ra.arg[1], ra.args)), ra.dtype), None
-    pbuf = Buffer(name, tuple(layout or src.layout), sizes, src.dtype)
+    pbuf = Buffer(name, tuple(layout or src.layout), sizes, dtype)
     bufs[name] = pbuf
     body = ex.read(src.name, {d: ex.var(d) + shift[d] if shift[d] else ex.var(d)
                               for d in src.layout}, src.dtype, ra.arg[2])
-    pk = Kernel(f"{k.name}_pad", name, body, None, {}, src.dtype, reads=[src.name],
+    if dtype != src.dtype:
+        body = ex.cast(body, dtype)
+    pk = Kernel(f"{k.name}_pad", name, body, None, {}, dtype, reads=[src.name],
                 fused=list(k.fused))
     schedule(pk, pbuf, bufs)
-    return ex.read(name, unguarded, ra.dtype), pk
+    return ex.read(name, unguarded, dtype), pk
 
 
 # ---------------------------------------------------------------- the pass
@@ -325,7 +336,11 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             # extent is a constant)
             tiles = amx.plan(info, bufs, {v: extent(v, ob, k.rdims).value for v in info["k"]},
                              ob.contiguous_dim())
-        hit = _unguard(k, info, bufs, f"{k.out}#a", tiles[0] if tiles else info.get("relayout"))
+        dot = _dot_of(info, t)
+        # pmaddwd multiplies i16: A is copied widened, once per run, so that a row's pair of K
+        # is one 32-bit broadcast (the copy is a pass over A; the GEMM reads it N / 16 times)
+        hit = _unguard(k, info, bufs, f"{k.out}#a", tiles[0] if tiles else info.get("relayout"),
+                       "u16" if dot in PAIR_PRODUCTS else None)
         if hit is None:
             out.append(k)
             continue
@@ -344,8 +359,9 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             extents = {v: extent(v, ob, k.rdims).value for v in dims}
             pdt = panel_dtype(rb.dtype, t)
             pair, size = info.get("pair"), pair_size(info)
+            halves = dot in PAIR_PRODUCTS
             key = (rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]), pdt,
-                   pair, size)
+                   pair, size) + (("halves",) if halves else ())
 
             def make():
                 panel = pack_b(const.data, const.layout, rb, info["aff_b"], dims, extents,
@@ -353,8 +369,11 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                 if pair is not None:
                     panel = pack_pairs(panel, [extents[v] for v in info["k"]],
                                        info["k"].index(pair), size)
-                return panel.astype(dtypes.to_numpy(pdt))
+                panel = panel.astype(dtypes.to_numpy(pdt))
+                return pair_halves(panel) if halves else panel
             axes = ("b", "nb", "k", "l", "e") if pair is not None else ("b", "nb", "k", "l")
+            if halves:
+                axes = ("b", "nb", "k", "h", "l", "e")
             name, data = _weights_pack(
                 key, f"{rb.arg[0]}#pack{len(packs)}" if packs else f"{rb.arg[0]}#pack",
                 axes, pdt, make, bufs, packs, cache)
@@ -365,12 +384,12 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         else:
             data, name, direct = None, rb.arg[0], rb
         init = None
-        dot = _dot_of(info, t)
         if dot in SIGNED_A:   # (then B is a build-time panel)
             init = _weights_pack(("init",) + key, f"{name}#init", ("b", "nb", "l"), "i32",
                                  lambda: signed_correction(data), bufs, packs, cache)
         blocks = ex.simplify_size(ex.ceildiv(info["n_size"], ex.const(PACK)))
-        vl, tb, mr = _tile_shape(t, blocks.value if blocks.is_const else 64)
+        vl, tb, mr = _tile_shape(t, blocks.value if blocks.is_const else 64,
+                                 dot in PAIR_PRODUCTS)
         k.gemm = Contraction(ra, name, data, info["batch"], info["m"], info["n"], info["k"],
                              info["n_size"], info["k_size"], blocks, vl, tb, mr,
                              t.fma, _group(info["m_size"], mr), _k_chunk(tb, info, k.rdims),

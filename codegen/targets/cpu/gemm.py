@@ -31,8 +31,19 @@ BF16_DOT = {"avx512bf16": ("llvm.x86.avx512bf16.dpbf16ps.512", 16),
 # (x86 vpdpbusd, arm USDOT of FEAT_I8MM; no saturation: four products of at most 255 * 127 fit)
 INT8_DOT = {"avx512vnni": ("llvm.x86.avx512.vpdpbusd.512", 16),
             "i8mm": ("llvm.aarch64.neon.usdot.v4i32.v16i8", 4),
-            "dotprod": ("llvm.aarch64.neon.sdot.v4i32.v16i8", 4)}
+            "dotprod": ("llvm.aarch64.neon.sdot.v4i32.v16i8", 4),
+            # x86 without VNNI: ``pmaddwd`` adds a0*b0 + a1*b1 of i16 pairs to each i32 lane,
+            # exact (u8 and s8 widen to i16); K still goes in quads, A copied as u16 first
+            # (contraction.py) so that each pair is one 32-bit broadcast, B packed as two s8
+            # pairs per quad (``pair_halves``), sign-extended per load. ``pmaddubsw`` would take the bytes as they are, but its i16
+            # pair sum saturates (2 * 255 * 127 > 32767): what ONNX Runtime's AVX2 kernel risks
+            "avx512bw": ("llvm.x86.avx512.pmaddw.d.512", 16),
+            "avx2": ("llvm.x86.avx2.pmadd.wd", 8),
+            "ssse3": ("llvm.x86.sse2.pmadd.wd", 4)}
 INT8_INTRINSICS = {name for name, _ in INT8_DOT.values()}
+# ... and those that multiply i16 pairs (two per quad), not quads of bytes
+PAIR_PRODUCTS = {"llvm.x86.avx512.pmaddw.d.512", "llvm.x86.avx2.pmadd.wd",
+                 "llvm.x86.sse2.pmadd.wd"}
 # the intrinsics whose byte operands LLVM types as byte vectors (the x86 ones take i32 lanes)
 BYTE_OPERANDS = {"llvm.aarch64.neon.usdot.v4i32.v16i8", "llvm.aarch64.neon.sdot.v4i32.v16i8"}
 # ... and those that multiply s8 x s8 (FEAT_DotProd's SDOT, on every ARMv8.2 core of note): A's
@@ -45,6 +56,14 @@ def signed_correction(panel: np.ndarray) -> np.ndarray:
     """128 * sum over K of a packed int8 B panel [batch, N blocks, K / 4, PACK, 4], as i32
     [batch, N blocks, PACK]: what an SDOT of (a - 128) lacks of the u8 products."""
     return (128 * panel.astype(np.int32).sum(axis=(2, 4))).astype(np.int32)
+
+
+def pair_halves(quads: np.ndarray) -> np.ndarray:
+    """A quad-packed int8 B panel [batch, N blocks, K / 4, PACK, 4] as ``pmaddwd`` reads it:
+    each quad's two pairs apart, [batch, N blocks, K / 4, 2, PACK, 2] (pair h of a quad is
+    its K 2h and 2h + 1), so one load of a pair gives every column of a vector its two K."""
+    b, nb, kq, lanes, _ = quads.shape
+    return np.ascontiguousarray(quads.reshape(b, nb, kq, lanes, 2, 2).transpose(0, 1, 2, 4, 3, 5))
 
 
 def _dot(t, table) -> str | None:

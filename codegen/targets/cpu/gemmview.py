@@ -134,8 +134,8 @@ def paired_last(info: dict) -> None:
 def int8_view(k: Kernel, g, out: Buffer, args, bufs, t) -> dict | None:
     """The GEMM view of an int8 contraction (codegen/precisions/int8.py): the sum of
     ``i32(A u8) * i32(W s8)`` with the s8 constant as B, packed at build time in s8. Where the
-    target multiplies in quads (gemm.int8_dot) and A has a K dim at unit stride in runs of four,
-    K is grouped along it; else the micro-kernel widens both to i32 lanes."""
+    target multiplies in quads or pairs (gemm.int8_dot) and A has a K dim at unit stride in runs
+    of four, K is grouped along it; else the micro-kernel widens both to i32 lanes."""
     inner = [a.args[0] if a.op == "cast" and a.dtype == "i32" else None for a in args]
     if len(args) != 2 or any(r is None or r.op != "read" for r in inner):
         return None

@@ -23,7 +23,8 @@ from mlpack.codegen.llvm.intrinsics import declare, intrinsic, masked_load, spla
 from mlpack.codegen.llvm.loops import delinearize
 from mlpack.codegen.llvm import halfconv
 from mlpack.codegen.llvm.types import BF16, F32, I8, I16, I32, I64, i64
-from mlpack.codegen.targets.cpu.gemm import BYTE_OPERANDS, PACK, QUAD, SIGNED_A, Contraction
+from mlpack.codegen.targets.cpu.gemm import (BYTE_OPERANDS, PACK, PAIR_PRODUCTS, QUAD, SIGNED_A,
+                                            Contraction)
 from mlpack.codegen.targets.cpu.indexing import affine, is_one
 from mlpack.codegen.targets.cpu.kernel import Buffer
 
@@ -52,7 +53,7 @@ class GemmEmitter:
         # A in bf16 (bf16dot.py's rounded activations): paired with B for vdpbf16ps along
         # c.pair, else widened per element
         self.adt = L.E.buffers[self.c.a.arg[0]].dtype
-        self.aety = {"bf16": I16, "u8": I8}.get(self.adt, F32)
+        self.aety = {"bf16": I16, "u16": I16, "u8": I8}.get(self.adt, F32)
 
     # small integer helpers (operands i64)
     def add(self, x, y):
@@ -350,6 +351,9 @@ class GemmEmitter:
         (adjacent along c.pair) broadcast to every i32 lane; per B vector, vl columns x four s8;
         acc += a0*b0 + ... + a3*b3 in i32 (c.dot: vpdpbusd, USDOT)."""
         c, b = self.c, self.b
+        if c.dot in PAIR_PRODUCTS:
+            self._pairs_step(kquad, off, rows, panels, accs)
+            return
         kp = b.mul(kquad, i64(QUAD * PACK))
         bv = [b.load(b.gep(panels[j], [self.add(kp, i64(QUAD * c.vl * q))], inbounds=True,
                            source_etype=I8), typ=self.vty, align=4)
@@ -369,6 +373,30 @@ class GemmEmitter:
             for q in range(len(bv)):
                 acc = accs[r * len(bv) + q]
                 b.store(b.call(dot, [b.load(acc), a_quads, bv[q]]), acc)
+
+    def _pairs_step(self, kquad, off, rows, panels, accs) -> None:
+        """One step of four K without quad products (c.dot: ``pmaddwd``, two i16 products per
+        i32 lane): per row, A's pairs (K 0, 1 and K 2, 3 of its u16 copy, contraction.py) each
+        broadcast as 32 bits; per B vector and pair, vl columns x two s8 sign-extended
+        (gemm.pair_halves); acc += a0*b0 + a1*b1 twice, exact in i32."""
+        c, b = self.c, self.b
+        per_block = PACK // c.vl
+        kp = b.mul(kquad, i64(QUAD * PACK))
+        wide = ir.VectorType(I16, 2 * c.vl)
+        bv = [[b.sext(b.load(b.gep(panels[j], [self.add(kp, i64(h * 2 * PACK + 2 * c.vl * q))],
+                                   inbounds=True, source_etype=I8),
+                             typ=ir.VectorType(I8, 2 * c.vl), align=1), wide)
+               for j in range(c.tb) for q in range(per_block)] for h in range(2)]
+        self._prefetch(panels, kp, QUAD * PACK, I8)
+        dot = declare(b.module, c.dot, ir.FunctionType(self.vty, [wide, wide]))
+        nv = len(bv[0])
+        for r, row in enumerate(rows):
+            for h in range(2):
+                at = b.gep(row, [self.add(off, i64(2 * h))], inbounds=True, source_etype=I16)
+                pairs = b.bitcast(splat(b, b.load(at, typ=I32, align=2), self.vty), wide)
+                for q in range(nv):
+                    acc = accs[r * nv + q]
+                    b.store(b.add(b.load(acc), b.call(dot, [pairs, bv[h][q]])), acc)
 
     def _prefetch(self, panels, kp, step: int, etype) -> None:
         """Where B is read once (``stream_b``), fetch each panel PREFETCH_ROWS K steps of

@@ -246,27 +246,64 @@ static mlpack_status mp_check_policy(const mlpack_options *o, mlpack_error **err
 
 /* ---------------------------------------------------------------- step 2 */
 
+/* Whether every CPU feature b requires is among a's (comma lists, spaces ignored). */
+static int mp_features_within(const char *b, const char *a) {
+  for (const char *p = b; *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    while (len && *p == ' ') p++, len--;
+    while (len && p[len - 1] == ' ') len--;
+    char name[64];
+    if (len >= sizeof name) return 0;
+    memcpy(name, p, len);
+    name[len] = 0;
+    if (len && !mp_list_has(a, name)) return 0;
+    if (!e) break;
+    p = e + 1;
+  }
+  return 1;
+}
+
+/* The timing that stands for an artifact the build did not time (its host could not run it):
+ * the fastest measured artifact of the same device, architecture and precision whose target a
+ * extends (a CPU level no higher, every required feature among a's), as more instructions never
+ * make the same computation slower; a itself when measured; NULL when there is none. */
+static const mp_artifact *mp_timed_as(const mp_container *c, const mp_artifact *a) {
+  if (a->latency >= 0) return a;
+  const mp_artifact *best = NULL;
+  for (size_t i = 0; i < c->artifact_count; i++) {
+    const mp_artifact *b = &c->artifacts[i];
+    if (b->latency < 0 || strcmp(b->device, a->device) || strcmp(b->precision, a->precision) ||
+        strcmp(b->architecture, a->architecture) || mp_x86_variant_level(b) > mp_x86_variant_level(a) ||
+        !mp_features_within(b->cpu_features, a->cpu_features))
+      continue;
+    if (!best || b->latency < best->latency) best = b;
+  }
+  return best;
+}
+
 /* Larger is better, with or without a budget (a budget only drops artifacts): the device (cuda,
  * cpu, portable), then a measured artifact before an unmeasured one, the measured by their
- * build-time latency (ns, lower first: the build timed them on one host), the unmeasured by
- * target specificity and their precision (narrower first). */
+ * build-time latency (ns, lower first: the build timed them on one host; an artifact that host
+ * could not run by the timing of the one it extends, mp_timed_as), then target specificity and
+ * their precision (narrower first). */
 #define MP_KEY 7
-static void mp_rank_key(const mp_artifact *a, long long key[MP_KEY]) {
+static void mp_rank_key(const mp_container *c, const mp_artifact *a, long long key[MP_KEY]) {
   long s[3];
-  int measured = a->latency >= 0;
+  const mp_artifact *t = mp_timed_as(c, a);
   mp_specificity(a, s);
   key[0] = s[0];   /* native code before the interpreter, whatever its precision */
-  key[1] = measured;
-  key[2] = measured ? -(long long)(a->latency * 1e9) : 0;
+  key[1] = t != NULL;
+  key[2] = t ? -(long long)(t->latency * 1e9) : 0;
   key[3] = s[1]; key[4] = s[2];
   key[5] = mp_precision_speed(a->precision);
   key[6] = -(long long)a->index;
 }
 
-static int mp_ranks_above(const mp_artifact *a, const mp_artifact *b) {
+static int mp_ranks_above(const mp_container *c, const mp_artifact *a, const mp_artifact *b) {
   long long ka[MP_KEY], kb[MP_KEY];
-  mp_rank_key(a, ka);
-  mp_rank_key(b, kb);
+  mp_rank_key(c, a, ka);
+  mp_rank_key(c, b, kb);
   for (int i = 0; i < MP_KEY; i++)
     if (ka[i] != kb[i]) return ka[i] > kb[i];
   return 0;
@@ -274,9 +311,10 @@ static int mp_ranks_above(const mp_artifact *a, const mp_artifact *b) {
 
 /* ---------------------------------------------------------------- step 3 */
 
-static void mp_chosen_reason(const mp_artifact *a, const mlpack_options *o, int has_budget, size_t others,
-                             char *out, size_t n) {
-  char d[200];
+static void mp_chosen_reason(const mp_container *c, const mp_artifact *a, const mlpack_options *o,
+                             int has_budget, size_t others, char *out, size_t n) {
+  char d[200], td[200];
+  const mp_artifact *t = mp_timed_as(c, a);
   mp_artifact_describe(a, d, sizeof d);
   if (o->device && !strcmp(o->device, "portable"))
     snprintf(out, n, "chosen: the portable artifact was requested");
@@ -287,9 +325,13 @@ static void mp_chosen_reason(const mp_artifact *a, const mlpack_options *o, int 
     snprintf(out, n, "chosen: portable: runs anywhere; slower (no native artifact fits)");
   else if (others == 0)
     snprintf(out, n, "chosen: %s is the only artifact this host runs", d);
-  else if (a->latency >= 0)
+  else if (t == a)
     snprintf(out, n, "chosen: %.150s is the fastest artifact this host runs (timed at build)", d);
-  else
+  else if (t) {
+    mp_artifact_describe(t, td, sizeof td);
+    snprintf(out, n, "chosen: %.75s is the fastest artifact this host runs (as %.75s timed at build, "
+             "whose instructions it extends)", d, td);
+  } else
     snprintf(out, n, "chosen: %s is the most specific artifact this host runs", d);
 }
 
@@ -378,14 +420,14 @@ mlpack_status mp_select(const mp_container *c, const mp_host *h, const mlpack_op
       snprintf(v->reason, sizeof v->reason, "passed over: %s", why);
       continue;
     }
-    if (!winner || mp_ranks_above(a, winner)) winner = a;
+    if (!winner || mp_ranks_above(c, a, winner)) winner = a;
   }
   if (!winner) return mp_fail_explained(c, h, verdicts, err);
   for (size_t i = 0; i < c->artifact_count; i++) {
     mp_verdict *v = &verdicts[i];
     if (&c->artifacts[i] == winner) {
       v->chosen = 1;
-      mp_chosen_reason(winner, opts, has_budget, runnable - 1, v->reason, sizeof v->reason);
+      mp_chosen_reason(c, winner, opts, has_budget, runnable - 1, v->reason, sizeof v->reason);
     } else if (!v->reason[0]) {
       mp_loser_reason(&c->artifacts[i], winner, v->reason, sizeof v->reason);
     }

@@ -175,6 +175,21 @@ static void test_budget(void) {
   CHECK(pick(&arm, NULL, NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_ARM16, "measured, no budget: %zu", c);
   arts[A_ARM].latency = arts[A_ARM16].latency = -1;
   arts[A_ARM16].cpu_features = features16;
+  /* built on an AVX2 host: the v3 artifacts timed, v4 not (that host could not run it); on an
+   * AVX-512 host v4 counts as fast as the v3 artifact of its precision it extends, and ranks
+   * above it; a faster precision timed at v3 still wins */
+  const char *features4 = arts[A_V4].cpu_features;
+  arts[A_V4].cpu_features = "avx2,fma,avx512f,avx512bw";   /* a level's features include the lower's */
+  arts[A_V3].latency = 2e-3;
+  arts[A_V3_16].latency = 3e-3;
+  CHECK(pick(&avx512, "cpu", NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_V4, "v4 as v3: %zu", c);
+  CHECK_CONTAINS(v[A_V4].reason, "chosen: x86-64 v4 cpu fp32 (artifact 3) is the fastest artifact this host runs "
+                 "(as x86-64 v3 cpu fp32 (artifact 2) timed at build, whose instructions it extends)");
+  CHECK_CONTAINS(v[A_V3].reason, "passed over: x86-64 v4 cpu fp32 (artifact 3) ranks higher");
+  arts[A_V3_16].latency = 1e-3;
+  CHECK(pick(&avx512, "cpu", NULL, -1, 0, &c, &err) == MLPACK_OK && c == A_V3_16, "v3 fp16 faster: %zu", c);
+  arts[A_V3].latency = arts[A_V3_16].latency = -1;
+  arts[A_V4].cpu_features = features4;
   arts[A_ARM].max_error = -1;
   CHECK(pick(&arm, "cpu", NULL, 0.0005, 0, &c, &err) == MLPACK_ERR_NO_ARTIFACT, "no error recorded");
   CHECK_CONTAINS(v[A_ARM].reason, "records no measured error, so it cannot meet the accuracy budget 0.0005");

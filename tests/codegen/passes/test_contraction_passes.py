@@ -322,6 +322,37 @@ def test_fold_scale_leaves_a_bias_alone_and_a_scale_on_a_reduced_dim():
     _check(text, _and_dce(fold_scales), text, X)
 
 
+def test_fold_scale_wider_takes_a_batch_of_one_and_a_residual_beside_it():
+    """``wider`` (the int8 precision's): the epilogue reads the contraction's size-1 dim at 0
+    and adds another tensor (a residual); the default rule leaves such a graph as it is."""
+    from mlpack.codegen.passes.fold_scale import fold_scales
+    text = """\
+        graph "g" {
+          in %x: f32{h=8, c=5} (h, c)
+          in %r: f32{n=8, k=2} (n, k)
+          const %w: f32{c=5, o=2} (c, o) = dense"AACAPwAAAMAAAEBAAACAvwAAAD8AAIC/AABAwAAAgD8AAAA/AAAAwA=="
+          const %m: f32{o=2} (o) = [0.25, 0.0]
+          const %s: f32{o=2} (o) = [2.0, 0.5]
+          %c: f32{b=1, n=8, o=2} = sum{c=5} %x[h=n, c=c] * %w[c=c, o=o]
+          %y: f32{b=1, n=8, k=2} = max((%c[b=0, n=n, o=k] - %m[o=k]) * %s[o=k] + %r[n=n, k=k], 0.0)
+          out %y (b, n, k)
+        }
+        """
+    inputs = {**X, "r": RNG.standard_normal((8, 2)).astype(np.float32)}
+    _check(text, _and_dce(fold_scales), text, inputs)
+    _check(text, _and_dce(lambda g: fold_scales(g, wider=True)), """\
+        graph "g" {
+          in %x: f32{h=8, c=5} (h, c)
+          in %r: f32{n=8, k=2} (n, k)
+          const %w_scaled: f32{c=5, o=2} (c, o) = dense"AAAAQAAAgL8AAMBAAAAAvwAAgD8AAAC/AADAwAAAAD8AAIA/AACAvw=="
+          const %c_shift: f32{k=2} (k) = [-0.5, -0.0]
+          %c: f32{b=1, n=8, o=2} = sum{c=5} %x[h=n, c=c] * %w_scaled[c=c, o=o]
+          %y: f32{b=1, n=8, k=2} = max(%c[b=0, n=n, o=k] + %c_shift[k=k] + %r[n=n, k=k], 0.0)
+          out %y (b, n, k)
+        }
+        """, inputs)
+
+
 def test_conv_batchnorm_relu_folds_and_matches_onnx_runtime():
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper

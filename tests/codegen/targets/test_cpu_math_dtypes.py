@@ -313,3 +313,25 @@ def test_narrow_types_are_lowered():
                                                  else ml_dtypes.int4)
         got = run_plan(compile_cpu(g, "x86_64-v3"), g, {"a": x})["y"]
         assert got.view(np.uint8).tolist() == run_graph(g, {"a": x})["y"].view(np.uint8).tolist()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dst", ["i32", "u32", "u8", "i8"])
+def test_clamped_float_to_int_casts_keep_the_interpreters_values(dst, target):
+    """A float clamped into i32's range converts through i32 lanes (scalar.py's
+    ``_cast_clamped``: a requantizing epilogue's ``cast<i32>(min(max(...)))``, element by
+    element through i64 on AVX2 before): the same values, nan and inf as 0, truncated toward
+    zero, and wrapped into narrower ints."""
+    n = 64
+    g = Graph("clamp")
+    g.add_input("a", TensorType("f32", {"i": n}), ("i",))
+    x = ex.read("a", {"i": ex.var("i")}, "f32")
+    body = ex.cast(ex.minimum(ex.maximum(x, ex.const(-300.0, "f32")), ex.const(70000.5, "f32")),
+                   dst)
+    g.add_op(Comprehension("y", TensorType(dst, {"i": n}), body))
+    g.outputs.append(Port("y", ("i",)))
+    a = np.concatenate([[np.nan, np.inf, -np.inf, 0.5, -0.5, 1.5, -2.5, 255.9, 256.0, -129.0,
+                         1e30, -1e30, 70000.0],
+                        np.random.default_rng(0).uniform(-400, 80000, n - 13)]).astype(np.float32)
+    got = run_plan(compile_cpu(g, target), g, {"a": a})["y"]
+    np.testing.assert_array_equal(got, run_graph(g, {"a": a})["y"])

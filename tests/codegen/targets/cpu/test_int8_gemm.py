@@ -3,7 +3,8 @@
 
 The B panel's quad layout is checked element by element. Every int8 contraction becomes a GEMM
 kernel: on x86_64-v4-vnni K is grouped in fours along the dim A reads at unit stride and
-multiplied with ``vpdpbusd`` (aarch64-i8mm: ``USDOT``); other levels widen u8 and s8 to i32
+multiplied with ``vpdpbusd`` (aarch64-i8mm: ``USDOT``); the x86 levels without VNNI take the
+same quads as two i16 pairs each (``pmaddwd``); aarch64 without DotProd widens u8 and s8 to i32
 lanes. The sums are exact
 integers, so each artifact that runs here must give the interpreter's outputs of the same int8
 graph (the epilogues' f32 arithmetic is the same sequence of operations), whatever the level.
@@ -23,7 +24,7 @@ from mlpack.codegen import precisions
 from mlpack.codegen.compile import compile_onnx
 from mlpack.codegen.targets.cpu import compile_cpu
 from mlpack.codegen.targets.cpu.compile import schedule_kernels
-from mlpack.codegen.targets.cpu.gemm import pack_pairs
+from mlpack.codegen.targets.cpu.gemm import pack_pairs, pair_halves
 from mlpack.codegen.targets.cpu.target import get_target
 from mlpack.spec.ir.interp import run_graph
 from support import host_lacks, host_params, one_output_model
@@ -32,7 +33,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from plan_runner import rand, run_plan   # noqa: E402  (tests/codegen/targets/plan_runner.py)
 
 VNNI = "x86_64-v4-vnni"
-X86 = ("x86_64-v2", "x86_64-v3", "x86_64-v4", VNNI)   # widened i32 lanes, then vpdpbusd quads
+X86 = ("x86_64-v2", "x86_64-v3", "x86_64-v4", VNNI)   # pmaddwd pairs, then vpdpbusd quads
+
+
+def test_pair_halves_split_each_quad_into_its_two_pairs():
+    quads = np.arange(2 * 3 * 16 * 4, dtype=np.int8).reshape(1, 2, 3, 16, 4)
+    halves = pair_halves(quads)
+    assert halves.shape == (1, 2, 3, 2, 16, 2)
+    for h in range(2):
+        assert (halves[:, :, :, h] == quads[..., 2 * h:2 * h + 2]).all()
 
 
 def test_quads_are_four_adjacent_k_of_one_column():
@@ -78,16 +87,20 @@ def _int8(case):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_int8_contraction_is_a_gemm_and_quads_need_vnni(case):
+def test_every_int8_contraction_is_a_gemm_on_the_levels_product_instruction(case):
     g, _ = _int8(case)
-    for target, dot in ((VNNI, "llvm.x86.avx512.vpdpbusd.512"), ("x86_64-v4", None),
+    for target, dot in ((VNNI, "llvm.x86.avx512.vpdpbusd.512"),
+                        ("x86_64-v4", "llvm.x86.avx512.pmaddw.d.512"),
+                        ("x86_64-v3", "llvm.x86.avx2.pmadd.wd"),
+                        ("x86_64-v2", "llvm.x86.sse2.pmadd.wd"),
                         ("aarch64-i8mm", "llvm.aarch64.neon.usdot.v4i32.v16i8"),
                         ("aarch64-dotprod", "llvm.aarch64.neon.sdot.v4i32.v16i8"), ("aarch64", None)):
         _, kernels, bufs, _, _ = schedule_kernels(g, get_target(target))
         ints = [k for k in kernels if k.acc_dtype == "i32"]
         assert ints and all(k.strategy == "gemm" for k in ints)
-        assert all(bufs[k.gemm.packed].dtype == "i8" and bufs[k.gemm.a.arg[0]].dtype == "u8"
-                   for k in ints)
+        # (pmaddwd reads A's copy widened to u16, each pair of K one 32-bit broadcast)
+        assert all(bufs[k.gemm.packed].dtype == "i8" and bufs[k.gemm.a.arg[0]].dtype
+                   == ("u16" if dot and "pmadd" in dot else "u8") for k in ints), target
         assert all(k.gemm.dot == dot and (k.gemm.pair is not None) == (dot is not None)
                    for k in ints), target
 
