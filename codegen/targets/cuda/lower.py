@@ -101,27 +101,4 @@ class SingleThreadLowering(ProcedureLowering):
         return self._impl()
 
 
-def lowering_for(k, module: ir.Module, buffers, symbols: list[str], native_f16=(True, True),
-                 schedule: tuple | None = None, emulate: bool = False):
-    """The lowering of kernel ``k``: a procedure's, or by its ``schedule`` (compile.py) a
-    contraction's tiles (tiled.py), a long reduction's thread groups (rowreduce.py), or a grid
-    kernel's."""
-    from mlpack.codegen.targets.cpu.procedure import PROCEDURE
-    from mlpack.codegen.targets.cuda.rowreduce import GroupReduceLowering
-    from mlpack.codegen.targets.cuda.tiled import TiledLowering
-
-    if k.strategy == PROCEDURE:
-        return SingleThreadLowering(module, k, buffers, symbols, None, native_f16)
-    if schedule is not None and schedule[0] == "mma":
-        from mlpack.codegen.targets.cuda.mma import TensorCoreLowering
-
-        return TensorCoreLowering(module, k, buffers, symbols, None, native_f16, schedule[1], emulate,
-                                  schedule[2])
-    if schedule is not None and schedule[0] == "tiled":
-        return TiledLowering(module, k, buffers, symbols, None, native_f16, schedule[1], emulate)
-    if schedule is not None and schedule[0] == "group":
-        return GroupReduceLowering(module, k, buffers, symbols, None, native_f16, emulate)
-    return GridLowering(module, k, buffers, symbols, None, native_f16)
-
-
-__all__ = ["GridLowering", "SingleThreadLowering", "lowering_for", "GRID", "SINGLE", "BLOCK"]
+__all__ = ["CudaLowering", "GridLowering", "SingleThreadLowering", "GRID", "SINGLE", "BLOCK"]

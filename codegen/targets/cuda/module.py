@@ -25,8 +25,11 @@ from mlpack.codegen.llvm.types import I32, I64, PTR
 from mlpack.codegen.targets.cpu import checks as chk
 from mlpack.codegen.targets.cpu.abi import DISPATCH, KERNEL_FN
 from mlpack.codegen.targets.cpu.module import _finish, _share_identical, _table
-from mlpack.codegen.targets.cpu.procedure import binding_kinds, kernel_bindings, kernel_writes
-from mlpack.codegen.targets.cuda.lower import BLOCK, GRID, lowering_for
+from mlpack.codegen.targets.cpu.procedure import PROCEDURE, binding_kinds, kernel_bindings, kernel_writes
+from mlpack.codegen.targets.cuda.lower import BLOCK, GRID, GridLowering, SingleThreadLowering
+from mlpack.codegen.targets.cuda.mma import TensorCoreLowering
+from mlpack.codegen.targets.cuda.rowreduce import GroupReduceLowering
+from mlpack.codegen.targets.cuda.tiled import TiledLowering
 from mlpack.codegen.targets.cuda.spmd import BLOCK_KIND
 from mlpack.codegen.targets.cuda.target import DATA_LAYOUT, TRIPLE
 
@@ -34,6 +37,24 @@ VOID = ir.VoidType()
 # llvmlite has no readonly parameter attribute: an entry's read-only bindings are named "ro.J"
 # and get it in the module's text
 _READONLY = re.compile(r'ptr noalias %"ro\.')
+
+
+
+def lowering_for(k, module: ir.Module, buffers, symbols: list[str], native_f16=(True, True),
+                 schedule: tuple | None = None, emulate: bool = False):
+    """The lowering of kernel ``k``: a procedure's, or by its ``schedule`` (compile.py) a
+    contraction's tiles (tiled.py), a long reduction's thread groups (rowreduce.py), or a grid
+    kernel's."""
+    if k.strategy == PROCEDURE:
+        return SingleThreadLowering(module, k, buffers, symbols, None, native_f16)
+    if schedule is not None and schedule[0] == "mma":
+        return TensorCoreLowering(module, k, buffers, symbols, None, native_f16, schedule[1], emulate,
+                                  schedule[2])
+    if schedule is not None and schedule[0] == "tiled":
+        return TiledLowering(module, k, buffers, symbols, None, native_f16, schedule[1], emulate)
+    if schedule is not None and schedule[0] == "group":
+        return GroupReduceLowering(module, k, buffers, symbols, None, native_f16, emulate)
+    return GridLowering(module, k, buffers, symbols, None, native_f16)
 
 
 def entry_name(kernel: str) -> str:
