@@ -434,12 +434,21 @@ class GemmEmitter:
             loops.reverse()
         idx = {}
         # the inner dims bound as one flat index when every address they reach is affine in
-        # it (no division per element), so the loop vectorizes
+        # it (no division per element), so the loop vectorizes; the outer ones too (no division
+        # per row: a channels-last convolution's pixels)
         flat = flat_bindable(L.k.epilogue, L.out, loops[1][3], L.buffers)
+        flat_outer = flat_bindable(L.k.epilogue, L.out, loops[0][3], L.buffers)
         with L.loops.loop(i64(0), loops[0][1], f"e.{loops[0][0]}") as i, E.scope():
             idx[loops[0][0]] = i
-            for d, v in delinearize(b, b.add(loops[0][2], i), loops[0][3], osz).items():
-                E.bind(d, v)
+            at = b.add(loops[0][2], i)
+            if flat_outer:
+                *outer, last = loops[0][3]
+                for d in outer:
+                    E.bind(d, i64(0))
+                E.bind(last, at)
+            else:
+                for d, v in delinearize(b, at, loops[0][3], osz).items():
+                    E.bind(d, v)
             with L.loops.loop(i64(0), loops[1][1], f"e.{loops[1][0]}", vectorize=flat) as j, \
                     E.scope():
                 idx[loops[1][0]] = j
