@@ -345,6 +345,24 @@ def _k_chunk(t_tb: int, info: dict, rdims: dict, first: int = 1) -> int:
     return kc
 
 
+def batch_symbols(g) -> dict[str, Expr]:
+    """Each symbol that sizes only the leading dim of the graph's inputs (a dynamic batch),
+    as 1: the schedule's choices that depend on sizes (cache reuse, groups of rows, streamed
+    weights) are made for the batch of one a model is mostly run at, not left to the
+    symbolic default (a $batch x 56 x 56 image would never count as too big for L2). A
+    sequence length, or any other symbol, stays symbolic."""
+    lead, rest = set(), set()
+    for p in g.inputs:
+        for i, size in enumerate(g.types[p.name].dims.values()):
+            (lead if i == 0 else rest).update(ex.free_syms(size))
+    return {s: ex.const(1) for s in lead - rest}
+
+
+def typical(e: Expr, one: dict[str, Expr]) -> Expr:
+    """``e`` at a batch of one (``batch_symbols``)."""
+    return ex.simplify_size(ex.substitute(e, one, kind="sym")) if one else e
+
+
 def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
           source=None) -> list[Kernel]:
     """``kernels`` with every contraction turned into a GEMM kernel (after its pad copy and,
@@ -354,6 +372,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
     out: list[Kernel] = []
     packs: dict = {}
     cache = _pack_cache(g if source is None else source)
+    one = batch_symbols(g)
     for k in kernels:
         info = classify(k, g, bufs, t)
         if info is None:
@@ -415,13 +434,17 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         vl, tb, mr = _tile_shape(t, blocks.value if blocks.is_const else 64, nvec)
         plain = k.acc_dtype == "f32" and info.get("pair") is None
         k_runs = _k_runs(ra, bufs, info, k.rdims, direct) if plain else ()
+        m_size = typical(info["m_size"], one)
+        group = _group(m_size, mr)
         k.gemm = Contraction(ra, name, data, info["batch"], info["m"], info["n"], info["k"],
                              info["n_size"], info["k_size"], blocks, vl, tb, mr,
-                             t.fma, _group(info["m_size"], mr), _k_chunk(tb, info, k.rdims),
+                             t.fma, group, _k_chunk(tb, info, k.rdims),
                              direct, direct is not None and info["n_size"].value % PACK != 0,
-                             _n_inner(bufs[ra.arg[0]], bufs[name]), pair=info.get("pair"),
+                             _n_inner(bufs[ra.arg[0]], bufs[name], one), pair=info.get("pair"),
                              dot=dot, init=init and init[0], init_data=init and init[1],
-                             nvec=nvec, k_runs=k_runs, batch_inner=_batch_inside(ob, info))
+                             nvec=nvec, k_runs=k_runs, batch_inner=_batch_inside(ob, info),
+                             stream=direct is None and m_size.is_const
+                             and m_size.value <= group * mr)
         if k_runs:   # chunks count steps of the outermost K loop
             k.gemm.kc = _k_chunk(tb, {**info, "k": [r for run in k.gemm.k_loops[1:]
                                                    for r in run]}, k.rdims, first=k_runs[0])
@@ -534,14 +557,14 @@ def _group(m_size: Expr, mr: int) -> int:
     return tiles
 
 
-def _n_inner(a: Buffer, b: Buffer) -> bool:
+def _n_inner(a: Buffer, b: Buffer, one: dict[str, Expr]) -> bool:
     """Whether the units should walk N tiles fastest: each M group's rows of A then stay in
     cache while every N tile uses them, and B is read once per M group. Worth it when A is
     too big to stay in the core's cache over a sweep of M (M fastest re-reads all of A per
     N tile) but B is small enough to. A is too big when it passes the smallest L2 a core has
     (Zen 3's is 512 KiB, and a 112x112 image of 16 channels 800 KiB: 1.47 -> 1.23 ms for its
     1x1 convolution on AVX2); B small enough when it fits the biggest (Zen 4's 1 MiB)."""
-    sa, sb = exact_bytes(a), exact_bytes(b)
+    sa, sb = typical(exact_bytes(a), one), typical(exact_bytes(b), one)
     return sa.is_const and sb.is_const and sa.value > SMALL_L2_BYTES and \
         sb.value <= CACHE_REUSE_BYTES and sb.value < sa.value
 

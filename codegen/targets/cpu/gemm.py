@@ -105,6 +105,9 @@ class Contraction:
     # groups lie inside each pixel of A and of the output (walked outermost, each group's GEMM
     # would stream both whole for a few bytes of every cache line)
     batch_inner: bool = False
+    # B's panels are read once per run (one M group at the batch size the model is built for):
+    # each is fetched ahead (microkernel.PREFETCH_ROWS)
+    stream: bool = False
 
     @property
     def pair_size(self) -> int:

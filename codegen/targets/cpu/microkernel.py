@@ -162,8 +162,7 @@ class GemmEmitter:
         # one M group: each B panel is read once per run, from memory (a fully connected
         # layer at batch 1, a late convolution's 7x7 image): the hardware prefetcher alone
         # leaves the loads waiting (alexnet's fc6 15.4 -> 13.8 ms with it)
-        rows = ex.product([L.out.sizes[d] for d in c.m])
-        self.stream_b = self.SB is None and rows.is_const and rows.value <= c.group * c.mr
+        self.stream_b = self.SB is None and c.stream
         mtiles = b.udiv(self.add(m_size, i64(c.mr - 1)), i64(c.mr))
         mgroups = b.udiv(self.add(mtiles, i64(c.group - 1)), i64(c.group))
         points = self.dims_size(c.batch, osz)
