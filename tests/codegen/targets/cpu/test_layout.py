@@ -114,10 +114,24 @@ def grouped(per_group=8, groups=4, stride=1):
         {"x": rand(1, 8, 14, 14)}
 
 
+def padded_pools():
+    """conv -> relu -> 3x3 max pool (padded, stride 1) -> 3x3 max pool (stride 2, ceil mode:
+    its last window passes the edge) -> conv: channels-last windows whose points fall outside
+    their input (read as -inf under a select, the whole vector at once)"""
+    c1, w1 = conv("x", "c1", "a", 8, 24)
+    c2, w2 = conv("q", "y", "b", 24, 8, k=1, seed=2)
+    nodes = [c1, helper.make_node("Relu", ["c1"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("MaxPool", ["p"], ["q"], kernel_shape=[3, 3], strides=[2, 2],
+                              ceil_mode=1), c2]
+    return one_output_model(nodes, [("x", F, [1, 8, 12, 12])], w1 + w2), {"x": rand(1, 8, 12, 12)}
+
+
 MODELS = {"chain": chain, "lrn": lrn, "concat": concat, "depthwise": depthwise,
           "depthwise_wide_strided": lambda: depthwise(40, k=5, stride=2),
           "depthwise_input": depthwise_input, "depthwise_topk": depthwise_topk,
-          "grouped": grouped, "grouped_narrow_strided": lambda: grouped(4, 6, stride=2)}
+          "grouped": grouped, "grouped_narrow_strided": lambda: grouped(4, 6, stride=2),
+          "padded_pools": padded_pools}
 
 
 def last_dims(g) -> dict[str, str]:
