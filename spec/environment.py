@@ -26,7 +26,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "target's LLVM IR before optimization and its assembly after"),
     Variable("MLPACK_DISABLE_PASSES", "compiler",
              "passes to leave out, by name, comma-separated: the graph's (dce, cse, affine_gather, "
-             "fuse, fold_scale, sums, absorb, recompute, split_dims, unflatten) and the cpu target's "
+             "fuse, divide_after, fold_scale, sums, absorb, recompute, split_dims, unflatten) and the cpu target's "
              "(channels_last, split_concats, winograd, and bf16_products on x86_64-v4-bf16)"),
     Variable("MLPACK_LLD", "compiler",
              "the ld.lld that links cpu kernel libraries (default: the one in the ziglang wheel)"),

@@ -242,6 +242,55 @@ def test_unflatten_leaves_a_dim_whose_reader_could_not_follow():
                                         "b": rng.standard_normal(8).astype(np.float32)})
 
 
+def test_divide_after_moves_a_softmax_normalization_past_the_product():
+    # P.V with P = e / z: the sum reads e and the result is divided by z once per element
+    from mlpack.codegen.passes.divide_after import divide_after
+
+    rng = np.random.default_rng(6)
+    _check("""\
+        graph "g" {
+          in %s: f32{x=3, j=4} (x, j)
+          in %v: f32{k=4, n=5} (k, n)
+          %e: f32{x=3, j=4} = exp(%s[x=x, j=j])
+          %z: f32{x=3, j=1} = sum{r=4} %e[x=x, j=r]
+          %p: f32{x=3, j=4} = div(%e[x=x, j=j], %z[x=x, j=0])
+          %o: f32{x=3, n=5} = sum{k=4} %p[x=x, j=k] * %v[k=k, n=n]
+          out %o (x, n)
+        }
+        """, divide_after, """\
+        graph "g" {
+          in %s: f32{x=3, j=4} (x, j)
+          in %v: f32{k=4, n=5} (k, n)
+          %e: f32{x=3, j=4} = exp(%s[x=x, j=j])
+          %z: f32{x=3, j=1} = sum{r=4} %e[x=x, j=r]
+          %p: f32{x=3, j=4} = div(%e[x=x, j=j], %z[x=x, j=0])
+          %o_undivided: f32{x=3, n=5} = sum{k=4} %e[x=x, j=k] * %v[k=k, n=n]
+          %o: f32{x=3, n=5} = div(%o_undivided[x=x, n=n], %z[x=x, j=0])
+          out %o (x, n)
+        }
+        """, {"s": rng.standard_normal((3, 4)).astype(np.float32),
+              "v": rng.standard_normal((4, 5)).astype(np.float32)})
+
+
+def test_divide_after_leaves_a_divisor_that_moves_with_the_sum():
+    from mlpack.codegen.passes.divide_after import divide_after
+
+    text = """\
+        graph "g" {
+          in %a: f32{x=3, j=4} (x, j)
+          in %b: f32{j=4} (j)
+          in %v: f32{k=4, n=5} (k, n)
+          %p: f32{x=3, j=4} = div(%a[x=x, j=j], %b[j=j])
+          %o: f32{x=3, n=5} = sum{k=4} %p[x=x, j=k] * %v[k=k, n=n]
+          out %o (x, n)
+        }
+        """
+    rng = np.random.default_rng(7)
+    _check(text, divide_after, text, {"a": rng.standard_normal((3, 4)).astype(np.float32),
+                                      "b": rng.uniform(1, 2, 4).astype(np.float32),
+                                      "v": rng.standard_normal((4, 5)).astype(np.float32)})
+
+
 def test_fuse_keeps_a_map_that_a_reused_copy_reads():
     # softmax -> Cast -> P.V: the copy is inlined into the matmul, which reads it for every
     # output column, so the exp below it must stay a tensor (else it runs once per column)
