@@ -100,7 +100,12 @@ class GemmEmitter:
         return mg, nt, bi, base
 
     def row_offset(self, base, m, S, osz):
-        """A's offset at flat row ``m`` (over the M dims) from ``base``, its batch point's."""
+        """A's offset at flat row ``m`` (over the M dims) from ``base``, its batch point's: one
+        product where A steps each M dim by the next one's whole extent (a channels-last
+        image's pixels), else a division per dim."""
+        step = _flat_step(self.c.m, S, osz)
+        if step is not None:
+            return self.add(base, self.mul(step, m))
         off = base
         for d, v in delinearize(self.b, m, self.c.m, osz).items():
             if d in S:
@@ -462,6 +467,19 @@ class GemmEmitter:
                         E.bind(d, v)
                 p = b.gep(tile, [b.add(b.mul(idx["row"], i64(tile_n)), idx["col"])], inbounds=True)
                 L.store(L.finish(b.load(p, typ=self.ety)))
+
+
+def _flat_step(dims: list[str], S: dict, sizes: dict):
+    """A's step per flat row over ``dims`` (last fastest) when every dim's step is the next
+    one's times its extent, known at build time (constants), else None."""
+    steps = [S.get(d) for d in dims]
+    if not dims or not all(isinstance(v, ir.Constant) for v in steps):
+        return None
+    for (outer, inner), d in zip(zip(steps, steps[1:]), dims[1:]):
+        n = sizes[d]
+        if not isinstance(n, ir.Constant) or outer.constant != inner.constant * n.constant:
+            return None
+    return steps[-1]
 
 
 def _adjacent(buf: Buffer, bdims: list[str], sizes: list[Expr]) -> bool:
