@@ -28,7 +28,7 @@ from typing import Protocol
 from llvmlite import ir
 
 from mlpack.spec.ir import dtypes as dt
-from mlpack.spec.ir.expr import Expr, walk
+from mlpack.spec.ir.expr import Expr, free_vars, walk
 from mlpack.codegen.errors import UnsupportedTargetError
 from mlpack.codegen.llvm import halfconv, narrow, oprules
 from mlpack.codegen.llvm.indexchecks import IndexChecks
@@ -75,6 +75,10 @@ class ScalarEmitter:
         self.sizes: dict[str, dict] = {}
         self.pure: dict[int, bool] = {}
         self.checks = IndexChecks(b.function)
+        # (the var a vectorized loop walks while its body is emitted, its extent): a guarded
+        # read that does not move with it, or only indexes by it a dim of that extent, loads
+        # under a select, not a branch (_read)
+        self.lane: tuple[str, ir.Value] | None = None
 
     # -- scopes
 
@@ -156,12 +160,17 @@ class ScalarEmitter:
         buf = self.buffers[name]
         index = dict(zip(dims, e.args))
         b = self.b
-        idx, ok = [], None
+        idx, ok, uniform = [], None, pad is not None and self.lane is not None
+        lanes = []   # the dims the lane var alone indexes, over their whole extent
         for d in buf.layout:
             ix = e_ix = index[d]
             v = self.cast(self(ix), ix.dtype, "i64")
             n = self.sizes[name][d]
-            if pad is not None:
+            if pad is not None and uniform and ix.op == "var" and ix.arg == self.lane[0] \
+                    and _same(n, self.lane[1]):
+                lanes.append(d)   # in range: the loop runs over this very extent
+            elif pad is not None:
+                uniform = uniform and self.lane[0] not in free_vars(ix)
                 inb = b.icmp_unsigned("<", v, n)
                 ok = inb if ok is None else b.and_(ok, inb)
             elif self.is_data_index(e_ix):
@@ -173,6 +182,18 @@ class ScalarEmitter:
         ety = storage_type(buf.dtype)
         if ok is None:
             return self.load(ety, buf.dtype, self.bases[name], flat)
+        if uniform and ok is not None:
+            # the guard is the same for every lane of the vectorized loop (a channels-last
+            # pooling's window point): a plain load from the buffer's first row when out of
+            # bounds, then a select, not the masked loads LLVM makes of the branch (the
+            # lanes' own offset stays outside the select, so the loads stay consecutive)
+            zero = ir.Constant(I64, 0)
+            at = [zero if d in lanes else v for d, v in zip(buf.layout, idx)]
+            along = [v if d in lanes else zero for d, v in zip(buf.layout, idx)]
+            flat = b.add(b.select(ok, self.flat_offset(name, at), zero),
+                         self.flat_offset(name, along))
+            val = self.load(ety, buf.dtype, self.bases[name], flat)
+            return b.select(ok, val, const(buf.dtype, pad))
         pre = b.block
         fn = pre.function
         then = fn.append_basic_block(f"{name[:20]}.in")
@@ -355,3 +376,10 @@ def _in_i32(e: Expr) -> bool:
         return False
     lo, hi = _bounds(e)
     return lo >= -2.0 ** 31 and hi < 2.0 ** 31
+
+
+def _same(n, m) -> bool:
+    """Whether two i64 sizes are the same value: one SSA value, or equal constants."""
+    if n is m:
+        return True
+    return isinstance(n, ir.Constant) and isinstance(m, ir.Constant) and n.constant == m.constant

@@ -17,6 +17,8 @@ from mlpack.spec.ir.graph import Comprehension, Graph
 from mlpack.codegen.passes.affine import const_ranges, count_divmod, radices, simplify_reads
 from mlpack.codegen.passes.sums import fresh
 
+SPLIT_REDUCTIONS = ("sum", "prod", "max", "min")   # the reductions whose order is free
+
 
 def _split_one(op: Comprehension) -> bool:
     """Split the first reduction dim whose split removes quotients; True if one was."""
@@ -61,7 +63,12 @@ def split_dims(g: Graph) -> Graph:
         if not isinstance(op, Comprehension):
             continue
         op.body = simplify_reads(op.body, const_ranges(op.loop_dims))
-        if op.reduce in ("sum", "prod", "max", "min"):
-            while _split_one(op):
-                pass
+        split_reduction(op)
     return g
+
+
+def split_reduction(op: Comprehension) -> None:
+    """Split ``op``'s reduction dims (in place) while a split removes quotients."""
+    if op.reduce in SPLIT_REDUCTIONS:
+        while _split_one(op):
+            pass

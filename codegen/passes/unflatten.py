@@ -15,6 +15,15 @@ It runs after split_dims, which simplifies the quotients a chain of Reshapes lea
 use of it in the op's body is one of the two quotients by the same divisor and its size is that
 divisor times a whole size; tensors that are graph outputs or that a procedure reads keep their
 type.
+
+A dim of constant size may also be used whole beside its quotients: a grouped convolution's
+output ``[n, g, co, h, w]`` is read back as ``[n, c // 8, c % 8, h, w]`` by its bias and
+activation, which read the bias at ``b[c]``. The map is then split too (a whole use of ``c``
+becomes ``8 * c_hi + c_lo``), so it reads the convolution at the identity index and joins its
+epilogue (kernels.py), and the tensor's readers reindex it the same way: a map reader with its
+own quotients is split in turn, a reduction over ``c`` is split by split_dims' rule (the next
+1x1 convolution's input channels become two K dims). Such a split is made only where every
+reader can take it, so no reader is left dividing where it read an index whole.
 """
 
 from __future__ import annotations
@@ -24,27 +33,31 @@ from dataclasses import replace
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph, Procedure, TensorType, tensors_read
+from mlpack.codegen.passes.affine import const_ranges, simplify_reads
+from mlpack.codegen.passes.split_dims import SPLIT_REDUCTIONS, split_reduction
 from mlpack.codegen.passes.sums import fresh
 
 
-def _divisor(body: Expr, m: str) -> Expr | None:
-    """The one divisor ``q`` such that ``m`` appears in ``body`` only as ``m // q`` and
-    ``m % q`` (both), else None."""
+def _divisor(body: Expr, m: str) -> tuple[Expr, bool] | None:
+    """(q, whether ``m`` is also used whole) for the one divisor ``q`` such that ``m`` appears
+    in ``body`` as ``m // q`` and ``m % q`` (both), else None."""
     found: set = set()
     kinds: set = set()
 
-    def walk(e: Expr) -> bool:   # False: m used some other way
+    def walk(e: Expr) -> bool:   # False: m divided by something that depends on it
         if e.op in ("floordiv", "mod") and e.args[0].op == "var" and e.args[0].arg == m:
             found.add(e.args[1])
             kinds.add(e.op)
             return m not in ex.free_vars(e.args[1])
         if e.op == "var":
-            return e.arg != m
+            if e.arg == m:
+                kinds.add("whole")
+            return True
         return all(walk(a) for a in e.args)
 
-    if not walk(body) or len(found) != 1 or kinds != {"floordiv", "mod"}:
+    if not walk(body) or len(found) != 1 or not {"floordiv", "mod"} <= kinds:
         return None
-    return next(iter(found))
+    return next(iter(found)), "whole" in kinds
 
 
 def _quotients(e: Expr, q: Expr, ranges: dict[str, Expr]) -> tuple[Expr, Expr]:
@@ -86,6 +99,36 @@ def _reindex(e: Expr, tensor: str, m: str, q: Expr, hi: str, lo: str, ranges) ->
     return e if args == e.args else ex.rebuild(e, args)
 
 
+def _readers(g: Graph, i: int, tensor: str) -> list[int]:
+    """Indices of the comprehensions after op ``i`` that read ``tensor``."""
+    return [j for j in range(i + 1, len(g.ops)) if isinstance(g.ops[j], Comprehension)
+            and tensor in tensors_read(g.ops[j])]
+
+
+def _absorbs(g: Graph, j: int, tensor: str, m: str, q: Expr, keep: set[str]) -> bool:
+    """Whether reader ``g.ops[j]`` indexes ``tensor``'s dim ``m`` so that a split leaves it
+    affine: as ``a * q + b`` (``_quotients``), or with a whole var the reader splits in turn
+    (a reduction dim of constant size, or a dim of its own output whose readers all absorb
+    that split)."""
+    r = g.ops[j]
+    ranges = dict(r.loop_dims)
+    for n in ex.walk(r.body):
+        if n.op != "read" or n.arg[0] != tensor:
+            continue
+        ix = dict(zip(n.arg[1], n.args))[m]
+        if _quotients(ix, q, ranges)[0].op != "floordiv":
+            continue
+        if ix.op != "var":
+            return False
+        if ix.arg in r.rdims:
+            if not r.rdims[ix.arg].is_const or r.reduce not in SPLIT_REDUCTIONS:
+                return False
+        elif r.out in keep or _divisor(r.body, ix.arg) is not None or not all(
+                _absorbs(g, k, r.out, ix.arg, q, keep) for k in _readers(g, j, r.out)):
+            return False
+    return True
+
+
 def unflatten_dims(g: Graph) -> Graph:
     keep = {p.name for p in g.outputs}
     for op in g.ops:
@@ -94,12 +137,17 @@ def unflatten_dims(g: Graph) -> Graph:
     for i, op in enumerate(g.ops):
         if not isinstance(op, Comprehension) or op.out in keep:
             continue
+        readers = _readers(g, i, op.out)
         for m, size in list(op.type.dims.items()):
-            q = _divisor(op.body, m)
-            if q is None:
+            found = _divisor(op.body, m)
+            if found is None:
                 continue
+            q, whole = found
             p = ex.simplify_size(ex.floordiv(size, q))
             if not ex.same_size(ex.simplify_size(p * q), size) or p.op == "floordiv":
+                continue
+            if whole and not (size.is_const and q.is_const and all(
+                    _absorbs(g, j, op.out, m, q, keep) for j in readers)):
                 continue
             taken = set(op.loop_dims) | ex.free_vars(op.body)
             hi = fresh(f"{m}_hi", taken)
@@ -110,14 +158,19 @@ def unflatten_dims(g: Graph) -> Graph:
                     dims[hi], dims[lo] = p, q
                 else:
                     dims[d] = s
-            op = replace(op, type=TensorType(op.type.dtype, dims),
-                         body=_replace_quotients(op.body, m, hi, lo))
+            body = _replace_quotients(op.body, m, hi, lo)
+            if whole:
+                body = ex.substitute(body, {m: ex.var(hi) * q + ex.var(lo)})
+            op = replace(op, type=TensorType(op.type.dtype, dims), body=body)
             g.ops[i] = op
             g.types[op.out] = op.type
-            for j in range(i + 1, len(g.ops)):
+            for j in readers:
                 r = g.ops[j]
-                if isinstance(r, Comprehension) and op.out in tensors_read(r):
-                    ranges = dict(r.loop_dims)
-                    g.ops[j] = replace(r, body=_reindex(r.body, op.out, m, q, hi, lo, ranges))
+                ranges = dict(r.loop_dims)
+                r = replace(r, body=_reindex(r.body, op.out, m, q, hi, lo, ranges))
+                # a reduction over the dim the reader walked whole splits too
+                r.body = simplify_reads(r.body, const_ranges(r.loop_dims))
+                split_reduction(r)
+                g.ops[j] = r
             break
     return g

@@ -193,13 +193,17 @@ def softmax(b, n):
         raise n.fail("a scalar input")
     axes = _softmax_axes(n, x.rank)
     m = bcast_reduced(reduce_over(b, "max", x, axes, True, hint=tmp(b, "max")), axes)
+    if n.op_type == "Softmax":
+        # exp once, as a tensor its sum and the normalization both read (an attention's
+        # P.V then sums it and divides after: passes/divide_after.py)
+        e = b.map(x.dtype, x.shape, lambda i: ex.unary("exp", x.at(i) - m(i)), x.names,
+                  hint=tmp(b, "exp"))
+        s = bcast_reduced(reduce_over(b, "sum", e, axes, True, hint=tmp(b, "sum")), axes)
+        return [b.map(x.dtype, x.shape, lambda i: ex.binary("div", e.at(i), s(i)), x.names)]
     s = bcast_reduced(reduce_indexed(b, "sum", x, axes, True,
                                        lambda i: ex.unary("exp", x.at(i) - m(i)),
                                        hint=tmp(b, "sum")), axes)
-    if n.op_type == "Softmax":
-        fn = lambda i: ex.binary("div", ex.unary("exp", x.at(i) - m(i)), s(i))  # noqa: E731
-    else:
-        fn = lambda i: x.at(i) - m(i) - ex.unary("log", s(i))  # noqa: E731
+    fn = lambda i: x.at(i) - m(i) - ex.unary("log", s(i))  # noqa: E731
     return [b.map(x.dtype, x.shape, fn, x.names)]
 
 

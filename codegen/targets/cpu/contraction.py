@@ -46,7 +46,7 @@ from mlpack.codegen.targets.cpu.gemm import (PACK, PAIR_PRODUCTS, SIGNED_A, Cont
 from mlpack.codegen.targets.cpu.gemmview import (MIN_N, const_view, extent, int8_view,
                                                  narrow_view, pair_size, panel_dtype, split,
                                                  widened)
-from mlpack.codegen.targets.cpu.indexing import index_range, read_step
+from mlpack.codegen.targets.cpu.indexing import affine, index_range, is_one, read_step
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, fresh_name,
                                                 schedule)
@@ -58,24 +58,50 @@ MIN_M = 4                    # a run-time B needs rows enough to repay its pack 
 GEMM_WORK_PER_WORKGROUP = WORK_PER_WORKGROUP
 GEMM_MAX_WORKGROUPS = MAX_WORKGROUPS
 MAX_MR = 12                  # rows per tile: each row keeps an A pointer in a general register
+NARROW_MR = 8                # ... of a narrow N (_narrow): one accumulator per FMA in flight
+MIN_NARROW_MR = 3            # ... and at least this many, else the default tiling
 L1_PANEL_BYTES = 24 << 10    # a K chunk's slice of the packed B panel stays in L1
 GROUP_ROWS = 48              # rows of M (over several tiles) that share one K chunk
 MAX_GROUP_ROWS = 96          # ... or all of M, up to this many rows
 CACHE_REUSE_BYTES = 1 << 20  # an operand this small stays in L2 while the other streams
+SMALL_L2_BYTES = 1 << 18     # ... or in the smallest L2 of a core that runs it (256 KiB)
 LINE_BYTES = 64              # a cache line
 SWAP_MIN_N = 256             # pixels an NCHW 1x1 convolution needs to read x in place as B
 PACK_MIN_M = 128             # rows a run-time pack of B must feed to repay its copy
+ALIAS_BYTES = 1024           # pixel strides of a multiple of this alias in L1 (``_aliasing``)
+ALIAS_PAD = 16               # floats (a cache line) added to such a copy's rows
 
 
 # ---------------------------------------------------------------- classification
 
 
-def _tile_shape(t: CpuTarget, blocks: int, pairs: bool = False) -> tuple[int, int, int]:
+def _narrow(t: CpuTarget, info: dict) -> int:
+    """Vectors per tile row of an f32 GEMM whose N fits one tile of fewer vectors than the
+    default tiling computes (0: the default), so no zero column is multiplied: a grouped
+    convolution's 8 channels per group on AVX2 (one vector, not a block of two), or 24 output
+    channels (one tile of three vectors, not two tiles of two)."""
+    vl, ns = max(4, t.vector_bits // 32), info["n_size"]
+    if info.get("pair") is not None or info["b"].dtype != "f32" or not ns.is_const:
+        return 0
+    need = -(-ns.value // vl)
+    blocks = -(-ns.value // PACK)
+    tb = _tile_shape(t, blocks)[1]
+    default = -(-blocks // tb) * tb * (PACK // vl)
+    rows = (t.vector_registers - need - 2) // need
+    return need if need < default and rows >= MIN_NARROW_MR else 0
+
+
+def _tile_shape(t: CpuTarget, blocks: int, pairs: bool = False,
+                nvec: int = 0) -> tuple[int, int, int]:
     """(vl, tb, mr): vector lanes, PACK blocks per tile and rows per tile for ``t``.
     ``pairs``: a step holds both pairs' B vectors (pmaddwd's, gemm.PAIR_PRODUCTS) beside a
-    broadcast and a product."""
+    broadcast and a product; ``nvec``: vectors per row of a narrow N (``_narrow``), which leaves
+    registers for more rows."""
     vl = max(4, t.vector_bits // 32)
     per_block = PACK // vl
+    if nvec:
+        return vl, -(-nvec // per_block), max(
+            1, min(NARROW_MR, (t.vector_registers - nvec - 2) // nvec))
 
     def live(nv):   # registers a step needs besides the accumulators
         return 2 * nv + 2 if pairs else nv + 2
@@ -212,6 +238,16 @@ def _runtime(k: Kernel, out: Buffer, r1: Expr, r2: Expr, bufs, t=None) -> dict |
 # ---------------------------------------------------------------- A: the zero-halo copy
 
 
+def _aliasing(size: Expr, coeffs: dict[str, int], rdims: dict) -> bool:
+    """Whether a zero-halo copy whose innermost dim (of ``size``) A walks along K (channels
+    last) would put its pixels a multiple of ALIAS_BYTES apart: a window's taps and a tile's
+    rows then fall in a few L1 sets, evicting each other every K step (a grouped 3x3
+    convolution over 1024 channels ran 3x slower than in NCHW). The copy's rows are then
+    ALIAS_PAD floats longer."""
+    along_k = any(v in rdims and c == 1 for v, c in coeffs.items())
+    return along_k and size.is_const and (size.value * 4) % ALIAS_BYTES == 0
+
+
 def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, layout=None,
              dtype: str | None = None):
     """(A read without guards, pad kernel or None); None when the index range is unknown.
@@ -242,6 +278,9 @@ def _unguard(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, layout=N
                  for d in ra.arg[1]}
     if inside and not relaid:   # every read is in bounds: no copy
         return ex.read(src.name, dict(zip(ra.arg[1], ra.args)), ra.dtype), None
+    inner = (layout or src.layout)[-1]
+    if ra.arg[2] is not None and _aliasing(sizes[inner], info["aff_a"][inner][0], k.rdims):
+        sizes[inner] = ex.const(sizes[inner].value + ALIAS_PAD)   # (read as padding: zeros)
     pbuf = Buffer(name, tuple(layout or src.layout), sizes, dtype)
     bufs[name] = pbuf
     body = ex.read(src.name, {d: ex.var(d) + shift[d] if shift[d] else ex.var(d)
@@ -302,17 +341,36 @@ def _pack_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str) -> K
     return pk
 
 
-def _k_chunk(t_tb: int, info: dict, rdims: dict) -> int:
-    """Steps of the outermost K dim per chunk: a chunk's slice of the B panel fits L1 (even when
-    that dim is paired, bf16dot.py). An int8 panel takes a byte per element, so its chunks are
-    four times as deep (fewer trips of the accumulators through the tile buffer)."""
+def _k_chunk(t_tb: int, info: dict, rdims: dict, first: int = 1) -> int:
+    """Steps of the outermost K loop (its ``first`` K dims) per chunk: a chunk's slice of the
+    B panel fits L1 (even when that dim is paired, bf16dot.py). An int8 panel takes a byte per
+    element, so its chunks are four times as deep (fewer trips of the accumulators through the
+    tile buffer)."""
     width = 1 if info["b"].dtype == "i8" else 4
     steps = max(1, L1_PANEL_BYTES // (t_tb * PACK * width))
-    inner = ex.product([rdims[r] for r in info["k"][1:]])
+    inner = ex.product([rdims[r] for r in info["k"][first:]])
     kc = 1 if not inner.is_const else max(1, steps // max(1, inner.value))
     if info.get("pair") is not None and info["pair"] == info["k"][0]:
         kc += -kc % pair_size(info)
     return kc
+
+
+def batch_symbols(g) -> dict[str, Expr]:
+    """Each symbol that sizes only the leading dim of the graph's inputs (a dynamic batch),
+    as 1: the schedule's choices that depend on sizes (cache reuse, groups of rows, streamed
+    weights) are made for the batch of one a model is mostly run at, not left to the
+    symbolic default (a $batch x 56 x 56 image would never count as too big for L2). A
+    sequence length, or any other symbol, stays symbolic."""
+    lead, rest = set(), set()
+    for p in g.inputs:
+        for i, size in enumerate(g.types[p.name].dims.values()):
+            (lead if i == 0 else rest).update(ex.free_syms(size))
+    return {s: ex.const(1) for s in lead - rest}
+
+
+def typical(e: Expr, one: dict[str, Expr]) -> Expr:
+    """``e`` at a batch of one (``batch_symbols``)."""
+    return ex.simplify_size(ex.substitute(e, one, kind="sym")) if one else e
 
 
 def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
@@ -324,6 +382,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
     out: list[Kernel] = []
     packs: dict = {}
     cache = _pack_cache(g if source is None else source)
+    one = batch_symbols(g)
     for k in kernels:
         info = classify(k, g, bufs, t)
         if info is None:
@@ -388,19 +447,69 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             init = _weights_pack(("init",) + key, f"{name}#init", ("b", "nb", "l"), "i32",
                                  lambda: signed_correction(data), bufs, packs, cache)
         blocks = ex.simplify_size(ex.ceildiv(info["n_size"], ex.const(PACK)))
+        nvec = _narrow(t, info) if k.acc_dtype == "f32" else 0
         vl, tb, mr = _tile_shape(t, blocks.value if blocks.is_const else 64,
-                                 dot in PAIR_PRODUCTS)
+                                 dot in PAIR_PRODUCTS, nvec)
+        plain = k.acc_dtype == "f32" and info.get("pair") is None
+        k_runs = _k_runs(ra, bufs, info, k.rdims, direct) if plain else ()
+        m_size = typical(info["m_size"], one)
+        group = _group(m_size, mr)
         k.gemm = Contraction(ra, name, data, info["batch"], info["m"], info["n"], info["k"],
                              info["n_size"], info["k_size"], blocks, vl, tb, mr,
-                             t.fma, _group(info["m_size"], mr), _k_chunk(tb, info, k.rdims),
+                             t.fma, group, _k_chunk(tb, info, k.rdims),
                              direct, direct is not None and info["n_size"].value % PACK != 0,
-                             _n_inner(bufs[ra.arg[0]], bufs[name]), pair=info.get("pair"),
-                             dot=dot, init=init and init[0], init_data=init and init[1])
+                             _n_inner(bufs[ra.arg[0]], bufs[name], one), pair=info.get("pair"),
+                             dot=dot, init=init and init[0], init_data=init and init[1],
+                             nvec=nvec, k_runs=k_runs, batch_inner=_batch_inside(ob, info),
+                             stream=direct is None and m_size.is_const
+                             and m_size.value <= group * mr)
+        if k_runs:   # chunks count steps of the outermost K loop
+            k.gemm.kc = _k_chunk(tb, {**info, "k": [r for run in k.gemm.k_loops[1:]
+                                                   for r in run]}, k.rdims, first=k_runs[0])
         k.strategy = "gemm"
         k.reads = _gemm_reads(k, ra, name) + ([init[0]] if init else [])
         out.extend(pre)
         out.append(k)
     return out
+
+
+def _k_runs(ra: Expr, bufs: dict[str, Buffer], info: dict, rdims: dict,
+            direct: Expr | None) -> tuple[int, ...]:
+    """K dims per micro-kernel loop (gemm.Contraction.k_runs), or () for one each: a K dim and
+    the next loop as one when A (and B read in place) step the outer by the inner's whole
+    extent, as a channel unflatten split into groups reads (a 1x1 convolution after a grouped
+    one: 32 groups of 4 channels would be an inner loop of 4 steps)."""
+    loop = set(bufs[ra.arg[0]].layout) | set(rdims) | set(info["m"]) | set(info["batch"])
+
+    def step(read: Expr, v: str) -> Expr | None:
+        buf = bufs[read.arg[0]]
+        index = dict(zip(read.arg[1], read.args))
+        aff = {d: affine(index[d], loop | set(buf.layout)) for d in buf.layout}
+        return None if any(f is None for f in aff.values()) else read_step(aff, buf, v)
+
+    def joins(u: str, v: str) -> bool:
+        for read in (ra, direct) if direct is not None else (ra,):
+            su, sv = step(read, u), step(read, v)
+            if su is None or sv is None or not ex.same_size(su, ex.simplify_size(sv * rdims[v])):
+                return False
+        return True
+    runs: list[int] = []
+    for i, v in enumerate(info["k"]):
+        if runs and joins(info["k"][i - 1], v):
+            runs[-1] += 1
+        else:
+            runs.append(1)
+    return tuple(runs) if len(runs) < len(info["k"]) else ()
+
+
+def _batch_inside(out: Buffer, info: dict) -> bool:
+    """Whether the output lays every batch dim inside the M dims (a grouped convolution
+    channels last: its groups within each pixel), so the units walk the batch fastest."""
+    order = [d for d in out.layout if not is_one(out.sizes[d])]
+    pos = {d: i for i, d in enumerate(order)}
+    batch = [pos[d] for d in info["batch"] if d in pos]
+    m = [pos[d] for d in info["m"] if d in pos]
+    return bool(batch and m) and min(batch) > max(m)
 
 
 def _dot_of(info: dict, t: CpuTarget) -> str | None:
@@ -466,13 +575,16 @@ def _group(m_size: Expr, mr: int) -> int:
     return tiles
 
 
-def _n_inner(a: Buffer, b: Buffer) -> bool:
+def _n_inner(a: Buffer, b: Buffer, one: dict[str, Expr]) -> bool:
     """Whether the units should walk N tiles fastest: each M group's rows of A then stay in
     cache while every N tile uses them, and B is read once per M group. Worth it when A is
     too big to stay in the core's cache over a sweep of M (M fastest re-reads all of A per
-    N tile) but B is small enough to."""
-    sa, sb = exact_bytes(a), exact_bytes(b)
-    return sa.is_const and sb.is_const and sa.value > CACHE_REUSE_BYTES >= sb.value
+    N tile) but B is small enough to. A is too big when it passes the smallest L2 a core has
+    (Zen 3's is 512 KiB, and a 112x112 image of 16 channels 800 KiB: 1.47 -> 1.23 ms for its
+    1x1 convolution on AVX2); B small enough when it fits the biggest (Zen 4's 1 MiB)."""
+    sa, sb = typical(exact_bytes(a), one), typical(exact_bytes(b), one)
+    return sa.is_const and sb.is_const and sa.value > SMALL_L2_BYTES and \
+        sb.value <= CACHE_REUSE_BYTES and sb.value < sa.value
 
 
 def _gemm_reads(k: Kernel, ra: Expr, b_name: str) -> list[str]:

@@ -192,16 +192,25 @@ def classify(k: Kernel, bufs: dict[str, Buffer], t: CpuTarget) -> Direct | None:
     # the row's vectors split evenly into tiles: 5 vectors as 3 + 3, not 4 + 4 (a last tile
     # of one vector would still compute four)
     nvec = -(-per // -(-per // MAX_VECTORS))
+    w_vector = len(moving) == 2
+    # channels last: at most half the registers hold accumulators (the unrolled window's W
+    # vectors and the X loads LLVM shares between rows take the rest: 12 on AVX2 spilled),
+    # and the channels split into tiles of whole vectors where they can (no lane masks)
+    budget = MAX_ACCS
+    if w_vector and size.is_const:
+        budget = min(MAX_ACCS, t.vector_registers // 2)
+        nvec = max(range(1, MAX_VECTORS + 1),
+                   key=lambda n: (-(-per // n) * n == per, budget // n * n, n))
     # short rows: several rows of the last outer dim per unit share the broadcasts of W and
     # the lane masks, and the loop overhead (a 7x7 plane is one unit)
     rows = 1
     if outer and not any(outer[-1] in ex.free_vars(ix) for ix in w.args):
         hs = out.sizes[outer[-1]]
-        most = max(1, MAX_ACCS // nvec)
+        most = max(1, budget // nvec)
         if hs.is_const:
             rows = -(-hs.value // -(-hs.value // most))
     return Direct(x, w, row, outer, inner, step, points, vl, nvec, t.fma, rows, loop,
-                  w_vector=len(moving) == 2)
+                  w_vector=w_vector)
 
 
 def _channel_vector(reads: list[Expr], row: str, bufs, rdims) -> Expr | None:
@@ -282,9 +291,15 @@ def emit_direct(L, wg, count) -> None:
     lane_ix = [ir.Constant(ity, [t * d.vl + j for j in range(d.vl)]) for t in range(d.step)]
     zeros_i = ir.Constant(ity, [0] * d.vl)
 
-    def x_vectors(i):
+    def x_vectors(i, checked=True):
         """X's vector for accumulator i at the bound point and row: ``step`` masked loads
-        (lanes outside X's row, or a row out of bounds, load nothing and read 0)."""
+        (lanes outside X's row, or a row out of bounds, load nothing and read 0); unless not
+        ``checked`` (a unit inside X, whole vectors of channels): one plain load."""
+        if not checked:
+            idx = [E.cast(E(xindex[dim]), xindex[dim].dtype, "i64") for dim in xbuf.layout]
+            ptr = b.gep(E.bases[x.arg[0]], [b.add(E.flat_offset(x.arg[0], idx), i64(i * d.vl))],
+                        inbounds=True, source_etype=F32)
+            return b.load(ptr, typ=vty, align=4)
         idx, ok = [], None
         for dim in xbuf.layout:
             v = E.cast(E(xindex[dim]), xindex[dim].dtype, "i64")
@@ -331,16 +346,34 @@ def emit_direct(L, wg, count) -> None:
     windex = dict(zip(w.arg[1], w.args))
     wrow = E.sizes[w.arg[0]][wbuf.contiguous_dim()] if d.w_vector else None
 
-    def w_vector(i):
+    def w_vector(i, checked=True):
         """W's vector for accumulator i (channels last): the row's channels at the bound
-        point, lanes past the row's end masked off."""
+        point, lanes past the row's end masked off (unless not ``checked``: whole vectors)."""
         idx = [E.cast(E(windex[dim]), windex[dim].dtype, "i64") for dim in wbuf.layout]
+        ptr = b.gep(E.bases[w.arg[0]], [b.add(E.flat_offset(w.arg[0], idx), i64(i * d.vl))],
+                    source_etype=F32)
+        if not checked:
+            return b.load(ptr, typ=vty, align=4)
         first = b.add(E.lookup(d.row), i64(i * d.vl))
         lane = b.add(splat(b, first, ity), lane_ix[0])
         m = b.icmp_signed("<", lane, splat(b, wrow, ity))
-        ptr = b.gep(E.bases[w.arg[0]], [b.add(E.flat_offset(w.arg[0], idx), i64(i * d.vl))],
-                    source_etype=F32)
         return b.call(mload, [ptr, ir.Constant(I32, 4), m, zero])
+
+    def accumulate(checked=True):
+        """The tile's sums over every reduction point into ``accs``."""
+        with _window_rows(L, d):
+            for p in d.points:
+                with E.scope(**{r: i64(v) for r, v in p.items()}):
+                    ws = [w_vector(i, checked) for i in range(d.nvec)] if d.w_vector else \
+                        [splat(b, E(d.w), vty)] * d.nvec
+                    for r, h in enumerate(hs):
+                        with E.scope(**({} if h is None else {hdim: h})):
+                            for i, acc in enumerate(accs[r]):
+                                xv = x_vectors(i, checked)
+                                cur = b.load(acc)
+                                new = b.call(fma, [xv, ws[i], cur]) if fma is not None \
+                                    else b.fadd(cur, b.fmul(xv, ws[i]))
+                                b.store(new, acc)
 
     with L.loops.loop(start, end, "unit") as u, E.scope():
         L.bind_unit(u, d.outer, sizes)
@@ -361,19 +394,18 @@ def emit_direct(L, wg, count) -> None:
             for row in accs:
                 for a in row:
                     b.store(zero, a)
-            with _window_rows(L, d):
-                for p in d.points:
-                    with E.scope(**{r: i64(v) for r, v in p.items()}):
-                        ws = [w_vector(i) for i in range(d.nvec)] if d.w_vector else \
-                            [splat(b, E(d.w), vty)] * d.nvec
-                        for r, h in enumerate(hs):
-                            with E.scope(**({} if h is None else {hdim: h})):
-                                for i, acc in enumerate(accs[r]):
-                                    xv = x_vectors(i)
-                                    cur = b.load(acc)
-                                    new = b.call(fma, [xv, ws[i], cur]) if fma is not None \
-                                        else b.fadd(cur, b.fmul(xv, ws[i]))
-                                    b.store(new, acc)
+            inside = _inside(L, d, hs) if d.w_vector and _whole_vectors(d, osz) else None
+            if inside is None:
+                accumulate()
+            else:   # a unit whose every point lies inside X: plain loads, no masks
+                fn = b.block.function
+                fast, slow, done = (fn.append_basic_block(n) for n in ("in", "edge", "summed"))
+                b.cbranch(inside, fast, slow)
+                for block, checked in ((fast, False), (slow, True)):
+                    b.position_at_end(block)
+                    accumulate(checked)
+                    b.branch(done)
+                b.position_at_end(done)
             n = b.sub(rowlen, w0)
             n = b.select(b.icmp_unsigned("<", n, i64(tile)), n, i64(tile))
             for r, h in enumerate(hs):
@@ -396,6 +428,46 @@ def emit_direct(L, wg, count) -> None:
                     b.position_at_end(after)
     b.ret_void()
     L.loops_md(L.loops.latches, L.loops.unroll)
+
+
+def _whole_vectors(d: Direct, osz) -> bool:
+    """Whether the row (the channels) is whole tiles of whole vectors, known at build time: no
+    lane then needs a mask."""
+    n = osz[d.row]
+    return isinstance(n, ir.Constant) and n.constant % (d.nvec * d.vl) == 0 and d.step == 1
+
+
+def _inside(L, d: Direct, hs) -> ir.Value | None:
+    """An i1: whether every point of every row of the bound unit reads X inside its bounds
+    (the guarded dims other than the lanes'), from the extreme points of X's affine indices;
+    None when an index is not affine with constant coefficients."""
+    b, E, x = L.b, L.E, d.x
+    if x.arg[2] is None:
+        return ir.Constant(I1, 1)
+    ranges = {r: s.value for r, s in L.k.rdims.items()}
+    hdim = d.outer[-1] if d.outer else None
+    ok = ir.Constant(I1, 1)
+    xsizes = E.sizes[x.arg[0]]
+    for dim, ix in zip(x.arg[1], x.args):
+        if dim == d.xdim:
+            continue
+        ends = []
+        for lowest in (True, False):
+            at = {}
+            for v in ex.free_vars(ix):
+                c = coeff(ix, v)
+                if not isinstance(c, int):
+                    return None
+                if v in ranges:
+                    at[v] = i64(0 if (c >= 0) == lowest else ranges[v] - 1)
+                elif v == hdim and hs[0] is not None:
+                    at[v] = hs[0] if (c >= 0) == lowest else hs[-1]
+            with E.scope(**at):
+                ends.append(E.cast(E(ix), ix.dtype, "i64"))
+        lo, hi = ends
+        ok = b.and_(ok, b.and_(b.icmp_signed(">=", lo, i64(0)),
+                               b.icmp_signed("<", hi, xsizes[dim])))
+    return ok
 
 
 @contextmanager

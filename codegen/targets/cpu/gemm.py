@@ -114,11 +114,33 @@ class Contraction:
     dot: str | None = None    # ... and the product intrinsic (BF16_DOT, INT8_DOT)
     init: str | None = None   # SIGNED_A: the accumulators' start per column (signed_correction)
     init_data: np.ndarray | None = None
+    # f32 vectors per tile row when fewer hold columns than tb * PACK / vl: an N of one narrow
+    # block (a grouped convolution's 8 channels per group in AVX2's 8 lanes), 0 for all of them
+    nvec: int = 0
+    # K dims per loop of the micro-kernel, outermost first (empty: one each): adjacent K dims
+    # that A steps through as one run (a channel unflatten split into groups) loop as one
+    k_runs: tuple[int, ...] = ()
+    # units walk the batch points fastest: a grouped convolution laid out channels last, whose
+    # groups lie inside each pixel of A and of the output (walked outermost, each group's GEMM
+    # would stream both whole for a few bytes of every cache line)
+    batch_inner: bool = False
+    # B's panels are read once per run (one M group at the batch size the model is built for):
+    # each is fetched ahead (microkernel.PREFETCH_ROWS)
+    stream: bool = False
 
     @property
     def pair_size(self) -> int:
         """How many K the product intrinsic takes at once: 4 (int8 quads) or 2 (bf16 pairs)."""
         return QUAD if self.dot in INT8_INTRINSICS else 2
+
+    @property
+    def k_loops(self) -> list[tuple[str, ...]]:
+        """The K dims grouped as the micro-kernel loops over them (``k_runs``)."""
+        runs, out, i = self.k_runs or (1,) * len(self.k), [], 0
+        for n in runs:
+            out.append(tuple(self.k[i:i + n]))
+            i += n
+        return out
 
     @property
     def ntiles(self) -> Expr:

@@ -14,6 +14,10 @@ from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
 from mlpack.codegen.targets.cpu.target import CpuTarget
 
 MIN_N = 8                    # fewer columns than this waste most of a block: leave the kernel
+# ... unless batched: a grouped convolution of 4 channels per group (ResNeXt's first stage)
+# channels last is a GEMM per group (a vector of 8 half used on AVX2, contraction._narrow),
+# not a scalar row loop
+MIN_BATCHED_N = 4
 NARROW_B = ("bf16", "f16")   # 16-bit constants a build-time B panel may keep (precisions/)
 
 
@@ -69,7 +73,8 @@ def const_view(k: Kernel, out: Buffer, ra: Expr, rb: Expr) -> dict | None | bool
         return None
     if any(not extent(v, out, k.rdims).is_const for v in info["batch"] + info["n"] + info["k"]):
         return None
-    if info["n_size"].value < MIN_N or info["k_size"].value < 1:
+    if info["n_size"].value < (MIN_BATCHED_N if info["batch"] else MIN_N) or \
+            info["k_size"].value < 1:
         return False
     info["mode"] = "const"
     return info

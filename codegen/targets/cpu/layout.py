@@ -96,7 +96,8 @@ def _reads_well(op: Comprehension, t: str, c: str, chosen: dict[str, str],
         if r.arg[0] != t:
             continue
         ix = dict(zip(r.arg[1], r.args)).get(c)
-        if ix is not None and ix.op == "var" and ix.arg in op.rdims:
+        if ix is not None and ix.op == "var" and ix.arg in op.rdims or \
+                op.out in weighted and _k_walk(ix, op):
             if op.out not in weighted:
                 return False
         else:
@@ -105,6 +106,18 @@ def _reads_well(op: Comprehension, t: str, c: str, chosen: dict[str, str],
                     op.out not in candidates and _row(op.type) == v)):
                 return False
     return True
+
+
+def _k_walk(ix: Expr | None, op: Comprehension) -> bool:
+    """Whether ``ix`` walks one reduction dim of ``op`` at unit step, shifted by output dims:
+    a grouped convolution's K (``8 * g + ci``: its groups are output dims)."""
+    if ix is None:
+        return False
+    form = _affine(ix, set(op.type.dims) | set(op.rdims))
+    if form is None:
+        return False
+    inner = [v for v in form[0] if v in op.rdims]
+    return len(inner) == 1 and form[0][inner[0]] == 1
 
 
 def _row(t: TensorType) -> str | None:
@@ -164,6 +177,38 @@ def _weights_last(g: Graph, c: str, w: Expr) -> Graph:
     return replace(g, constants={**g.constants, name: replace(const, layout=layout, data=data)})
 
 
+def _group_dim(op: Comprehension, g: Graph, c: str) -> str | None:
+    """The output dim numbering the groups of a grouped contraction over weights whose
+    channel is ``c``: the weights index ``size(c) * grp + c`` (a grouped convolution's
+    ``w[8 * g + co]``). It goes just before ``c``, so the groups' channels lie in one run."""
+    size = op.type.dims[c]
+    if not size.is_const:
+        return None
+    for r in ex.reads(op.body):
+        if r.arg[0] not in g.constants:
+            continue
+        for ix in r.args:
+            form = _affine(ix, set(op.type.dims) | set(op.rdims))
+            if form is None or form[0].get(c) != 1:
+                continue
+            others = [v for v in form[0] if v != c]
+            if len(others) == 1 and others[0] in op.type.dims and \
+                    form[0][others[0]] == size.value:
+                return others[0]
+    return None
+
+
+def _carried_group(op: Comprehension, src: str, group: dict[str, str]) -> str | None:
+    """The output dim of ``op`` that walks the group dim of the tensor its channel is
+    carried from (the bias and activation of a grouped convolution)."""
+    p = group.get(src)
+    for r in ex.reads(op.body) if p is not None else ():
+        ix = dict(zip(r.arg[1], r.args)).get(p) if r.arg[0] == src else None
+        if ix is not None and ix.op == "var" and ix.arg in op.type.dims:
+            return ix.arg
+    return None
+
+
 def _channels_apart(op: Comprehension, g: Graph, channel: str | None) -> bool:
     """A contraction over constant weights that keeps its output channels apart (grouped or
     depthwise): an output dim indexes both the weights and the input. ``channel``:
@@ -182,6 +227,7 @@ def channels_last(g: Graph) -> Graph:
     source: dict[str, str | None] = {}   # the tensor a map's channel is carried from
     keep = set(outputs)
     weighted: set[str] = set()   # outputs of contractions over weights with one channel dim
+    group: dict[str, str] = {}   # the group dim laid out just before the channel
     depthwise: dict[str, tuple[str, str, Expr]] = {}   # output -> _depthwise(op)
     for op in g.ops:
         if not isinstance(op, Comprehension):
@@ -201,11 +247,15 @@ def channels_last(g: Graph) -> Graph:
             continue
         if c is not None:
             weighted.add(op.out)
+            grp = None if dw is not None else _group_dim(op, g, c)
         else:
             c, src = _carried_channel(op, channel) or (None, None)
+            grp = src and _carried_group(op, src, group)
         big = [d for d, s in op.type.dims.items() if not _is_one(s)]
         if c is not None and len(big) >= IMAGE_DIMS and c in big:
             channel[op.out], source[op.out] = c, src
+            if grp is not None and grp in big:
+                group[op.out] = grp
     readers: dict[str, list[Comprehension]] = {}
     for op in g.ops:
         if isinstance(op, Comprehension):
@@ -228,9 +278,10 @@ def channels_last(g: Graph) -> Graph:
     ops, types = [], dict(g.types)
     for op in g.ops:
         c = chosen.get(op.out) if isinstance(op, Comprehension) else None
-        if c is not None and list(op.type.dims)[-1] != c:
-            dims = {d: s for d, s in op.type.dims.items() if d != c}
-            dims[c] = op.type.dims[c]
+        last = [d for d in (group.get(op.out), c) if d is not None] if c is not None else []
+        if last and list(op.type.dims)[-len(last):] != last:
+            dims = {d: s for d, s in op.type.dims.items() if d not in last}
+            dims.update({d: op.type.dims[d] for d in last})
             op = replace(op, type=TensorType(op.type.dtype, dims))
             types[op.out] = op.type
         ops.append(op)

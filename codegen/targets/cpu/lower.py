@@ -251,7 +251,10 @@ class KernelLowering:
         k = self.k
         if k.strategy == "map":
             with self._row_loop(row):
+                if row is not None:
+                    self.E.lane = (row, self.E.sizes[self.out.name][row])
                 self.store(self.finish(self.E(k.body)))
+                self.E.lane = None
         elif k.strategy == "row":
             self._row_accumulate(row)
         else:

@@ -79,11 +79,15 @@ class GemmEmitter:
         w64, c64 = b.zext(self.wg, I64), b.zext(self.count, I64)
         return b.udiv(b.mul(units, w64), c64), b.udiv(b.mul(units, b.add(w64, i64(1))), c64)
 
-    def unit(self, u, mgroups, ntiles, c0, S, n_inner: bool = False):
+    def unit(self, u, mgroups, ntiles, c0, S, n_inner: bool = False, points=None):
         """(M group, N tile, batch point, A's offset there) of unit ``u``, the M groups walked
-        fastest (or the N tiles, ``n_inner``); binds the batch dims."""
+        fastest (or the N tiles, ``n_inner``; or the ``points`` of the batch, c.batch_inner);
+        binds the batch dims."""
         b, c, E = self.b, self.c, self.E
-        if n_inner:
+        if c.batch_inner:
+            bi, rest = b.urem(u, points), b.udiv(u, points)
+            mg, nt = b.urem(rest, mgroups), b.udiv(rest, mgroups)
+        elif n_inner:
             nt, rest = b.urem(u, ntiles), b.udiv(u, ntiles)
             mg, bi = b.urem(rest, mgroups), b.udiv(rest, mgroups)
         else:
@@ -97,7 +101,12 @@ class GemmEmitter:
         return mg, nt, bi, base
 
     def row_offset(self, base, m, S, osz):
-        """A's offset at flat row ``m`` (over the M dims) from ``base``, its batch point's."""
+        """A's offset at flat row ``m`` (over the M dims) from ``base``, its batch point's: one
+        product where A steps each M dim by the next one's whole extent (a channels-last
+        image's pixels), else a division per dim."""
+        step = _flat_step(self.c.m, S, osz)
+        if step is not None:
+            return self.add(base, self.mul(step, m))
         off = base
         for d, v in delinearize(self.b, m, self.c.m, osz).items():
             if d in S:
@@ -140,10 +149,17 @@ class GemmEmitter:
         n_size, k_size, blocks = E(c.n_size), E(c.k_size), E(c.blocks)
         self.n_size = n_size
         self.kext = {r: E(L.k.rdims[r]) for r in c.k}
+        self.loops = c.k_loops
+        for run in self.loops:   # a run of K dims loops as one: its extent, A's step its last's
+            if len(run) > 1:
+                self.kext[run] = self.dims_product(run)
+                S[run] = S.get(run[-1], i64(0))
+                if self.SB is not None:
+                    self.SB[run] = self.SB.get(run[-1], i64(0))
         ntiles = b.udiv(self.add(blocks, i64(c.tb - 1)), i64(c.tb))
         zero_vec = ir.Constant(self.vty, [0 if self.int else 0.0] * c.vl)
         per_block = PACK // c.vl
-        nv = c.tb * per_block
+        nv = self.nv = c.nvec or c.tb * per_block
         accs = [b.alloca(self.vty, name=f"acc{i}") for i in range(c.mr * nv)]
         tile_n = c.tb * PACK
         # the group's outputs between K chunks (and for the epilogue): [G][MR][tile_n]
@@ -152,15 +168,15 @@ class GemmEmitter:
         # one M group: each B panel is read once per run, from memory (a fully connected
         # layer at batch 1, a late convolution's 7x7 image): the hardware prefetcher alone
         # leaves the loads waiting (alexnet's fc6 15.4 -> 13.8 ms with it)
-        rows = ex.product([L.out.sizes[d] for d in c.m])
-        self.stream_b = self.SB is None and rows.is_const and rows.value <= c.group * c.mr
+        self.stream_b = self.SB is None and c.stream
         mtiles = b.udiv(self.add(m_size, i64(c.mr - 1)), i64(c.mr))
         mgroups = b.udiv(self.add(mtiles, i64(c.group - 1)), i64(c.group))
-        start, end = self.share(self.mul(self.mul(self.dims_size(c.batch, osz), ntiles), mgroups))
+        points = self.dims_size(c.batch, osz)
+        start, end = self.share(self.mul(self.mul(points, ntiles), mgroups))
         packed = L.E.bases[c.packed]
         A = L.E.bases[a_name]
         last = b.sub(m_size, i64(1))
-        k0 = self.kext[c.k[0]]
+        k0 = self.kext[self._key(self.loops[0])]
         nchunks = b.udiv(self.add(k0, i64(c.kc - 1)), i64(c.kc))
         panel_size = self.mul(k_size, i64(PACK))
 
@@ -170,7 +186,7 @@ class GemmEmitter:
             return b.bitcast(p, self.vty.as_pointer())
 
         with L.loops.loop(start, end, "unit") as u, E.scope():
-            mg, nt, bi, base = self.unit(u, mgroups, ntiles, c0, S, c.n_inner)
+            mg, nt, bi, base = self.unit(u, mgroups, ntiles, c0, S, c.n_inner, points)
             t0 = b.mul(mg, i64(c.group))
             ng = self.umin(i64(c.group), b.sub(mtiles, t0))
             blk0 = b.mul(nt, i64(c.tb))
@@ -241,29 +257,41 @@ class GemmEmitter:
         L.loops_md(L.loops.latches, L.loops.unroll)
 
     def _single_chunk(self) -> bool:
-        """Whether the outermost K dim fits one chunk, known at build time."""
-        ext = self.L.k.rdims[self.c.k[0]]
+        """Whether the outermost K loop fits one chunk, known at build time."""
+        ext = ex.product([self.L.k.rdims[r] for r in self.loops[0]])
         return ext.is_const and ext.value <= self.c.kc
+
+    def dims_product(self, dims):
+        """The product of the K extents of ``dims`` (i64)."""
+        n = i64(1)
+        for d in dims:
+            n = self.mul(n, self.kext[d])
+        return n
+
+    @staticmethod
+    def _key(run: tuple[str, ...]):
+        """A K loop's key in kext, S and SB: its dim, or the run's tuple."""
+        return run[0] if len(run) == 1 else run
 
     def _k_loop(self, depth: int, off, kflat, boff, rows, panels, accs, S, span) -> None:
         """Nested loops over the K dims (the outermost over ``span``); the innermost body is
         the micro-kernel step. ``off``: A's offset, ``kflat``: the flat K index (packed B),
         ``boff``: B's offset from the panel (B read in place)."""
         c, b, L = self.c, self.b, self.L
-        if depth < len(c.k):
-            r = c.k[depth]
-            ext = self.kext[r]
+        if depth < len(self.loops):
+            r = self._key(self.loops[depth])
+            ext, label = self.kext[r], "_".join(self.loops[depth])
             lo, hi = span if depth == 0 else (i64(0), ext)
             if r == c.pair:   # two (four) K steps at once: i runs over the groups' first ones
                 shift = c.pair_size.bit_length() - 1
                 half = lambda v: b.lshr(v, i64(shift))  # noqa: E731 (extents are multiples)
-                with L.loops.loop(half(lo), half(hi), f"k.{r}", unroll=False) as i2:
+                with L.loops.loop(half(lo), half(hi), f"k.{label}", unroll=False) as i2:
                     i = b.shl(i2, i64(shift))
                     self._k_loop(depth + 1, self.add(off, self.mul(S[r], i)) if r in S else off,
                                  self.add(self.mul(kflat, half(ext)), i2), boff, rows, panels,
                                  accs, S, span)
                 return
-            with L.loops.loop(lo, hi, f"k.{r}", unroll=False) as i:
+            with L.loops.loop(lo, hi, f"k.{label}", unroll=False) as i:
                 nb = boff
                 if self.SB is not None and r in self.SB:
                     nb = self.add(boff, self.mul(self.SB[r], i))
@@ -289,6 +317,7 @@ class GemmEmitter:
                     bv.append(b.load(p, typ=self.vty, align=4))
                 else:
                     bv.append(self._widen(b.load(p, typ=ir.VectorType(self.bety, c.vl), align=2)))
+        bv = bv[:self.nv]   # (a narrow N's zero columns are not multiplied)
         self._prefetch(panels, kp, PACK, self.bety)
         fma = intrinsic(b.module, "llvm.fma", self.vty, 3) if c.fma else None
         nv = len(bv)
@@ -437,12 +466,21 @@ class GemmEmitter:
             loops.reverse()
         idx = {}
         # the inner dims bound as one flat index when every address they reach is affine in
-        # it (no division per element), so the loop vectorizes
+        # it (no division per element), so the loop vectorizes; the outer ones too (no division
+        # per row: a channels-last convolution's pixels)
         flat = flat_bindable(L.k.epilogue, L.out, loops[1][3], L.buffers)
+        flat_outer = flat_bindable(L.k.epilogue, L.out, loops[0][3], L.buffers)
         with L.loops.loop(i64(0), loops[0][1], f"e.{loops[0][0]}") as i, E.scope():
             idx[loops[0][0]] = i
-            for d, v in delinearize(b, b.add(loops[0][2], i), loops[0][3], osz).items():
-                E.bind(d, v)
+            at = b.add(loops[0][2], i)
+            if flat_outer:
+                *outer, last = loops[0][3]
+                for d in outer:
+                    E.bind(d, i64(0))
+                E.bind(last, at)
+            else:
+                for d, v in delinearize(b, at, loops[0][3], osz).items():
+                    E.bind(d, v)
             with L.loops.loop(i64(0), loops[1][1], f"e.{loops[1][0]}", vectorize=flat) as j, \
                     E.scope():
                 idx[loops[1][0]] = j
@@ -457,6 +495,19 @@ class GemmEmitter:
                         E.bind(d, v)
                 p = b.gep(tile, [b.add(b.mul(idx["row"], i64(tile_n)), idx["col"])], inbounds=True)
                 L.store(L.finish(b.load(p, typ=self.ety)))
+
+
+def _flat_step(dims: list[str], S: dict, sizes: dict):
+    """A's step per flat row over ``dims`` (last fastest) when every dim's step is the next
+    one's times its extent, known at build time (constants), else None."""
+    steps = [S.get(d) for d in dims]
+    if not dims or not all(isinstance(v, ir.Constant) for v in steps):
+        return None
+    for (outer, inner), d in zip(zip(steps, steps[1:]), dims[1:]):
+        n = sizes[d]
+        if not isinstance(n, ir.Constant) or outer.constant != inner.constant * n.constant:
+            return None
+    return steps[-1]
 
 
 def _adjacent(buf: Buffer, bdims: list[str], sizes: list[Expr]) -> bool:

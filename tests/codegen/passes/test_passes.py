@@ -191,6 +191,106 @@ def test_unflatten_leaves_a_dim_used_whole():
                                         "v": rng.standard_normal(6).astype(np.float32)})
 
 
+def test_unflatten_splits_a_grouped_convolutions_channel_used_whole_too():
+    # a grouped convolution's [g, co] read back as c // 4, c % 4 by its bias and relu, which
+    # read the bias at c: the map is split (c = 4 * c_hi + c_lo) and reads x at the identity,
+    # its readers follow (the pooling splits its output, the contraction its K)
+    from mlpack.codegen.passes.unflatten import unflatten_dims
+
+    rng = np.random.default_rng(4)
+    _check("""\
+        graph "g" {
+          in %x: f32{g=2, co=4, h=3} (g, co, h)
+          in %b: f32{c=8} (c)
+          in %w: f32{k=8, j=5} (k, j)
+          %y: f32{c=8, h=3} = max(%x[g=c // 4, co=c % 4, h=h] + %b[c=c], 0.0)
+          %s: f32{c=8} = sum{r=3} %y[c=c, h=r]
+          %z: f32{h=3, j=5} = sum{k=8} %y[c=k, h=h] * %w[k=k, j=j] * %s[c=k]
+          out %z (h, j)
+        }
+        """, unflatten_dims, """\
+        graph "g" {
+          in %x: f32{g=2, co=4, h=3} (g, co, h)
+          in %b: f32{c=8} (c)
+          in %w: f32{k=8, j=5} (k, j)
+          %y: f32{c_hi=2, c_lo=4, h=3} = max(%x[g=c_hi, co=c_lo, h=h] + %b[c=4 * c_hi + c_lo], 0.0)
+          %s: f32{c_hi=2, c_lo=4} = sum{r=3} %y[c_hi=c_hi, c_lo=c_lo, h=r]
+          %z: f32{h=3, j=5} = sum{k_0=2, k_1=4} %y[c_hi=k_0, c_lo=k_1, h=h] * %w[k=4 * k_0 + k_1, j=j] * %s[c_hi=k_0, c_lo=k_1]
+          out %z (h, j)
+        }
+        """, {"x": rng.standard_normal((2, 4, 3)).astype(np.float32),
+              "b": rng.standard_normal(8).astype(np.float32),
+              "w": rng.standard_normal((8, 5)).astype(np.float32)})
+
+
+def test_unflatten_leaves_a_dim_whose_reader_could_not_follow():
+    # the same map read whole by a graph output, which keeps its type: splitting would leave
+    # that reader dividing
+    from mlpack.codegen.passes.unflatten import unflatten_dims
+
+    text = """\
+        graph "g" {
+          in %x: f32{g=2, co=4, h=3} (g, co, h)
+          in %b: f32{c=8} (c)
+          %y: f32{c=8, h=3} = max(%x[g=c // 4, co=c % 4, h=h] + %b[c=c], 0.0)
+          %z: f32{c=8, h=3} = %y[c=c, h=h] * 2.0
+          out %z (c, h)
+        }
+        """
+    rng = np.random.default_rng(5)
+    _check(text, unflatten_dims, text, {"x": rng.standard_normal((2, 4, 3)).astype(np.float32),
+                                        "b": rng.standard_normal(8).astype(np.float32)})
+
+
+def test_divide_after_moves_a_softmax_normalization_past_the_product():
+    # P.V with P = e / z: the sum reads e and the result is divided by z once per element
+    from mlpack.codegen.passes.divide_after import divide_after
+
+    rng = np.random.default_rng(6)
+    _check("""\
+        graph "g" {
+          in %s: f32{x=3, j=4} (x, j)
+          in %v: f32{k=4, n=5} (k, n)
+          %e: f32{x=3, j=4} = exp(%s[x=x, j=j])
+          %z: f32{x=3, j=1} = sum{r=4} %e[x=x, j=r]
+          %p: f32{x=3, j=4} = div(%e[x=x, j=j], %z[x=x, j=0])
+          %o: f32{x=3, n=5} = sum{k=4} %p[x=x, j=k] * %v[k=k, n=n]
+          out %o (x, n)
+        }
+        """, divide_after, """\
+        graph "g" {
+          in %s: f32{x=3, j=4} (x, j)
+          in %v: f32{k=4, n=5} (k, n)
+          %e: f32{x=3, j=4} = exp(%s[x=x, j=j])
+          %z: f32{x=3, j=1} = sum{r=4} %e[x=x, j=r]
+          %p: f32{x=3, j=4} = div(%e[x=x, j=j], %z[x=x, j=0])
+          %o_undivided: f32{x=3, n=5} = sum{k=4} %e[x=x, j=k] * %v[k=k, n=n]
+          %o: f32{x=3, n=5} = div(%o_undivided[x=x, n=n], %z[x=x, j=0])
+          out %o (x, n)
+        }
+        """, {"s": rng.standard_normal((3, 4)).astype(np.float32),
+              "v": rng.standard_normal((4, 5)).astype(np.float32)})
+
+
+def test_divide_after_leaves_a_divisor_that_moves_with_the_sum():
+    from mlpack.codegen.passes.divide_after import divide_after
+
+    text = """\
+        graph "g" {
+          in %a: f32{x=3, j=4} (x, j)
+          in %b: f32{j=4} (j)
+          in %v: f32{k=4, n=5} (k, n)
+          %p: f32{x=3, j=4} = div(%a[x=x, j=j], %b[j=j])
+          %o: f32{x=3, n=5} = sum{k=4} %p[x=x, j=k] * %v[k=k, n=n]
+          out %o (x, n)
+        }
+        """
+    rng = np.random.default_rng(7)
+    _check(text, divide_after, text, {"a": rng.standard_normal((3, 4)).astype(np.float32),
+                                      "b": rng.uniform(1, 2, 4).astype(np.float32),
+                                      "v": rng.standard_normal((4, 5)).astype(np.float32)})
+
+
 def test_fuse_keeps_a_map_that_a_reused_copy_reads():
     # softmax -> Cast -> P.V: the copy is inlined into the matmul, which reads it for every
     # output column, so the exp below it must stay a tensor (else it runs once per column)

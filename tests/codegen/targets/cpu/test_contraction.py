@@ -136,6 +136,21 @@ def test_read_modes_and_unit_order():
     assert not in_place.n_inner
 
 
+def test_a_dynamic_batch_is_scheduled_as_a_batch_of_one():
+    """Sizes that decide the unit order and the streamed weights are read at batch 1 where the
+    batch is a symbol (the leading dim of every input); a sequence length stays symbolic."""
+    def gemm(shape, k, n):
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+        m = model(nodes, [("x", F, shape)], [("w", rand(k, n, seed=1))])
+        return _gemms(compile_onnx(m), "x86_64-v3")[0]
+    # 12544 rows of 16: 800 KiB of A at batch 1, past a small L2, so N is walked fastest
+    assert gemm(["N", 12544, 16], 16, 48).n_inner
+    assert not gemm([1, 2048, 16], 16, 48).n_inner
+    # 7 rows: one group, each weight panel read once and fetched ahead; not so with a sequence
+    assert gemm(["N", 7, 320], 320, 256).stream
+    assert not gemm(["N", "S", 320], 320, 256).stream
+
+
 def test_epilogue_flat_binding():
     """The epilogue's inner dims are bound as one flat index exactly when every address they
     reach is affine in it."""

@@ -3,7 +3,9 @@
 Which image tensors are laid out channels last is checked on small models: a convolution chain
 with a pooling and a residual add (all of them), local response normalization (its window along
 the channel too), a concatenation's parts (kept in their order), a depthwise convolution's input,
-output and weights (channels last too, unless its input is a graph input), graph outputs (their ports' layout), and ``MLPACK_DISABLE_PASSES=channels_last``. Each model
+output and weights (channels last too, unless its input is a graph input), a grouped
+convolution's input, output and readers (its group dim just before the channel), graph outputs
+(their ports' layout), and ``MLPACK_DISABLE_PASSES=channels_last``. Each model
 is compiled for x86_64-v2/v3/v4, run by the plan runner and compared with ONNX Runtime at the
 fp32 tolerance (rtol 1e-4, atol 1e-5).
 """
@@ -97,9 +99,39 @@ def depthwise_topk():
     return m, feeds
 
 
+def grouped(per_group=8, groups=4, stride=1):
+    """1x1 conv -> grouped 3x3 conv -> relu -> a squeeze-excitation's pooling and scale ->
+    1x1 conv: a RegNet or ResNeXt block (``per_group`` channels in each of ``groups``)"""
+    c = per_group * groups
+    c1, w1 = conv("x", "c1", "a", 8, c, k=1)
+    c2, w2 = conv("c1", "c2", "b", c, c, group=groups, seed=2)
+    c2.attribute.append(helper.make_attribute("strides", [stride, stride]))
+    c3, w3 = conv("s", "y", "c", c, 8, k=1, seed=4)
+    nodes = [c1, c2, helper.make_node("Relu", ["c2"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+             helper.make_node("Mul", ["r", "g"], ["s"]), c3]
+    return one_output_model(nodes, [("x", F, [1, 8, 14, 14])], w1 + w2 + w3), \
+        {"x": rand(1, 8, 14, 14)}
+
+
+def padded_pools():
+    """conv -> relu -> 3x3 max pool (padded, stride 1) -> 3x3 max pool (stride 2, ceil mode:
+    its last window passes the edge) -> conv: channels-last windows whose points fall outside
+    their input (read as -inf under a select, the whole vector at once)"""
+    c1, w1 = conv("x", "c1", "a", 8, 24)
+    c2, w2 = conv("q", "y", "b", 24, 8, k=1, seed=2)
+    nodes = [c1, helper.make_node("Relu", ["c1"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("MaxPool", ["p"], ["q"], kernel_shape=[3, 3], strides=[2, 2],
+                              ceil_mode=1), c2]
+    return one_output_model(nodes, [("x", F, [1, 8, 12, 12])], w1 + w2), {"x": rand(1, 8, 12, 12)}
+
+
 MODELS = {"chain": chain, "lrn": lrn, "concat": concat, "depthwise": depthwise,
           "depthwise_wide_strided": lambda: depthwise(40, k=5, stride=2),
-          "depthwise_input": depthwise_input, "depthwise_topk": depthwise_topk}
+          "depthwise_input": depthwise_input, "depthwise_topk": depthwise_topk,
+          "grouped": grouped, "grouped_narrow_strided": lambda: grouped(4, 6, stride=2),
+          "padded_pools": padded_pools}
 
 
 def last_dims(g) -> dict[str, str]:
@@ -155,6 +187,28 @@ def test_a_depthwise_convolution_goes_channels_last_with_its_input_and_weights()
     _, kernels, *_ = schedule_kernels(g, get_target("x86_64-v4"))
     [k] = [k for k in kernels if isinstance(k.gemm, Direct)]
     assert k.gemm.w_vector and k.gemm.step == 1
+
+
+def test_a_grouped_convolution_goes_channels_last_with_its_groups_before_the_channel():
+    from mlpack.codegen.targets.cpu.compile import schedule_kernels
+    from mlpack.codegen.targets.cpu.target import get_target
+
+    g = compile_onnx(grouped()[0])
+    # (unflatten has split the channel of the bias, the relu and the scale into the groups'
+    # two dims, so they read the convolution at the identity index)
+    conv_out = next(op for op in g.ops if op.out.endswith("_grouped"))
+    split = [op for op in g.ops if len(op.type.dims) == 5]
+    assert len(split) >= 3, [op.out for op in g.ops]
+    moved = {op.out: [d for d, s in op.type.dims.items() if not (s.is_const and s.value == 1)]
+             for op in layout.channels_last(g).ops}
+    for op in split:   # (memory order: dims of size 1 aside, so the pooling's too)
+        grp, ch = list(op.type.dims)[1:3]
+        assert moved[op.out][-2:] == [grp, ch], (op.out, moved[op.out])
+    assert moved[g.ops[0].out][-1] == list(g.ops[0].type.dims)[1]   # its input as well
+    # the bias and relu run in the convolution's epilogue, a vector of one group's channels
+    _, kernels, *_ = schedule_kernels(g, get_target("x86_64-v3"))
+    [k] = [k for k in kernels if conv_out.out in k.fused and k.strategy == "gemm"]
+    assert len(k.fused) == 2 and k.gemm.nvec == 1
 
 
 def test_switched_off(monkeypatch):
