@@ -12,7 +12,8 @@ from mlpack.codegen.passes.pipeline import run_passes
 from mlpack.codegen.targets.base import Code
 from mlpack.spec.ir.graph import Graph
 from mlpack.spec.ir.verify import verify
-from mlpack.codegen.targets.cpu import bf16dot, checks, contraction, layout, narrowconv, winograd
+from mlpack.codegen.targets.cpu import (bf16dot, checks, contraction, derived, layout, narrowconv,
+                                        winograd)
 from mlpack.codegen.targets.cpu.concat import split_concats
 from mlpack.codegen.targets.cpu.gemm import bf16_dot
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
@@ -45,6 +46,7 @@ class _Rewritten:
     parents: dict = field(default_factory=dict)   # the concatenations' buffers, no op writes them
     winograd: int = 0                             # convolutions on Winograd's algorithm
     bf16_products: int = 0                        # contractions of bf16 pairs (bf16dot.py)
+    derived: dict = field(default_factory=dict)   # constants made from the weights (derived.py)
 
 
 def target_passes(state: _Rewritten, t=None) -> list:
@@ -57,14 +59,17 @@ def target_passes(state: _Rewritten, t=None) -> list:
         return g
 
     def winograd_convolutions(g: Graph) -> Graph:
-        g, state.winograd = winograd.rewrite(g, state.aliases, state.parents)
+        g, state.winograd = winograd.rewrite(g, state.aliases, state.parents, state.derived)
         return g
+
+    def channels(g: Graph) -> Graph:
+        return layout.channels_last(g, state.derived)
 
     def bf16_products(g: Graph) -> Graph:
         g, state.bf16_products = bf16dot.round_activations(g, state.parents)
         return g
 
-    passes = [("channels_last", layout.channels_last), ("split_concats", concatenations),
+    passes = [("channels_last", channels), ("split_concats", concatenations),
               ("winograd", winograd_convolutions)]
     if t is None or bf16_dot(t):
         passes.append(("bf16_products", bf16_products))
@@ -86,7 +91,10 @@ def schedule_kernels(graph: Graph, t, disabled=frozenset()):
     bufs.update(state.parents)
     kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=state.aliases), bufs, t,
                                 source)
-    return graph, kernels, bufs, state.aliases, state
+    derived.inline(state.derived, kernels, bufs, source)
+    made = derived.kernels(state.derived, graph, bufs, {r for k in kernels for r in k.reads},
+                           source)
+    return graph, made + kernels, bufs, state.aliases, state
 
 
 def _log_assembly(mod, tm) -> None:
@@ -106,11 +114,13 @@ def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     t0 = time.perf_counter()
     reject_procedures(graph)
     progress.report("scheduling")
+    source = graph
     graph, kernels, bufs, aliases, state = schedule_kernels(graph, t, disabled)
     copies, owners = output_copies(graph, bufs, len(kernels))
     narrowconv.unpack_ports(graph, bufs, owners)
-    kernels += copies
-    plan, weights = make_plan(graph, kernels, bufs, owners, aliases)
+    # the kernels run once at open last, so dispatch i of a run is kernel i of the library
+    kernels = [k for k in kernels + copies if not k.prepare] + [k for k in kernels if k.prepare]
+    plan, weights = make_plan(graph, kernels, bufs, owners, aliases, source.constants)
     weights = narrowconv.pack_weights(weights, bufs)
     tm = target_machine(t)
     # (one part at MLPACK_DEBUG=3, so the assembly printed is the whole library's)
