@@ -37,6 +37,8 @@ class CpuArtifact:
     winograd: int = 0   # convolutions computed with Winograd's algorithm (winograd.py)
     # passes whose rounding differs from the direct computation (Code.inexact_passes)
     inexact: tuple[str, ...] = ()
+    # the weights beyond the graph's constants (every weight else is a constant as it is)
+    extra: tuple[str, ...] = ()
 
 
 @dataclass
@@ -120,8 +122,10 @@ def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     narrowconv.unpack_ports(graph, bufs, owners)
     # the kernels run once at open last, so dispatch i of a run is kernel i of the library
     kernels = [k for k in kernels + copies if not k.prepare] + [k for k in kernels if k.prepare]
-    plan, weights = make_plan(graph, kernels, bufs, owners, aliases, source.constants)
-    weights = narrowconv.pack_weights(weights, bufs)
+    plan, weights, extra = make_plan(graph, kernels, bufs, owners, aliases, source.constants)
+    packed = narrowconv.pack_weights(weights, bufs)
+    extra += tuple(n for n in weights if packed[n] is not weights[n] and n not in extra)
+    weights = packed
     tm = target_machine(t)
     # (one part at MLPACK_DEBUG=3, so the assembly printed is the whole library's)
     texts = build_module(kernels, bufs, plan["symbols"], t, tm,
@@ -143,7 +147,7 @@ def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     inexact = (("winograd",) if state.winograd else ()) + \
         (("bf16_products",) if state.bf16_products else ())
     return CpuArtifact(elf, plan, weights, t.name, list(t.features),
-                       [k.name for k in kernels], times, state.winograd, inexact)
+                       [k.name for k in kernels], times, state.winograd, inexact, extra)
 
 
 def compile_artifact(graph: Graph, target: str, precision: str, disabled=frozenset()) -> Code:
@@ -155,4 +159,11 @@ def compile_artifact(graph: Graph, target: str, precision: str, disabled=frozens
     t = get_target(target)
     config = {"plan": code.plan,
               "cpu_features": media.config_cpu_features(code.features, t.arch)}
-    return Code([(media.CODE_ELF, code.elf)], code.weights, config, code.timings, code.inexact)
+    # the weights as the graph has them, shared with every artifact of its precision, and what
+    # this target made beside them; a constant it changed in place (a sub-byte dtype it packs)
+    # makes the whole archive its own
+    if any(name in graph.constants for name in code.extra):
+        return Code([(media.CODE_ELF, code.elf)], code.weights, config, code.timings,
+                    code.inexact)
+    return Code([(media.CODE_ELF, code.elf)], {n: code.weights[n] for n in code.extra}, config,
+                code.timings, code.inexact, raw_weights=True)

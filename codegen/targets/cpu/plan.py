@@ -186,14 +186,15 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
 
 def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
               output_owners: list[str], aliases: dict[str, tuple[str, int]] | None = None,
-              raw: dict | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+              raw: dict | None = None) -> tuple[dict, dict[str, np.ndarray], tuple[str, ...]]:
     """The plan dict and the weights (name -> array in its layout). ``aliases``: tensors placed
     inside others (concat.py). ``raw``: the constants of the graph the target was given (its
     own passes rewrite some), which are the weights, every one as it is (default: ``g``'s):
     so every target of a build, and the portable artifact, store the same weights archive.
     Kernels marked ``prepare`` run once when the engine opens the artifact (the plan's
     "prepare"), writing the tensors they compute from the weights (a packed B panel, a weight
-    in another layout) into the packed region, which every run then reads."""
+    in another layout) into the packed region, which every run then reads. The third value
+    names the weights beyond ``raw`` (made at build time: the AMX target's tiles)."""
     raw = g.constants if raw is None else raw
     syms, sources = symbol_sources(g)
     entries: list[dict] = []
@@ -209,6 +210,7 @@ def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
     prepare = [k for k in kernels if k.prepare]
     made = {k.out for k in prepare}
     weights = {name: np.ascontiguousarray(c.data) for name, c in raw.items()}
+    extra: list[str] = []
     # (a weight the target's passes replaced in g is still read by what derives from it)
     for name, c in {**raw, **g.constants}.items():
         if name not in used or name in made:
@@ -217,11 +219,13 @@ def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
         entries.append({"kind": "weight", "name": name})
         if not _same_constant(raw.get(name), c):   # made by the target's passes at build time
             weights[name] = np.ascontiguousarray(c.data)
+            extra.append(name)
     # built by the gemm schedule at build time (the AMX target's tiles)
     for name, data in contraction.packed_weights(kernels).items():
         index[name] = len(entries)
         entries.append({"kind": "weight", "name": name})
         weights[name] = data
+        extra.append(name)
     runs = [k for k in kernels if not k.prepare]
     packed_total = 0
     for k in prepare:
@@ -257,7 +261,7 @@ def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
         plan["prepare"] = [dispatch(i, k) for i, k in enumerate(kernels) if k.prepare]
         plan["packed_size"] = packed_total
         plan["abi_minor"] = max(plan.get("abi_minor", 0), PREPARE_ABI_MINOR)
-    return plan, weights
+    return plan, weights, tuple(extra)
 
 
 def _same_constant(a, b) -> bool:
