@@ -2,8 +2,8 @@
 
 - cold build time (a fresh kernel cache) and warm rebuild time (the same cache again), of
   ``mlpack build MODEL`` with the default targets, as a user runs it (a child process);
-- the build's peak resident memory: the sum over its process tree (the build and its compile
-  workers, qemu included), sampled every 20 ms, against the model file's size;
+- the build's peak memory: the proportional resident memory (PSS) summed over its process tree
+  (the build, its compile workers, qemu), sampled every 20 ms, against the model file's size;
 - the container's weight bytes (each blob counted once) against the model's own (its
   initializers' bytes);
 - with ``--run-rss``, the peak resident memory of a process that loads the container and runs it
@@ -54,26 +54,37 @@ def weight_bytes(path: Path) -> int:
     return sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
 
 
-def _tree_rss(root: int) -> int:
-    """Resident bytes of ``root`` and every process below it (from /proc)."""
-    parent, rss = {}, {}
+def _pss(pid: int) -> int:
+    """Proportional resident bytes of ``pid``: its own pages, and its share of each page it
+    maps with other processes (a weights file the build and its workers map counts once)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _tree_memory(root: int) -> int:
+    """Resident bytes of ``root`` and every process below it (PSS, from /proc)."""
+    parent = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            parent[int(entry)] = int(fields[1])
-            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-    total, todo = 0, [root]
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
+        total += _pss(pid)
         todo.extend(children.get(pid, ()))
     return total
 
@@ -89,7 +100,7 @@ def timed_build(model: Path, out: Path, cache: Path, extra=()) -> dict:
 
     def sample() -> None:
         while proc.poll() is None:
-            peak[0] = max(peak[0], _tree_rss(proc.pid))
+            peak[0] = max(peak[0], _tree_memory(proc.pid))
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)

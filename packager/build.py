@@ -290,10 +290,19 @@ def _model_name(proto, model, name: str | None) -> str:
     return proto.graph.name or "model"
 
 
-def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=()):
+def _drop_weights(proto) -> None:
+    """Free the initializers' data of ``proto``, read from a file (the graph has them, and
+    ONNX Runtime reads the file): a model's weights are not held twice more while it builds."""
+    for t in proto.graph.initializer:
+        for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
+                  "uint64_data", "string_data"):
+            t.ClearField(f)
+
+
+def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=(), path=None):
     """(inputs, the baseline's outputs, float64 reference outputs), one dict per case; the
-    baseline is ONNX Runtime, or with DSL custom ops (``custom``) the fp32 interpreter
-    (packager/customops.py)."""
+    baseline is ONNX Runtime (on the file ``path`` where the model is one), or with DSL custom
+    ops (``custom``) the fp32 interpreter (packager/customops.py)."""
     from mlpack.packager.reference import float64_outputs
 
     if inputs is None:
@@ -303,7 +312,7 @@ def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=()):
         feeds = [case for one in many for case in
                  (tv.user_case(one, graph, "inputs") if isinstance(one, dict)
                   else tv.load_npz(one, graph))]
-    outputs = customops.baseline_outputs(proto, graph, feeds, custom)
+    outputs = customops.baseline_outputs(proto, graph, feeds, custom, path)
     return feeds, outputs, float64_outputs(graph, feeds)
 
 
@@ -409,17 +418,24 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         pairs = plan_artifacts(targets, ["int8"])
     elif pairs is None:
         pairs = plan_artifacts(targets, precisions)   # the error deferred above
-    with step("reference", f"outputs (float64; {baseline})"):
-        feeds, expected, references = _vectors(proto, graph, inputs, dims, seed, cases, custom)
-        check_references(expected, references, quantized)
-        vectors = tv.pack(feeds, expected, baseline, references)
-    blind = accuracy.blind_spots(references)
-    _warn(BlindVectorsWarning, blind, progress)
-    calibrations = _calibrate(pairs, graph, calibration, dims, seed, step)
-    sensitive: list = []   # int8's full calibration, then its activations by sensitivity
+    # from here the weights are in one place: the model's archive, a file the graph maps
+    # (packager/weights.py); ONNX Runtime reads a model file itself
+    path = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    if path is not None:
+        _drop_weights(proto)
     kernels = _kernel_cache(cache)
-    models = _models(graph, calibrations, kernels, output)
+    models = _models(graph, {}, kernels, output)
     try:
+        graph = models.graph("fp32")
+        with step("reference", f"outputs (float64; {baseline})"):
+            feeds, expected, references = _vectors(proto, graph, inputs, dims, seed, cases,
+                                                   custom, path)
+            check_references(expected, references, quantized)
+            vectors = tv.pack(feeds, expected, baseline, references)
+        blind = accuracy.blind_spots(references)
+        _warn(BlindVectorsWarning, blind, progress)
+        models.calibrations.update(_calibrate(pairs, graph, calibration, dims, seed, step))
+        sensitive: list = []   # int8's full calibration, then its activations by sensitivity
         one = _compile_one   # (looked up now: a test may put another in its place)
         compiled, skipped = compiling.compile_targets(one, models, pairs, set(targets or ()),
                                                       step, progress, kernels, BuildError)

@@ -232,8 +232,10 @@ def _ort_feeds(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def reference_outputs(model, cases: list[dict], output_names: list[str]) -> list[dict]:
-    """The outputs ONNX Runtime computes for each case, by output name."""
+def reference_outputs(model, cases: list[dict], output_names: list[str],
+                      path=None) -> list[dict]:
+    """The outputs ONNX Runtime computes for each case, by output name: of ``model``, or of
+    the file ``path`` when the model is one (``model`` may then lack its weights' data)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -241,8 +243,8 @@ def reference_outputs(model, cases: list[dict], output_names: list[str]) -> list
     # back as the exception below: printed as well, they would make the CLI's error two lines
     opts.log_severity_level = 4
     try:
-        session = ort.InferenceSession(model.SerializeToString(), opts,
-                                       providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(path if path is not None else model.SerializeToString(),
+                                       opts, providers=["CPUExecutionProvider"])
         return [dict(zip(output_names, session.run(output_names, _ort_feeds(model, c))))
                 for c in cases]
     except Exception as e:  # ORT raises its own exception types for a model it refuses

@@ -284,7 +284,10 @@ def _pack_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, dtyp
     env = {d: ex.var(d) for d in (*info["batch"], *info["k"])}
     if pair is not None:
         env[pair] = ex.var(outer) * size + ex.var(inner)
-    flat = col
+    # B's read, unguarded (a constant B: the panel's padding columns read the last column, and
+    # the select below zeroes them), or guarded (its own padding, a symbolic N)
+    clamp = rb.arg[2] is None and info["n_size"].is_const
+    flat = ex.binary("min", col, info["n_size"] - 1) if clamp else col
     for d in reversed(info["n"]):   # the flat column over the N dims (last fastest)
         size_d = out.sizes[d]
         env[d] = flat if d == info["n"][0] else ex.mod(flat, size_d)
@@ -292,8 +295,7 @@ def _pack_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, dtyp
     index = {}
     for d, ix in zip(rb.arg[1], rb.args):
         index[d] = ex.substitute(ix, {v: env.get(v, ex.const(0)) for v in ex.free_vars(ix)})
-    # guarded, so a padding column (or the read's own padding) loads nothing out of bounds
-    pad = 0 if rb.arg[2] is None else rb.arg[2]
+    pad = None if clamp else 0 if rb.arg[2] is None else rb.arg[2]
     read = ex.read(rb.arg[0], index, rb.dtype, pad)
     value = read if rb.dtype == dtype else ex.cast(read, dtype)
     zero = ex.const(0 if dtypes.is_int(dtype) else 0.0, dtype)

@@ -367,6 +367,9 @@ mlpack_status mp_native_run(mp_executor *x, const mp_run *run, mlpack_error **er
 
 /* the MLPACK_PROFILE table, on stderr: dispatches by total time, the top ones first */
 static void mp_profile_print(const mp_native *n) {
+  if (n->prof_seconds && n->plan.prepare_count)
+    fprintf(stderr, "mlpack profile: %s prepared its packed weights (%zu bytes, %zu dispatches) at open "
+            "in %.3f ms\n", n->what, n->plan.packed_size, n->plan.prepare_count, 1e3 * n->prepare_seconds);
   if (!n->prof_seconds || n->prof_runs == 0 || !n->table) return;
   size_t *order = malloc(n->plan.dispatch_count * sizeof *order);
   if (!order) return;
@@ -379,9 +382,6 @@ static void mp_profile_print(const mp_native *n) {
   }
   fprintf(stderr, "mlpack profile: %s, %zu runs, %.3f ms per run in %zu dispatches\n", n->what,
           n->prof_runs, 1e3 * total / (double)n->prof_runs, n->plan.dispatch_count);
-  if (n->plan.prepare_count)
-    fprintf(stderr, "mlpack profile: %s prepared its packed weights (%zu bytes, %zu dispatches) at open "
-            "in %.3f ms\n", n->what, n->plan.packed_size, n->plan.prepare_count, 1e3 * n->prepare_seconds);
   fprintf(stderr, "%9s %6s %8s  %s\n", "ms/run", "%", "groups", "dispatch: kernel");
   for (size_t r = 0; r < n->plan.dispatch_count; r++) {
     size_t i = order[r];
