@@ -299,10 +299,13 @@ def _drop_weights(proto) -> None:
             t.ClearField(f)
 
 
-def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=(), path=None):
-    """(inputs, the baseline's outputs, float64 reference outputs), one dict per case; the
-    baseline is ONNX Runtime (on the file ``path`` where the model is one), or with DSL custom
-    ops (``custom``) the fp32 interpreter (packager/customops.py)."""
+def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=(), path=None,
+             cache=None):
+    """(inputs, the baseline's outputs, float64 reference outputs, the test-vector archive),
+    one dict per case; the baseline is ONNX Runtime (on the file ``path`` where the model is
+    one), or with DSL custom ops (``custom``) the fp32 interpreter (packager/customops.py).
+    ``cache``: the KernelCache that keeps the archive of the same model and inputs."""
+    from mlpack.packager.cache import vectors_key
     from mlpack.packager.reference import float64_outputs
 
     if inputs is None:
@@ -312,8 +315,18 @@ def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=(), path=
         feeds = [case for one in many for case in
                  (tv.user_case(one, graph, "inputs") if isinstance(one, dict)
                   else tv.load_npz(one, graph))]
+    baseline = customops.baseline_name(custom)
+    key = vectors_key(graph, proto, feeds, baseline) if cache is not None else None
+    stored = cache.get_vectors(key) if key is not None else None
+    if stored is not None:
+        _, outputs, references = tv.unpack(stored)
+        return feeds, outputs, references, stored
     outputs = customops.baseline_outputs(proto, graph, feeds, custom, path)
-    return feeds, outputs, float64_outputs(graph, feeds)
+    references = float64_outputs(graph, feeds)
+    vectors = tv.pack(feeds, outputs, baseline, references)
+    if key is not None:
+        cache.put_vectors(key, vectors)
+    return feeds, outputs, references, vectors
 
 
 class ReferenceMismatchError(BuildError):
@@ -428,10 +441,9 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     try:
         graph = models.graph("fp32")
         with step("reference", f"outputs (float64; {baseline})"):
-            feeds, expected, references = _vectors(proto, graph, inputs, dims, seed, cases,
-                                                   custom, path)
+            feeds, expected, references, vectors = _vectors(proto, graph, inputs, dims, seed,
+                                                            cases, custom, path, kernels)
             check_references(expected, references, quantized)
-            vectors = tv.pack(feeds, expected, baseline, references)
         blind = accuracy.blind_spots(references)
         _warn(BlindVectorsWarning, blind, progress)
         models.calibrations.update(_calibrate(pairs, graph, calibration, dims, seed, step))

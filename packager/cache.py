@@ -28,7 +28,9 @@ weights into a new one. An entry holds only what its target made beside them (th
 Layout of the folder (MLPACK_CACHE_DIR, default ``$XDG_CACHE_HOME/mlpack/kernels``, else
 ``~/.cache/mlpack/kernels``): ``entries/<key>.json`` says which blobs make the code and carries
 the sha256 of its own text; ``weights/<key>.json`` names a precision's weights archive;
-``blobs/<sha256>`` holds the ELFs and archives. Every file is written to a temporary name and
+``blobs/<sha256>`` holds the ELFs and archives; ``runs/<key>`` the outputs of an artifact's
+vectors on this host or under qemu (packager/validation.py, emulate.py), ``vectors/<key>``
+a model's test vectors. Every file is written to a temporary name and
 renamed, so two builds at once never see half an entry; an entry whose own digest or any
 blob's digest does not match is dropped and compiled again, never trusted.
 """
@@ -44,6 +46,8 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
+
+import numpy as np
 
 from mlpack.spec import environment
 from mlpack.spec.errors import Error
@@ -135,6 +139,24 @@ def key(graph_sha: str, target: str, precision: str, disabled=frozenset(), calib
              "disabled": sorted(disabled), "calibration": _canonical(calibration),
              "env": {n: environment.get(n) for n in ("MLPACK_DISABLE_PASSES", "MLPACK_LLD")}}
     return _sha(json.dumps(parts, sort_keys=True).encode())
+
+
+def vectors_key(graph, proto, feeds: list[dict], baseline: str) -> str:
+    """The key of a model's test vectors: the compiled graph (its weights by digest), the ONNX
+    model's nodes, ports and opsets (what ONNX Runtime runs; its weights are the graph's), the
+    inputs, the baseline (ONNX Runtime's version) and the code."""
+    h = hashlib.sha256(f"vectors {code_digest()} {_graph_sha(graph)} {baseline}".encode())
+    g = proto.graph
+    for part in [*g.node, *g.input, *g.output, *proto.opset_import]:
+        h.update(part.SerializeToString())
+    for t in g.initializer:
+        h.update(f"{t.name} {t.data_type} {list(t.dims)}".encode())
+    for case in feeds:
+        for name, a in sorted(case.items()):
+            a = np.ascontiguousarray(a)
+            h.update(f"{name} {a.dtype.str} {a.shape}".encode())
+            h.update(a.view(np.uint8).reshape(-1).tobytes() if a.size else b"")
+    return h.hexdigest()
 
 
 def graph_key(graph, target: str, precision: str, disabled=frozenset(), calibration=None) -> str:
@@ -259,6 +281,31 @@ class KernelCache:
                                   for name, a in case.items()}, {"cases": len(got)})
         try:
             self._write(self.folder / "runs" / k, _sha(body).encode() + b"\n" + body)
+        except OSError:
+            pass
+
+    # The test vectors (inputs, ONNX Runtime's outputs and the float64 reference's) follow from
+    # the model, the inputs and the code that computes them (``vectors_key``): a rebuild reads
+    # them back instead of running both references again.
+
+    def get_vectors(self, k: str) -> bytes | None:
+        """The test-vector archive stored under ``k`` (whole, by its digest), or None."""
+        path = self.folder / "vectors" / k
+        try:
+            digest, _, body = path.read_bytes().partition(b"\n")
+            if digest.decode() != _sha(body):
+                raise ValueError("entry digest")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, UnicodeDecodeError):
+            self._discard(path)
+            self.stats.dropped += 1
+            return None
+        return body
+
+    def put_vectors(self, k: str, body: bytes) -> None:
+        try:
+            self._write(self.folder / "vectors" / k, _sha(body).encode() + b"\n" + body)
         except OSError:
             pass
 

@@ -272,3 +272,17 @@ def pack(inputs: list[dict], outputs: list[dict], baseline: str,
     if references is not None:
         meta.update(reference=REFERENCE, baseline=baseline)
     return write_tensors(tensors, meta)
+
+
+def unpack(blob: bytes) -> tuple[list[dict], list[dict], list[dict] | None]:
+    """``pack``'s archive read back: (inputs, the baseline's outputs, the float64 references or
+    None) per case."""
+    from mlpack.spec.tensorfile import read_header, read_tensors
+
+    cases = int(read_header(blob)["metadata"]["cases"])
+    parts = {kind: [{} for _ in range(cases)] for kind in ("input", "output", "reference64")}
+    for name, a in read_tensors(blob).items():
+        case, kind, tensor = name.split("/", 2)
+        parts[kind][int(case.removeprefix("case"))][tensor] = np.array(a)
+    refs = parts["reference64"] if any(parts["reference64"]) else None
+    return parts["input"], parts["output"], refs
