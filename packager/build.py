@@ -438,8 +438,12 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         _drop_weights(proto)
     kernels = _kernel_cache(cache)
     models = _models(graph, {}, kernels, output)
+    started = None
     try:
         graph = models.graph("fp32")
+        one = _compile_one   # (looked up now: a test may put another in its place)
+        # the targets compile (in workers) while the references run here
+        started = compiling.Started(one, models, compiling.early_pairs(pairs), progress, kernels)
         with step("reference", f"outputs (float64; {baseline})"):
             feeds, expected, references, vectors = _vectors(proto, graph, inputs, dims, seed,
                                                             cases, custom, path, kernels)
@@ -448,9 +452,10 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         _warn(BlindVectorsWarning, blind, progress)
         models.calibrations.update(_calibrate(pairs, graph, calibration, dims, seed, step))
         sensitive: list = []   # int8's full calibration, then its activations by sensitivity
-        one = _compile_one   # (looked up now: a test may put another in its place)
         compiled, skipped = compiling.compile_targets(one, models, pairs, set(targets or ()),
-                                                      step, progress, kernels, BuildError)
+                                                      step, progress, kernels, BuildError,
+                                                      started)
+        started = None
         _warn_skipped(skipped, progress)
         pairs = [pair for pair in pairs if pair in compiled]
         # a quantized model's artifacts are judged with int8's tolerance (see check_references)
@@ -477,6 +482,8 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
             artifacts = lower(checks, compiled)
             write_container(output, name, artifacts)
     finally:
+        if started is not None:   # (the build failed before it collected the compile)
+            started.cancel()
         models.close()
     seconds = {t: n.seconds for (t, _), n in compiled.items() if registry.get(t).parallel}
     reports = _reports(pairs, artifacts, checks, passed_over, seconds)

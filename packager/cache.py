@@ -358,16 +358,12 @@ class KernelCache:
             pass
 
 
-def compile_cached(cache: KernelCache | None, models, pairs, compile_all,
-                   disabled=frozenset()) -> dict:
-    """``compile_all(models, pairs)`` for the pairs not in ``cache``: {pair: (Code or
-    UnsupportedTargetError, seconds)}. ``models``: the build's compiling.Models (its base graph
-    and calibrations make the keys). Hits take no compile at all (no worker is started when
-    every pair hits); ``disabled``: the target passes ``compile_all`` leaves out."""
+def lookup(cache: KernelCache | None, models, pairs, disabled=frozenset()):
+    """The pairs ``cache`` has: ({pair: (Code, seconds to read it)}, [pairs to compile],
+    {pair: key}); with no cache, every pair is to compile. ``models``: the build's
+    compiling.Models (its base graph and calibrations make the keys)."""
     if cache is None:
-        return compile_all(models, pairs)
-    from mlpack.codegen.errors import UnsupportedTargetError
-
+        return {}, list(pairs), {}
     keys = {pair: graph_key(models.base, *pair, disabled, models.calibrations.get(pair[1]))
             for pair in pairs}
     out, misses = {}, []
@@ -379,10 +375,27 @@ def compile_cached(cache: KernelCache | None, models, pairs, compile_all,
             continue
         cache.stats.hits.append(pair)
         out[pair] = (found, time.perf_counter() - t0)
+    cache.stats.misses.extend(misses)
+    return out, misses, keys
+
+
+def store(cache: KernelCache | None, keys: dict, results: dict) -> None:
+    """Put each compiled pair of ``results`` ({pair: (Code or error, seconds)}) in ``cache``."""
+    from mlpack.codegen.errors import UnsupportedTargetError
+
+    for pair, (code, _) in results.items():
+        if cache is not None and not isinstance(code, UnsupportedTargetError):
+            cache.put(keys[pair], code)
+
+
+def compile_cached(cache: KernelCache | None, models, pairs, compile_all,
+                   disabled=frozenset()) -> dict:
+    """``compile_all(models, pairs)`` for the pairs not in ``cache``: {pair: (Code or
+    UnsupportedTargetError, seconds)}. Hits take no compile at all (no worker is started when
+    every pair hits); ``disabled``: the target passes ``compile_all`` leaves out."""
+    out, misses, keys = lookup(cache, models, pairs, disabled)
     if misses:
-        cache.stats.misses.extend(misses)
-        for pair, (code, seconds) in compile_all(models, misses).items():
-            if not isinstance(code, UnsupportedTargetError):
-                cache.put(keys[pair], code)
-            out[pair] = (code, seconds)
+        results = compile_all(models, misses)
+        store(cache, keys, results)
+        out.update(results)
     return {pair: out[pair] for pair in pairs}

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from dataclasses import dataclass
@@ -150,85 +149,140 @@ def _worth_workers(graph) -> bool:
     return len(graph.ops) >= PARALLEL_MIN_OPS or len(ops) >= PARALLEL_MIN_CONTRACTIONS
 
 
-def compile_all(one, models: Models, pairs: list[tuple[str, str]]) -> dict:
-    """{(target, precision): (Code or UnsupportedTargetError, seconds)}: the slow targets in
-    parallel worker processes when it pays, the others here. ``one``: ``compile_one`` (or what
-    a test puts in its place)."""
-    slow = [pair for pair in pairs if registry.get(pair[0]).parallel]
-    here = lambda pair: one(models.graph(pair[1]), *pair)   # noqa: E731
-    results = {pair: here(pair) for pair in pairs if pair not in slow}
-    workers = min(len(slow), os.cpu_count() or 1)
-    if workers < 2 or not _worth_workers(models.base):
-        results.update((pair, here(pair)) for pair in slow)
-        return {pair: results[pair] for pair in pairs}
-    import multiprocessing
-    import signal
-    import threading
-    from concurrent.futures import ProcessPoolExecutor
+class _Workers:
+    """The slow pairs compiling in spawned worker processes, one per core, from now on."""
 
-    # spawn, not fork: the build process has ONNX Runtime's threads running by now
-    from mlpack.packager.progress import pool_options
+    def __init__(self, one, models: Models, slow: list):
+        import multiprocessing
+        import signal
+        import threading
+        from concurrent.futures import ProcessPoolExecutor
 
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(workers, mp_context=context, **pool_options(context))
-    processes = pool._processes  # private, but the only handle on the workers
-    futures, failed = {}, []
-    sent = {p: weights_files.detach(models.graph(p), models.blob(p))
-            for p in dict.fromkeys(p for _, p in slow)}
+        # spawn, not fork: the build process has ONNX Runtime's threads running
+        from mlpack.packager.progress import pool_options
 
-    def start() -> None:
-        # The workers start (on submit) in a thread of their own, so a Ctrl-C, raised in the
-        # main thread, cannot cut one's start in half (it would die with a traceback), and with
-        # SIGINT blocked, a mask they inherit through exec: a terminal sends them Ctrl-C too,
-        # and this process answers it, not they.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        context = multiprocessing.get_context("spawn")
+        self.pool = ProcessPoolExecutor(min(len(slow), os.cpu_count() or 1), mp_context=context,
+                                        **pool_options(context))
+        self.processes = self.pool._processes  # private, but the only handle on the workers
+        self.futures, failed = {}, []
+        sent = {p: weights_files.detach(models.graph(p), models.blob(p))
+                for p in dict.fromkeys(p for _, p in slow)}
+
+        def start() -> None:
+            # The workers start (on submit) in a thread of their own, so a Ctrl-C, raised in
+            # the main thread, cannot cut one's start in half (it would die with a traceback),
+            # and with SIGINT blocked, a mask they inherit through exec: a terminal sends them
+            # Ctrl-C too, and this process answers it, not they.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                self.futures.update((pair, self.pool.submit(one, sent[pair[1]], *pair))
+                                    for pair in slow)
+            except BaseException as e:  # after cancel, too: it starts no more workers
+                failed.append(e)
+
         try:
-            futures.update((pair, pool.submit(one, sent[pair[1]], *pair)) for pair in slow)
-        except BaseException as e:  # after the shutdown below, too: it starts no more workers
-            failed.append(e)
+            starter = threading.Thread(target=start, name="mlpack-compile-start")
+            starter.start()
+            starter.join()
+            if failed:
+                raise failed[0]
+        except BaseException:
+            self.cancel()
+            raise
 
-    try:
-        starter = threading.Thread(target=start, name="mlpack-compile-start")
-        starter.start()
-        starter.join()
-        if failed:
-            raise failed[0]
-        results.update((pair, f.result()) for pair, f in futures.items())
-    except BaseException:
-        # Ctrl-C (or a failed compile): stop now, not after the other targets' LLVM runs. The
-        # shutdown waits out a submit under way, so ``processes`` is complete after it.
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in list(processes.values()):
+    def results(self) -> dict:
+        try:
+            out = {pair: f.result() for pair, f in self.futures.items()}
+        except BaseException:
+            self.cancel()
+            raise
+        self.pool.shutdown()
+        return out
+
+    def cancel(self) -> None:
+        """Stop now (Ctrl-C, a failed compile or step), not after the other targets' LLVM runs.
+        The shutdown waits out a submit under way, so ``processes`` is complete after it."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for process in list(self.processes.values()):
             process.terminate()
-        raise
-    pool.shutdown()
-    return {pair: results[pair] for pair in pairs}
 
 
-def _tracked(progress, one, models, pairs) -> dict:
-    """compile_all with a live line on ``progress`` saying what compiles (packager/progress.py)."""
-    from mlpack.packager.progress import tracking
+class Started:
+    """The compile of ``pairs`` (those that need nothing the build computes later: no
+    calibration) started before the build's reference step: what the kernel cache has is read,
+    the slow targets go to worker processes when the model repays them, and ``finish``
+    compiles the rest here and collects. On two cores the references and the compile then
+    share the machine instead of taking turns. ``cancel`` stops the workers (the build failed
+    or was interrupted in between)."""
 
-    with tracking(progress, pairs):
-        return compile_all(one, models, pairs)
+    def __init__(self, one, models: Models, pairs: list, progress=None, cache=None):
+        import contextlib
+
+        from mlpack.packager.cache import lookup
+        from mlpack.packager.progress import tracking
+
+        self.one, self.models, self.pairs, self.cache = one, models, list(pairs), cache
+        self.found, misses, self.keys = lookup(cache, models, self.pairs)
+        self.stack = contextlib.ExitStack()
+        self.stack.enter_context(tracking(progress, misses))
+        slow = [pair for pair in misses if registry.get(pair[0]).parallel]
+        self.workers = None
+        if min(len(slow), os.cpu_count() or 1) >= 2 and _worth_workers(models.base):
+            try:
+                self.workers = _Workers(one, models, slow)
+            except BaseException:
+                self.stack.close()
+                raise
+        self.here = [pair for pair in misses if self.workers is None or pair not in slow]
+
+    def finish(self) -> dict:
+        """{pair: (Code or UnsupportedTargetError, seconds)} of every pair."""
+        from mlpack.packager.cache import store
+
+        try:
+            results = {pair: self.one(self.models.graph(pair[1]), *pair) for pair in self.here}
+            if self.workers is not None:
+                results.update(self.workers.results())
+        except BaseException:
+            self.cancel()
+            raise
+        self.stack.close()
+        store(self.cache, self.keys, results)
+        out = {**self.found, **results}
+        return {pair: out[pair] for pair in self.pairs}
+
+    def cancel(self) -> None:
+        if self.workers is not None:
+            self.workers.cancel()
+        self.stack.close()
+
+
+def early_pairs(pairs) -> list:
+    """The pairs a build can start compiling before its reference step (``Started``): those of
+    precisions that need no calibration."""
+    return [pair for pair in pairs if not precision_modules.calibrates(pair[1])]
 
 
 def compile_targets(one, models: Models, pairs, explicit, step, progress, cache=None,
-                    error=RuntimeError) -> tuple[dict, list]:
+                    error=RuntimeError, started: Started | None = None) -> tuple[dict, list]:
     """Compile every requested (target, precision): ({pair: Native}, [(target, why skipped)]).
+    ``started``: the compile of some of them begun earlier, collected here.
 
     A target that cannot lower the model is skipped, or an ``error`` (build.BuildError) if it is
     in ``explicit`` (the portable one lowers every model). ``cache``: the KernelCache
     (packager/cache.py) that the code of earlier builds is reused from and this one's is stored
     in; None compiles all."""
     from mlpack.codegen.errors import UnsupportedTargetError
-    from mlpack.packager.cache import compile_cached
 
     compiled, skipped = {}, []
     slow = [pair for pair in pairs if registry.get(pair[0]).parallel]
     label = ", ".join(dict.fromkeys(t for t, _ in slow))
     with step("lower", f"{label} {'/'.join(dict.fromkeys(p for _, p in slow))}" if slow else ""):
-        results = compile_cached(cache, models, pairs, functools.partial(_tracked, progress, one))
+        results = started.finish() if started is not None else {}
+        rest = [pair for pair in pairs if pair not in results]
+        if rest:
+            results.update(Started(one, models, rest, progress, cache).finish())
     hits = set(cache.stats.hits) if cache is not None else set()
     for pair in pairs:
         target = pair[0]

@@ -23,6 +23,31 @@ from mlpack.spec.errors import IndexRangeError, InterpError
 from mlpack.spec.ir.origins import message as index_message
 
 
+def _affine_index(e: Expr) -> tuple[dict[str, int], int] | None:
+    """``e`` as ({var: coefficient}, constant) when it is integer-affine in loop variables."""
+    if e.op == "var":
+        return {e.arg: 1}, 0
+    if e.op == "const":
+        return ({}, int(e.arg)) if isinstance(e.arg, (int, np.integer)) and \
+            not isinstance(e.arg, bool) else None
+    if e.op in ("add", "sub") and len(e.args) == 2:
+        a, b = _affine_index(e.args[0]), _affine_index(e.args[1])
+        if a is None or b is None:
+            return None
+        sign = 1 if e.op == "add" else -1
+        coeffs = dict(a[0])
+        for v, c in b[0].items():
+            coeffs[v] = coeffs.get(v, 0) + sign * c
+        return {v: c for v, c in coeffs.items() if c}, a[1] + sign * b[1]
+    if e.op == "mul" and len(e.args) == 2:
+        a, b = _affine_index(e.args[0]), _affine_index(e.args[1])
+        if a is None or b is None or (a[0] and b[0]):
+            return None
+        (coeffs, c0), k = (a, b[1]) if a[0] else (b, a[1])
+        return {v: c * k for v, c in coeffs.items() if c * k}, c0 * k
+    return None
+
+
 @dataclass
 class LArr:
     data: np.ndarray
@@ -222,6 +247,9 @@ class _Comprehension:
                 break
         else:
             return LArr(data[tuple(basic)], tuple(labels))
+        window = self._window(data, layout, index, pad)
+        if window is not None:
+            return window
         parts = [self.eval(index[d]) for d in layout]
         arrays, labels = _align(parts)
         arrays = [np.asarray(a).astype(np.int64, copy=False) for a in arrays]
@@ -245,6 +273,44 @@ class _Comprehension:
         if mask is None:
             return LArr(vals, labels)
         return LArr(np.where(mask, vals, np.asarray(pad, dtype=data.dtype)), labels)
+
+    def _window(self, data, layout, index: dict, pad) -> LArr | None:
+        """A read whose every index is a sum of distinct loop variables with positive constant
+        coefficients plus a constant (a convolution's ``2*h + kh - 1``), as a strided view of
+        the data (zero-padded by the read's pad where the window reaches outside): the values
+        the general gather below would give, without gathering them. None when the read is not
+        of that form, or leaves the data with no pad to give (the gather raises then)."""
+        affs = []
+        used: set[str] = set()
+        for d in layout:
+            aff = _affine_index(index[d])
+            if aff is None:
+                return None
+            for v, a in aff[0].items():
+                if v in used or a <= 0 or self.extent.get(v, 0) < 1:
+                    return None
+                used.add(v)
+            affs.append(aff)
+        starts, before, after = [], [], []
+        for (coeffs, c0), n in zip(affs, data.shape):
+            top = c0 + sum(a * (self.extent[v] - 1) for v, a in coeffs.items())
+            before.append(max(0, -c0))
+            after.append(max(0, top - (n - 1)))
+            starts.append(c0 + before[-1])
+        if any(before) or any(after):
+            if pad is None:
+                return None
+            data = np.pad(np.asarray(data), list(zip(before, after)),
+                          constant_values=np.asarray(pad, dtype=data.dtype))
+        base = np.asarray(data[tuple(slice(s, None) for s in starts)])
+        shape, strides, labels = [], [], []
+        for (coeffs, _), step in zip(affs, base.strides):
+            for v, a in coeffs.items():
+                shape.append(self.extent[v])
+                strides.append(a * step)
+                labels.append(v)
+        view = np.lib.stride_tricks.as_strided(base, shape, strides, writeable=False)
+        return LArr(view, tuple(labels))
 
     def run(self) -> np.ndarray:
         op = self.op
