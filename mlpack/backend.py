@@ -108,7 +108,7 @@ class _Native:
         self._codes, self._view = narrowconv.to_codes, narrowconv.from_codes
         ins, outs = ([{**sig, "dtype": narrowconv.carrier(sig["dtype"])} for sig in part]
                      for part in (ins, outs))
-        spec = artifact_spec(name, self.target, "fp32", code, write_tensors(code.weights),
+        spec = artifact_spec(name, self.target, "fp32", code, write_tensors(code.tensors(graph)),
                              (ins, outs), "none (mlpack.backend native mode)")
         self.engine = _open_alone(spec, name, threads, write_container, native.open_model,
                                   target.device)

@@ -33,11 +33,9 @@ name, never skipped.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
-import tempfile
 import time
 import warnings
 from contextlib import contextmanager
@@ -52,9 +50,11 @@ from mlpack.codegen.targets import registry
 from mlpack.codegen.targets.base import Code
 from mlpack.spec import accuracy, media
 from mlpack.spec.container import ArtifactSpec, Layer, make_config, write_container
-from mlpack.spec.errors import Error
-from mlpack.packager import customops
+from mlpack.packager import compiling, customops, validation
 from mlpack.packager import testvectors as tv
+from mlpack.packager import weights as weights_files
+from mlpack.packager.errors import BuildError, DeadOnArrivalError
+from mlpack.packager.validation import validate_container
 # config inputs and outputs; a SignatureError for a size the container cannot state
 from mlpack.packager.signature import model_signature
 
@@ -65,17 +65,6 @@ IMPLEMENTED_TARGETS = registry.implemented()
 DEFAULT_TARGETS = registry.defaults()
 PRECISIONS = precision_modules.names()
 IMPLEMENTED_PRECISIONS = precision_modules.implemented()
-
-
-class BuildError(Error):
-    """The build cannot go on: an unknown or unimplemented target, a model it cannot package."""
-
-
-class DeadOnArrivalError(BuildError):
-    """An artifact fails its own test vectors on the build host; no container is written."""
-
-    index: int | None = None   # the failing artifact's index in the build's pairs
-    missed: bool = False       # it ran and missed its tolerance (not: it could not run)
 
 
 @dataclass
@@ -233,159 +222,8 @@ class SkippedTargetWarning(UserWarning):
     portable artifact there instead. Naming the target explicitly makes this a BuildError."""
 
 
-@dataclass
-class _Native:
-    """One (target, precision) compiled: the code, its weights archive and how long it took."""
-
-    code: Code
-    weights: bytes
-    seconds: float
-    dropped: tuple[str, ...] = ()   # inexact passes left out after the first try missed
-    f32_activations: int = 0        # int8 activations kept in f32 after the first try missed
-
-
-def _skip_reason(error: Exception) -> str:
-    return str(error).removeprefix("cpu: ")
-
-
-def _compile_one(graph, target: str, precision: str = "fp32", disabled=frozenset(),
-                 calibration=None):
-    """One target's code (in a worker process for the slow ones): (Code, seconds), or the
-    UnsupportedTargetError saying what it cannot lower. ``disabled``: the target's passes to
-    leave out; ``calibration``: what the precision needs beside the graph (int8's ranges)."""
-    from mlpack.codegen.errors import UnsupportedTargetError
-
-    from mlpack.codegen.progress import reporting
-    from mlpack.packager.progress import done
-
-    t0 = time.perf_counter()
-    try:
-        with reporting((target, precision)):   # what the progress display says is compiling
-            code = registry.get(target).compile(
-                precision_modules.apply(precision, graph, calibration), precision,
-                frozenset(disabled))
-    except UnsupportedTargetError as e:
-        return e, 0.0
-    finally:
-        done((target, precision))
-    return code, time.perf_counter() - t0
-
-
-# Models with at least this many ops compile their cpu targets in parallel worker processes
-# (LLVM's optimizer is most of a build: resnet50 spends ~10 s per target in it). Smaller ones
-# compile in this process, where a worker's start (importing llvmlite and mlpack) would cost
-# more than it saves.
-PARALLEL_MIN_OPS = 64
-
-
-def _compile_all(graph, pairs: list[tuple[str, str]], calibrations: dict) -> dict:
-    """{(target, precision): (Code or UnsupportedTargetError, seconds)}: the slow targets in
-    parallel worker processes when it pays, the others here. ``calibrations``: per precision,
-    what it needs beside the graph."""
-    slow = [pair for pair in pairs if registry.get(pair[0]).parallel]
-    one = lambda pair: _compile_one(graph, *pair, calibration=calibrations.get(pair[1]))  # noqa: E731
-    results = {pair: one(pair) for pair in pairs if pair not in slow}
-    workers = min(len(slow), os.cpu_count() or 1)
-    if workers < 2 or len(graph.ops) < PARALLEL_MIN_OPS:
-        results.update((pair, one(pair)) for pair in slow)
-        return {pair: results[pair] for pair in pairs}
-    import multiprocessing
-    import signal
-    import threading
-    from concurrent.futures import ProcessPoolExecutor
-
-    # spawn, not fork: the build process has ONNX Runtime's threads running by now
-    from mlpack.packager.progress import pool_options
-
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(workers, mp_context=context, **pool_options(context))
-    processes = pool._processes  # private, but the only handle on the workers
-    futures, failed = {}, []
-
-    def start() -> None:
-        # The workers start (on submit) in a thread of their own, so a Ctrl-C, raised in the
-        # main thread, cannot cut one's start in half (it would die with a traceback), and with
-        # SIGINT blocked, a mask they inherit through exec: a terminal sends them Ctrl-C too,
-        # and this process answers it, not they.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            futures.update((pair, pool.submit(_compile_one, graph, *pair, frozenset(),
-                                              calibrations.get(pair[1]))) for pair in slow)
-        except BaseException as e:  # after the shutdown below, too: it starts no more workers
-            failed.append(e)
-
-    try:
-        starter = threading.Thread(target=start, name="mlpack-compile-start")
-        starter.start()
-        starter.join()
-        if failed:
-            raise failed[0]
-        results.update((pair, f.result()) for pair, f in futures.items())
-    except BaseException:
-        # Ctrl-C (or a failed compile): stop now, not after the other targets' LLVM runs. The
-        # shutdown waits out a submit under way, so ``processes`` is complete after it.
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in list(processes.values()):
-            process.terminate()
-        raise
-    pool.shutdown()
-    return {pair: results[pair] for pair in pairs}
-
-
-def _compile_tracked(progress, graph, pairs, calibrations) -> dict:
-    """_compile_all with a live line on ``progress`` saying what compiles (packager/progress.py)."""
-    from mlpack.packager.progress import tracking
-
-    with tracking(progress, pairs):
-        return _compile_all(graph, pairs, calibrations)
-
-
-def _archive(code: Code, shared: dict) -> bytes:
-    """The weights archive of ``code``, one bytes object per distinct archive (``shared``): the
-    writer stores equal blobs once anyway, and _layer_sizes counts by identity."""
-    from mlpack.spec.tensorfile import write_tensors
-
-    archive = write_tensors(code.weights)
-    return shared.setdefault(archive, archive)
-
-
-def compile_targets(pairs, graph, explicit, step, progress,
-                    calibrations=None, cache=None) -> tuple[dict, list]:
-    """Compile every requested (target, precision): ({pair: _Native}, [(target, why skipped)]).
-
-    A target that cannot lower the model is skipped, or a BuildError if it is in ``explicit``
-    (the portable one lowers every model). ``cache``: the KernelCache (packager/cache.py) that
-    the code of earlier builds is reused from and this one's is stored in; None compiles all."""
-    from mlpack.codegen.errors import UnsupportedTargetError
-    from mlpack.packager.cache import compile_cached
-
-    compiled, skipped, shared = {}, [], {}
-    slow = [pair for pair in pairs if registry.get(pair[0]).parallel]
-    label = ", ".join(dict.fromkeys(t for t, _ in slow))
-    with step("lower", f"{label} {'/'.join(dict.fromkeys(p for _, p in slow))}" if slow else ""):
-        results = compile_cached(cache, graph, pairs, calibrations or {},
-                                 functools.partial(_compile_tracked, progress),
-                                 lambda code: _archive(code, shared))
-    hits = set(cache.stats.hits) if cache is not None else set()
-    for pair in pairs:
-        target = pair[0]
-        code, seconds, weights = results[pair]
-        if isinstance(code, UnsupportedTargetError):
-            if target in explicit or target == registry.ALWAYS:
-                raise BuildError(f"{target}: {_skip_reason(code)} (asked for with --target "
-                                 f"{target}; leave it out to build the portable artifact)"
-                                 ) from None
-            skipped.append((target, _skip_reason(code)))
-            continue
-        compiled[pair] = _Native(code, shared.setdefault(weights, weights) if weights
-                                 else _archive(code, shared), seconds)
-        if progress and pair in hits and pair in slow:
-            progress(f"  {target}: from the kernel cache ({seconds:.2f}s)")
-        elif progress and pair in slow:
-            t = code.timings
-            progress(f"  {target}: {seconds:.1f}s (lower {t.get('lower', 0):.1f}s, "
-                     f"llvm {t.get('llvm', 0):.1f}s, link {t.get('link', 0):.1f}s)")
-    return compiled, skipped
+# one target's compile (the name tests put their own in place of)
+_compile_one = compiling.compile_one
 
 
 def skip_lines(skipped) -> list[str]:
@@ -397,13 +235,14 @@ def skip_lines(skipped) -> list[str]:
             "artifact" for why, targets in by_reason.items()]
 
 
-def artifact_spec(name: str, target: str, precision: str, code: Code, weights: bytes, sig,
+def artifact_spec(name: str, target: str, precision: str, code: Code, weights, sig,
                   reference: str, *, vectors: bytes | None = None, check=None,
                   judged_as: str | None = None) -> ArtifactSpec:
     """The ArtifactSpec of one artifact, the same for every target: ``code`` is what the target
     compiled, ``weights`` its weights archive, ``sig`` the ``model_signature``, ``check`` the
-    validation that fills in measured accuracy. ``vectors`` (the test vectors layer) may be left
-    out: ``mlpack.backend``'s native mode runs without them."""
+    validation that fills in measured accuracy. ``weights``: the archive, bytes or a FileBlob
+    (packager/weights.py). ``vectors`` (the test vectors layer) may be left out:
+    ``mlpack.backend``'s native mode runs without them."""
     t = registry.get(target)
     config = make_config(name, *sig, device=t.device, precision=precision, target=target,
                          cpu_features=code.config.get("cpu_features", ()), plan=code.config.get("plan"),
@@ -411,7 +250,7 @@ def artifact_spec(name: str, target: str, precision: str, code: Code, weights: b
                          accuracy=_accuracy(reference, judged_as or precision, check),
                          min_runtime=media.MIN_RUNTIME)
     if check is not None and check.seconds is not None:
-        config["latency"] = {"seconds": check.seconds, "threads": 1, "runs": TIMED_RUNS,
+        config["latency"] = {"seconds": check.seconds, "threads": 1, "runs": validation.TIMED_RUNS,
                              "inputs": "test case 0", "host": _host_name()}
     layers = [Layer(mt, data) for mt, data in code.layers] + [Layer(media.WEIGHTS, weights)]
     if vectors is not None:
@@ -442,158 +281,6 @@ def _lower(pairs, name, graph, vectors, reference, judged_as, checks,
 # ---------------------------------------------------------------- validation
 
 
-def _scratch_path(output: str) -> str:
-    """A new empty file next to ``output``, for the container under validation."""
-    folder = os.path.dirname(os.path.abspath(output))
-    fd, path = tempfile.mkstemp(prefix=f".{os.path.basename(output)}.", suffix=".validating",
-                                dir=folder)
-    os.close(fd)
-    return path
-
-
-def _dead_on_arrival(result, pairs, output: str,
-                     where: str = "on this host") -> DeadOnArrivalError:
-    i = result.artifact.index
-    target, precision = pairs[i]
-    bad = [o for o in result.outputs if not o.ok]
-    if result.cases == 0:
-        detail = "it carries no test vectors"
-    else:
-        detail = "; ".join(o.detail() for o in bad)
-    hint = ""
-    if precision_modules.calibrates(precision) and result.cases:
-        hint = (f" ({precision} quantizes to ranges calibrated on random inputs unless "
-                "--calibration gives real ones; or build without it)")
-    error = DeadOnArrivalError(f"artifact {i} ({target}, {precision}) fails its test vectors "
-                               f"{where}: {detail}{hint}; nothing written to {output}")
-    error.index, error.missed = i, result.cases > 0
-    return error
-
-
-def _validate_one(model, i: int, pairs, output: str):
-    """The vectors on artifact ``i``: its ValidationResult, or DeadOnArrivalError."""
-    try:
-        result = model.validate(i)
-    except Error as e:  # the engine cannot load or run the code: as dead as a wrong answer
-        target, precision = pairs[i]
-        raise DeadOnArrivalError(f"artifact {i} ({target}, {precision}) cannot run on this "
-                                 f"host: {e}; nothing written to {output}") from None
-    if not result.ok:
-        raise _dead_on_arrival(result, pairs, output)
-    return result
-
-
-# A build runs another CPU's vectors under qemu for this long at most (they run side by side):
-# a small network's take seconds there, ResNet-50's a minute, which a build should not wait for
-EMULATION_SECONDS = 10.0
-
-
-def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, runs=None):
-    """Artifact ``verdict.artifact`` of another architecture under qemu-user
-    (packager/emulate.py): its ValidationResult; DeadOnArrivalError as _validate_one, or
-    emulate.NotEmulated where qemu could not run it after all."""
-    from mlpack.packager import emulate
-
-    i = verdict.artifact.index
-    target, precision = pairs[i]
-    if progress:
-        progress(f"  validate {target} {precision} under {emu.qemu}")
-    try:
-        result = emulate.validate(path, verdict.artifact, verdict.reason, emu, progress,
-                                  timeout=EMULATION_SECONDS, trusted_keys="",   # its own file
-                                  runs=runs)
-    except emulate.NotEmulated:
-        raise
-    except Error as e:  # it ran and the engine failed, or the program crashed
-        raise DeadOnArrivalError(f"artifact {i} ({target}, {precision}) cannot run under "
-                                 f"{emu.qemu}: {e}; nothing written to {output}") from None
-    if not result.ok:
-        raise _dead_on_arrival(result, pairs, output, f"under {emu.qemu}")
-    return result
-
-
-def validate_container(path: str, pairs, output: str, progress=None,
-                       runs=None) -> tuple[dict, dict]:
-    """Open ``path`` with the runtime and run the vectors on every artifact this host can run,
-    and under qemu-user on those of another architecture where it is installed
-    (packager/emulate.py); ``runs``: the kernel cache whose stored emulated outputs of the
-    same artifact bytes are judged instead of running qemu again.
-
-    Returns ({artifact index: ValidationResult}, {index: why not run}); raises
-    DeadOnArrivalError for the first artifact that fails."""
-    from mlpack.packager import emulate
-    from mlpack.runtime import load
-    from mlpack.spec.errors import PortableFallbackWarning, UnsignedContainerWarning
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    checks, passed_over, emulated = {}, {}, {}
-    # the emulated runs (one qemu process each, minutes for a big model) go side by side, and
-    # beside the native ones
-    pool = ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="mlpack-qemu")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", PortableFallbackWarning)  # the build host is not the target
-            warnings.simplefilter("ignore", UnsignedContainerWarning)  # the file it just wrote
-            with load(path, trusted_keys="") as model:
-                native = []
-                for verdict in model.verdicts:
-                    i = verdict.artifact.index
-                    if verdict.runnable:
-                        native.append(i)
-                        continue
-                    why = verdict.reason.removeprefix("passed over: ")
-                    emu = emulate.emulator_for(verdict.artifact, model.host.arch)
-                    missing = emulate.missing(emu) if emu else ""
-                    if emu and not missing:
-                        emulated[i] = (why, pool.submit(_validate_emulated, path, verdict, emu, pairs,
-                                                        output, progress, runs))
-                    else:
-                        passed_over[i] = why + (f"; not run under emulation: {missing}" if missing
-                                                else "")
-                for i in native:
-                    if progress:
-                        progress(f"  validate {pairs[i][0]} {pairs[i][1]}")
-                    checks[i] = _validate_one(model, i, pairs, output)
-        for i, (why, future) in sorted(emulated.items()):
-            try:
-                checks[i] = future.result()
-            except emulate.NotEmulated as e:
-                passed_over[i] = f"{why}; not run under emulation: {e}"
-        _time_precisions(path, pairs, native, checks, progress)   # (qemu done: a quiet host)
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    return checks, passed_over
-
-
-TIMED_RUNS = 5   # runs of the first test case timed per artifact, at one thread (the median counts)
-
-
-def _time_precisions(path: str, pairs, native: list[int], checks: dict, progress) -> None:
-    """Time this host's native artifacts when the build makes several precisions (one thread,
-    the first test case), so that selection under an accuracy budget ranks them by what was
-    measured rather than by their target's level and precision's name (spec/SPEC.md section 5):
-    a variant with 16-bit weights can be slower than fp32 where the arithmetic, not the memory,
-    bounds a run, and bf16 products slower than f32 on a model of depthwise convolutions."""
-    from mlpack.runtime import load
-    from mlpack.spec.errors import PortableFallbackWarning, UnsignedContainerWarning
-
-    if len({p for _, p in pairs}) < 2:
-        return
-    timed = [i for i in native if registry.get(pairs[i][0]).device != "portable"]
-    if not timed:
-        return
-    if progress:
-        progress(f"  time {len(timed)} artifacts of several precisions (1 thread)")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PortableFallbackWarning)
-        warnings.simplefilter("ignore", UnsignedContainerWarning)
-        model = load(path, threads=1, trusted_keys="")   # its own file: no trust policy applies
-    with model:
-        for i in timed:
-            checks[i] = dataclasses.replace(checks[i], seconds=model.time(i, TIMED_RUNS))
-
-
 # ---------------------------------------------------------------- the driver
 
 
@@ -605,12 +292,24 @@ def _model_name(proto, model, name: str | None) -> str:
     return proto.graph.name or "model"
 
 
-def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=()):
-    """(inputs, the baseline's outputs, float64 reference outputs), one dict per case; the
-    baseline is ONNX Runtime, or with DSL custom ops (``custom``) the fp32 interpreter
-    (packager/customops.py). The interpreter evaluates the model as imported, before any pass
-    (``reference.as_written``): what the artifacts are judged against owes nothing to the
-    compiler's rewrites."""
+def _drop_weights(proto) -> None:
+    """Free the initializers' data of ``proto``, read from a file (the graph has them, and
+    ONNX Runtime reads the file): a model's weights are not held twice more while it builds."""
+    for t in proto.graph.initializer:
+        for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
+                  "uint64_data", "string_data"):
+            t.ClearField(f)
+
+
+def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=(), path=None,
+             cache=None):
+    """(inputs, the baseline's outputs, float64 reference outputs, the test-vector archive),
+    one dict per case; the baseline is ONNX Runtime (on the file ``path`` where the model is
+    one), or with DSL custom ops (``custom``) the fp32 interpreter (packager/customops.py).
+    The interpreter evaluates the model as imported, before any pass (``reference.as_written``):
+    what the artifacts are judged against owes nothing to the compiler's rewrites.
+    ``cache``: the KernelCache that keeps the archive of the same model and inputs."""
+    from mlpack.packager.cache import vectors_key
     from mlpack.packager.reference import as_written, float64_outputs
 
     if inputs is None:
@@ -620,9 +319,20 @@ def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=()):
         feeds = [case for one in many for case in
                  (tv.user_case(one, graph, "inputs") if isinstance(one, dict)
                   else tv.load_npz(one, graph))]
+    baseline = customops.baseline_name(custom)
+    key = vectors_key(graph, proto, feeds, baseline) if cache is not None else None
+    stored = cache.get_vectors(key) if key is not None else None
+    if stored is not None:
+        _, outputs, references = tv.unpack(stored)
+        return feeds, outputs, references, stored
     source = as_written(proto)
-    outputs = customops.baseline_outputs(proto, source, feeds, custom)
-    return feeds, outputs, float64_outputs(source, feeds)
+    outputs = customops.baseline_outputs(proto, source, feeds, custom, path)
+    references = float64_outputs(source, feeds)
+    del source
+    vectors = tv.pack(feeds, outputs, baseline, references)
+    if key is not None:
+        cache.put_vectors(key, vectors)
+    return feeds, outputs, references, vectors
 
 
 class ReferenceMismatchError(BuildError):
@@ -662,7 +372,7 @@ def check_output_path(output: str) -> None:
     if not os.path.isdir(folder):
         raise BuildError(f"{output}: folder {folder} does not exist (-o)")
     try:  # a probe, not os.access: root passes that test on a read-only file system
-        _remove(_scratch_path(output))
+        _remove(validation.scratch_path(output))
     except OSError as e:
         raise BuildError(f"{output}: cannot write into folder {folder} (-o): "
                          f"{e.strerror or e}") from None
@@ -727,42 +437,61 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         pairs = plan_artifacts(targets, ["int8"])
     elif pairs is None:
         pairs = plan_artifacts(targets, precisions)   # the error deferred above
-    with step("reference", f"outputs (float64; {baseline})"):
-        feeds, expected, references = _vectors(proto, graph, inputs, dims, seed, cases, custom)
-        check_references(expected, references, quantized)
-        vectors = tv.pack(feeds, expected, baseline, references)
-    blind = accuracy.blind_spots(references)
-    _warn(BlindVectorsWarning, blind, progress)
-    calibrations = _calibrate(pairs, graph, calibration, dims, seed, step)
-    sensitive: list = []   # int8's full calibration, then its activations by sensitivity
+    # ONNX Runtime reads a model file itself: once the references are computed from the model
+    # as written, the weights are in one place, the model's archive, a file the graph maps
+    # (packager/weights.py)
+    path = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     kernels = _kernel_cache(cache)
-    compiled, skipped = compile_targets(pairs, graph, set(targets or ()), step, progress,
-                                        calibrations, kernels)
-    _warn_skipped(skipped, progress)
-    pairs = [pair for pair in pairs if pair in compiled]
-    # a quantized model's artifacts are judged with int8's tolerance (see check_references)
-    lower = customops.recording(custom, functools.partial(
-        _lower, pairs, name, graph, vectors, baseline, "int8" if quantized else None))
-    while True:
-        artifacts = lower({}, compiled)
-        scratch = _scratch_path(output)
-        try:
-            with step("validate", "every artifact this host runs"):
-                write_container(scratch, name, artifacts)
-                checks, passed_over = validate_container(scratch, pairs, output, progress,
-                                                         kernels)
-            break
-        except DeadOnArrivalError as e:
-            if not (_direct_again(e, pairs, compiled, graph, progress, calibrations, kernels)
-                    or _quantize_less(e, pairs, compiled, graph, progress, calibrations, kernels,
-                                      sensitive, lambda: calibration_inputs(graph, calibration,
-                                                                            dims, seed)[0])):
-                raise
-        finally:
-            _remove(scratch)
-    with step("write"):
-        artifacts = lower(checks, compiled)
-        write_container(output, name, artifacts)
+    models = _models(graph, {}, kernels, output)
+    started = None
+    try:
+        graph = models.graph("fp32")
+        one = _compile_one   # (looked up now: a test may put another in its place)
+        # the targets compile (in workers) while the references run here
+        started = compiling.Started(one, models, compiling.early_pairs(pairs), progress, kernels)
+        with step("reference", f"outputs (float64; {baseline})"):
+            feeds, expected, references, vectors = _vectors(proto, graph, inputs, dims, seed,
+                                                            cases, custom, path, kernels)
+            if path is not None:
+                _drop_weights(proto)
+            check_references(expected, references, quantized)
+        blind = accuracy.blind_spots(references)
+        _warn(BlindVectorsWarning, blind, progress)
+        models.calibrations.update(_calibrate(pairs, graph, calibration, dims, seed, step))
+        sensitive: list = []   # int8's full calibration, then its activations by sensitivity
+        compiled, skipped = compiling.compile_targets(one, models, pairs, set(targets or ()),
+                                                      step, progress, kernels, BuildError,
+                                                      started)
+        started = None
+        _warn_skipped(skipped, progress)
+        pairs = [pair for pair in pairs if pair in compiled]
+        # a quantized model's artifacts are judged with int8's tolerance (see check_references)
+        lower = customops.recording(custom, functools.partial(
+            _lower, pairs, name, graph, vectors, baseline, "int8" if quantized else None))
+        while True:
+            artifacts = lower({}, compiled)
+            scratch = validation.scratch_path(output)
+            try:
+                with step("validate", "every artifact this host runs"):
+                    write_container(scratch, name, artifacts, durable=False)
+                    checks, passed_over = validate_container(scratch, pairs, output, progress,
+                                                             kernels)
+                break
+            except DeadOnArrivalError as e:
+                if not (compiling.direct_again(one, e, pairs, compiled, models, progress, kernels)
+                        or compiling.quantize_less(
+                            one, e, pairs, compiled, models, progress, kernels, sensitive,
+                            lambda: calibration_inputs(graph, calibration, dims, seed)[0])):
+                    raise
+            finally:
+                _remove(scratch)
+        with step("write"):
+            artifacts = lower(checks, compiled)
+            write_container(output, name, artifacts)
+    finally:
+        if started is not None:   # (the build failed before it collected the compile)
+            started.cancel()
+        models.close()
     seconds = {t: n.seconds for (t, _), n in compiled.items() if registry.get(t).parallel}
     reports = _reports(pairs, artifacts, checks, passed_over, seconds)
     for report, pair in zip(reports, pairs):
@@ -810,6 +539,15 @@ def _calibrate(pairs, graph, calibration, dims, seed: int, step) -> dict:
         return {p: precision_modules.calibrate(p, graph, feeds) for p in wanted}
 
 
+def _models(graph, calibrations: dict, kernels, output: str) -> compiling.Models:
+    """The build's models per precision (compiling.Models), their weights archives written in
+    the kernel cache's blobs, or without one in a scratch folder beside ``output``."""
+    if kernels is not None:
+        return compiling.Models(graph, calibrations, kernels.folder / "blobs", kernels)
+    return compiling.Models(graph, calibrations, weights_files.scratch_folder(output),
+                            scratch=True)
+
+
 def _kernel_cache(cache):
     """The KernelCache ``build``'s ``cache`` argument names: None for False."""
     from mlpack.packager.cache import KernelCache
@@ -817,67 +555,6 @@ def _kernel_cache(cache):
     if cache is False or cache is None:
         return None
     return KernelCache(None if cache is True else cache)
-
-
-def _direct_again(error: DeadOnArrivalError, pairs, compiled: dict, graph, progress,
-                  calibrations: dict, cache=None) -> bool:
-    """Compile the failing artifact again without its inexact passes, if it ran any (the cpu
-    target's Winograd convolutions: their rounding, codegen/targets/cpu/winograd.py, is the one
-    difference from the direct sums that the tolerance may not cover). Whether it did so."""
-    pair = pairs[error.index] if error.index is not None else None
-    native = compiled.get(pair)
-    if native is None or not native.code.inexact_passes:
-        return False
-    passes = native.code.inexact_passes
-    if progress:
-        progress(f"  {pair[0]}: {', '.join(passes)} misses the {pair[1]} tolerance; compiling "
-                 f"without it")
-    _compile_again(cache, graph, [pair], compiled, calibrations, disabled=passes)
-    return True
-
-
-def _compile_again(cache, graph, again: list, compiled: dict, calibrations: dict,
-                   disabled=frozenset(), f32_activations: int = 0) -> None:
-    """Compile the pairs ``again`` once more (through the kernel cache) into ``compiled``,
-    their seconds added to the first try's: a retry after an artifact missed its tolerance."""
-    from mlpack.packager.cache import compile_cached
-
-    one = lambda g, ps, cal: {p: _compile_one(g, *p, disabled=disabled,  # noqa: E731
-                                              calibration=cal.get(p[1])) for p in ps}
-    results = compile_cached(cache, graph, again, calibrations, one, lambda c: _archive(c, {}),
-                             disabled=disabled)
-    for p in again:
-        code, seconds, weights = results[p]
-        compiled[p] = _Native(code, weights or _archive(code, {}), compiled[p].seconds + seconds,
-                              tuple(disabled), f32_activations)
-
-
-def _quantize_less(error: DeadOnArrivalError, pairs, compiled: dict, graph, progress,
-                   calibrations: dict, cache, sensitive: list, calibration_feed) -> bool:
-    """After an int8 artifact ran and missed its tolerance: keep the activations whose
-    quantization alone moves the outputs most (``int8.most_sensitive``, measured once into
-    ``sensitive``) in f32, 1, 2, 4, ... of them up to half, and compile every int8 artifact
-    again with the rest quantized; whether it did. The mixed precision ONNX Runtime's and
-    TensorRT's users reach by excluding layers by hand, found by measurement."""
-    from mlpack.codegen.precisions import int8
-
-    pair = pairs[error.index] if error.index is not None else None
-    if pair is None or pair[1] != "int8" or not error.missed or not calibrations.get("int8"):
-        return False
-    if not sensitive:
-        sensitive.append(dict(calibrations["int8"]))
-        sensitive.extend(int8.most_sensitive(graph, sensitive[0], calibration_feed()))
-    full, order = sensitive[0], sensitive[1:]
-    kept = max(1, 2 * compiled[pair].f32_activations)
-    if kept > len(order) // 2:
-        return False
-    if progress:
-        progress(f"  int8 misses its tolerance on {pair[0]}; compiling every int8 artifact again "
-                 f"with the {kept} most sensitive of {len(order)} quantized activations in f32")
-    calibrations["int8"] = {n: r for n, r in full.items() if n not in order[:kept]}
-    _compile_again(cache, graph, [p for p in pairs if p[1] == "int8"], compiled, calibrations,
-                   f32_activations=kept)
-    return True
 
 
 def _warn_skipped(skipped, progress) -> None:

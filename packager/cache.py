@@ -19,11 +19,19 @@ rebuild skip the Python lowering too (a quarter of a target's compile), which a 
 kernel's LLVM IR could not. Within one target identical kernels are already compiled once
 (``codegen/targets/cpu/module.py``'s ``_share_identical``).
 
+The weights are not in a target's entry: every artifact of a precision stores the model's
+weights as that precision's graph holds them (packager/weights.py), one archive, which the
+build writes into this folder's blobs and finds again under ``weights/<key>.json`` (the key of
+the graph, "weights" and the precision), so a rebuild neither writes it nor hashes the graph's
+weights into a new one. An entry holds only what its target made beside them (the AMX tiles).
+
 Layout of the folder (MLPACK_CACHE_DIR, default ``$XDG_CACHE_HOME/mlpack/kernels``, else
 ``~/.cache/mlpack/kernels``): ``entries/<key>.json`` says which blobs make the code and carries
-the sha256 of its own text; ``blobs/<sha256>`` holds the ELF, the weights archive (one file for
-every target whose packed weights are the same bytes). Every file is written to a temporary name
-and renamed, so two builds at once never see half an entry; an entry whose own digest or any
+the sha256 of its own text; ``weights/<key>.json`` names a precision's weights archive;
+``blobs/<sha256>`` holds the ELFs and archives; ``runs/<key>`` the outputs of an artifact's
+vectors on this host or under qemu (packager/validation.py, emulate.py), ``vectors/<key>``
+a model's test vectors. Every file is written to a temporary name and
+renamed, so two builds at once never see half an entry; an entry whose own digest or any
 blob's digest does not match is dropped and compiled again, never trusted.
 """
 
@@ -39,10 +47,12 @@ import time
 import weakref
 from pathlib import Path
 
+import numpy as np
+
 from mlpack.spec import environment
 from mlpack.spec.errors import Error
 
-FORMAT = 1   # the entry's layout; a new one is a new key
+FORMAT = 2   # the entry's layout; a new one is a new key
 _SOURCES: str | None = None   # the code digest, computed once per process
 
 
@@ -131,6 +141,29 @@ def key(graph_sha: str, target: str, precision: str, disabled=frozenset(), calib
     return _sha(json.dumps(parts, sort_keys=True).encode())
 
 
+def vectors_key(graph, proto, feeds: list[dict], baseline: str) -> str:
+    """The key of a model's test vectors: the compiled graph (its weights by digest), the ONNX
+    model's nodes, ports and opsets (what ONNX Runtime runs; its weights are the graph's), the
+    inputs, the baseline (ONNX Runtime's version) and the code."""
+    h = hashlib.sha256(f"vectors {code_digest()} {_graph_sha(graph)} {baseline}".encode())
+    g = proto.graph
+    for part in [*g.node, *g.input, *g.output, *proto.opset_import]:
+        h.update(part.SerializeToString())
+    for t in g.initializer:
+        h.update(f"{t.name} {t.data_type} {list(t.dims)}".encode())
+    for case in feeds:
+        for name, a in sorted(case.items()):
+            a = np.ascontiguousarray(a)
+            h.update(f"{name} {a.dtype.str} {a.shape}".encode())
+            h.update(a.view(np.uint8).reshape(-1).tobytes() if a.size else b"")
+    return h.hexdigest()
+
+
+def graph_key(graph, target: str, precision: str, disabled=frozenset(), calibration=None) -> str:
+    """``key`` of ``graph`` (its digest taken once per graph)."""
+    return key(_graph_sha(graph), target, precision, disabled, calibration)
+
+
 @dataclasses.dataclass
 class Stats:
     """What a build got from the cache."""
@@ -153,8 +186,8 @@ class KernelCache:
         return self.folder / "blobs" / digest
 
     def get(self, k: str):
-        """The Code stored under ``k`` with its weights archive as bytes, or None (absent, or
-        corrupt: then removed, so the next put writes it whole)."""
+        """The Code stored under ``k``, or None (absent, or corrupt: then removed, so the next
+        put writes it whole)."""
         from mlpack.codegen.targets.base import Code
         from mlpack.spec.tensorfile import read_tensors
 
@@ -175,14 +208,36 @@ class KernelCache:
                     self._discard(self._blob(d))
                     raise ValueError("blob digest")
                 blobs[d] = data
-            weights = blobs[doc["weights"]]
-            code = Code([(m, blobs[d]) for m, d in doc["layers"]], read_tensors(weights),
-                        doc["config"], doc["timings"], tuple(doc["inexact"]))
+            code = Code([(m, blobs[d]) for m, d in doc["layers"]],
+                        read_tensors(blobs[doc["weights"]]), doc["config"], doc["timings"],
+                        tuple(doc["inexact"]), bool(doc["raw_weights"]))
         except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, Error):
             self._discard(path)
             self.stats.dropped += 1
             return None
-        return code, weights
+        return code
+
+    def get_weights(self, k: str, folder: Path):
+        """The weights archive (a FileBlob in ``folder``, this cache's blobs) that ``k`` names,
+        checked whole, or None."""
+        from mlpack.packager.weights import found
+
+        try:
+            doc = json.loads((self.folder / "weights" / f"{k}.json").read_text())
+            blob = found(folder, doc["digest"], int(doc["size"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if blob is None:
+            self.stats.dropped += 1
+        return blob
+
+    def put_weights(self, k: str, blob) -> None:
+        """Remember that ``k`` names the weights archive ``blob`` (written in the blobs)."""
+        body = json.dumps({"digest": blob.digest, "size": blob.size}).encode()
+        try:
+            self._write(self.folder / "weights" / f"{k}.json", body)
+        except OSError:
+            pass
 
     # An artifact of another architecture is validated under qemu (packager/emulate.py), which
     # takes seconds even for a small model. What the emulated engine printed is a function of
@@ -229,14 +284,42 @@ class KernelCache:
         except OSError:
             pass
 
-    def put(self, k: str, code, weights: bytes) -> None:
-        """Store ``code`` (its weights archive ``weights``) under ``k``. A cache that cannot be
-        written (a read-only home) costs the reuse, never the build."""
+    # The test vectors (inputs, ONNX Runtime's outputs and the float64 reference's) follow from
+    # the model, the inputs and the code that computes them (``vectors_key``): a rebuild reads
+    # them back instead of running both references again.
+
+    def get_vectors(self, k: str) -> bytes | None:
+        """The test-vector archive stored under ``k`` (whole, by its digest), or None."""
+        path = self.folder / "vectors" / k
+        try:
+            digest, _, body = path.read_bytes().partition(b"\n")
+            if digest.decode() != _sha(body):
+                raise ValueError("entry digest")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, UnicodeDecodeError):
+            self._discard(path)
+            self.stats.dropped += 1
+            return None
+        return body
+
+    def put_vectors(self, k: str, body: bytes) -> None:
+        try:
+            self._write(self.folder / "vectors" / k, _sha(body).encode() + b"\n" + body)
+        except OSError:
+            pass
+
+    def put(self, k: str, code) -> None:
+        """Store ``code`` under ``k``. A cache that cannot be written (a read-only home) costs
+        the reuse, never the build."""
+        from mlpack.spec.tensorfile import write_tensors
+
         try:
             layers = [(m, self._write_blob(data)) for m, data in code.layers]
-            doc = {"format": FORMAT, "layers": layers, "weights": self._write_blob(weights),
-                   "config": code.config, "timings": code.timings,
-                   "inexact": list(code.inexact_passes)}
+            doc = {"format": FORMAT, "layers": layers,
+                   "weights": self._write_blob(write_tensors(code.weights)),
+                   "raw_weights": code.raw_weights, "config": code.config,
+                   "timings": code.timings, "inexact": list(code.inexact_passes)}
             body = json.dumps(doc).encode()   # (key order kept: the config's bytes depend on it)
             self._write(self._entry(k), _sha(body).encode() + b"\n" + body)
         except (OSError, TypeError, ValueError):
@@ -275,19 +358,14 @@ class KernelCache:
             pass
 
 
-def compile_cached(cache: KernelCache | None, graph, pairs, calibrations: dict, compile_all,
-                   archive, disabled=frozenset()) -> dict:
-    """``compile_all(graph, pairs, calibrations)`` for the pairs not in ``cache``: {pair: (Code
-    or UnsupportedTargetError, seconds, weights archive or None)}. Hits take no compile at all
-    (no worker is started when every pair hits); ``archive(code)`` is the weights archive of a
-    new one, stored with it; ``disabled``: the target passes ``compile_all`` leaves out."""
+def lookup(cache: KernelCache | None, models, pairs, disabled=frozenset()):
+    """The pairs ``cache`` has: ({pair: (Code, seconds to read it)}, [pairs to compile],
+    {pair: key}); with no cache, every pair is to compile. ``models``: the build's
+    compiling.Models (its base graph and calibrations make the keys)."""
     if cache is None:
-        results = compile_all(graph, pairs, calibrations)
-        return {pair: (code, seconds, None) for pair, (code, seconds) in results.items()}
-    from mlpack.codegen.errors import UnsupportedTargetError
-
-    sha = _graph_sha(graph)
-    keys = {pair: key(sha, *pair, disabled, calibrations.get(pair[1])) for pair in pairs}
+        return {}, list(pairs), {}
+    keys = {pair: graph_key(models.base, *pair, disabled, models.calibrations.get(pair[1]))
+            for pair in pairs}
     out, misses = {}, []
     for pair in pairs:
         t0 = time.perf_counter()
@@ -296,13 +374,28 @@ def compile_cached(cache: KernelCache | None, graph, pairs, calibrations: dict, 
             misses.append(pair)
             continue
         cache.stats.hits.append(pair)
-        out[pair] = (found[0], time.perf_counter() - t0, found[1])
+        out[pair] = (found, time.perf_counter() - t0)
+    cache.stats.misses.extend(misses)
+    return out, misses, keys
+
+
+def store(cache: KernelCache | None, keys: dict, results: dict) -> None:
+    """Put each compiled pair of ``results`` ({pair: (Code or error, seconds)}) in ``cache``."""
+    from mlpack.codegen.errors import UnsupportedTargetError
+
+    for pair, (code, _) in results.items():
+        if cache is not None and not isinstance(code, UnsupportedTargetError):
+            cache.put(keys[pair], code)
+
+
+def compile_cached(cache: KernelCache | None, models, pairs, compile_all,
+                   disabled=frozenset()) -> dict:
+    """``compile_all(models, pairs)`` for the pairs not in ``cache``: {pair: (Code or
+    UnsupportedTargetError, seconds)}. Hits take no compile at all (no worker is started when
+    every pair hits); ``disabled``: the target passes ``compile_all`` leaves out."""
+    out, misses, keys = lookup(cache, models, pairs, disabled)
     if misses:
-        cache.stats.misses.extend(misses)
-        for pair, (code, seconds) in compile_all(graph, misses, calibrations).items():
-            weights = None
-            if not isinstance(code, UnsupportedTargetError):
-                weights = archive(code)
-                cache.put(keys[pair], code, weights)
-            out[pair] = (code, seconds, weights)
+        results = compile_all(models, misses)
+        store(cache, keys, results)
+        out.update(results)
     return {pair: out[pair] for pair in pairs}

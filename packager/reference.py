@@ -126,13 +126,31 @@ class _Widen:
         return out
 
 
+class _Wide:
+    """A constant's data as the widened graph reads it, float64, converted where it is read (the
+    interpreter indexes it): the reference holds a model's weights once, in their own dtype (a
+    mapped file's pages: packager/weights.py), not a float64 copy of every one as well."""
+
+    dtype = np.dtype(np.float64)
+
+    def __init__(self, data: np.ndarray):
+        self.data, self.shape, self.size, self.ndim = data, data.shape, data.size, data.ndim
+
+    def __getitem__(self, key):
+        return np.asarray(self.data[key], dtype=np.float64)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.data, dtype=dtype or np.float64)
+
+
 def widen(graph: Graph) -> Graph:
-    """``graph`` computing in float64 wherever it computed in f32, f16 or bf16."""
+    """``graph`` computing in float64 wherever it computed in f32, f16 or bf16 (for the
+    interpreter only: a constant's data stays in its dtype, read as float64)."""
     w = _Widen()
     out = Graph(graph.name, list(graph.inputs), list(graph.outputs))
     out.types = {n: w.type(t) for n, t in graph.types.items()}
     for c in graph.constants.values():
-        data = c.data.astype(np.float64) if c.type.dtype in WIDENED else c.data
+        data = _Wide(c.data) if c.type.dtype in WIDENED else c.data
         out.constants[c.name] = Constant(c.name, w.type(c.type), c.layout, data)
     for op in graph.ops:
         if isinstance(op, Comprehension):

@@ -235,8 +235,10 @@ def _ort_feeds(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 EXACT_INT8 = "session.x64quantprecision"   # ONNX Runtime's session option (since 1.13)
 
 
-def reference_outputs(model, cases: list[dict], output_names: list[str]) -> list[dict]:
-    """The outputs ONNX Runtime computes for each case, by output name."""
+def reference_outputs(model, cases: list[dict], output_names: list[str],
+                      path=None) -> list[dict]:
+    """The outputs ONNX Runtime computes for each case, by output name: of ``model``, or of
+    the file ``path`` when the model is one (``model`` may then lack its weights' data)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -248,8 +250,8 @@ def reference_outputs(model, cases: list[dict], output_names: list[str]) -> list
     # model's reference would depend on the build host's CPU; this option makes them exact
     opts.add_session_config_entry(EXACT_INT8, "1")
     try:
-        session = ort.InferenceSession(model.SerializeToString(), opts,
-                                       providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(path if path is not None else model.SerializeToString(),
+                                       opts, providers=["CPUExecutionProvider"])
         return [dict(zip(output_names, session.run(output_names, _ort_feeds(model, c))))
                 for c in cases]
     except Exception as e:  # ORT raises its own exception types for a model it refuses
@@ -277,3 +279,17 @@ def pack(inputs: list[dict], outputs: list[dict], baseline: str,
     if references is not None:
         meta.update(reference=REFERENCE, baseline=baseline)
     return write_tensors(tensors, meta)
+
+
+def unpack(blob: bytes) -> tuple[list[dict], list[dict], list[dict] | None]:
+    """``pack``'s archive read back: (inputs, the baseline's outputs, the float64 references or
+    None) per case."""
+    from mlpack.spec.tensorfile import read_header, read_tensors
+
+    cases = int(read_header(blob)["metadata"]["cases"])
+    parts = {kind: [{} for _ in range(cases)] for kind in ("input", "output", "reference64")}
+    for name, a in read_tensors(blob).items():
+        case, kind, tensor = name.split("/", 2)
+        parts[kind][int(case.removeprefix("case"))][tensor] = np.array(a)
+    refs = parts["reference64"] if any(parts["reference64"]) else None
+    return parts["input"], parts["output"], refs

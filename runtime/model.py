@@ -508,9 +508,18 @@ class Model:
         finally:
             executor.close()
 
+    def vector_outputs(self, artifact=None) -> list[dict]:
+        """The outputs of ``artifact`` (as ``validate`` names it) on each bundled test case,
+        unjudged: what ``validate`` judges (``judge_vectors``)."""
+        return self._on(artifact, self._outputs)
+
+    def _outputs(self, art: Artifact, executor) -> list[dict]:
+        return [executor.run(check_feeds(self.inputs, feeds, self.path))
+                for feeds, _, _ in vector_cases(self._container, art)]
+
     def _validate(self, art: Artifact, executor) -> ValidationResult:
         cases = vector_cases(self._container, art)
-        got = [executor.run(check_feeds(self.inputs, feeds, self.path)) for feeds, _, _ in cases]
+        got = self._outputs(art, executor)
         reason = next(v.reason for v in self.verdicts if v.artifact is art)
         return judge_vectors(art, cases, got, reason)
 

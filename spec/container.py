@@ -110,12 +110,27 @@ def parse_version(text, where: str) -> tuple[int, int]:
 # ================================================================ writing
 
 
+@dataclass(frozen=True)
+class FileBlob:
+    """A blob whose bytes are a file, with their size and digest known: a model's weights
+    archive, written once and copied into each container file as it is written (in the kernel,
+    never through this process's memory)."""
+
+    path: str
+    size: int
+    digest: str   # "sha256:<hex>"
+
+    def __len__(self) -> int:
+        return self.size
+
+
 @dataclass
 class Layer:
-    """One layer of an artifact: its media type, its bytes, and optional descriptor annotations."""
+    """One layer of an artifact: its media type, its bytes (or a FileBlob), and optional
+    descriptor annotations."""
 
     media_type: str
-    data: bytes
+    data: bytes | FileBlob
     annotations: dict[str, str] = field(default_factory=dict)
 
 
@@ -213,14 +228,20 @@ def _layout(name: str, artifacts: list[ArtifactSpec], annotations: dict[str, str
     document or raw bytes. Only the conformance generator uses it, to make broken containers
     whose digests are still right.
     """
-    blobs: dict[str, bytes] = {}
+    blobs: dict[str, bytes | FileBlob] = {}
+    digests: dict[int, tuple] = {}   # id -> (data, digest): a blob several artifacts share
 
     def doc(kind, obj, i=-1) -> bytes:
         obj = edit(kind, copy.deepcopy(obj), i) if edit else obj
         return obj if isinstance(obj, bytes) else canonical_json(obj)
 
-    def put(data: bytes, media_type: str, annotations=None) -> dict:
-        d = digest_of(data)
+    def put(data, media_type: str, annotations=None) -> dict:
+        if isinstance(data, FileBlob):
+            d = data.digest
+        else:
+            if id(data) not in digests:
+                digests[id(data)] = (data, digest_of(data))
+            d = digests[id(data)][1]
         blobs[d] = data
         out = {"mediaType": media_type, "digest": d, "size": len(data)}
         return {**out, "annotations": dict(annotations)} if annotations else out
@@ -277,15 +298,45 @@ def tar_header(name: str, size: int, typeflag: bytes = b"0", mode: int | None = 
 
 
 def write_tar(f, members) -> None:
-    """Write (name, bytes | None) members as a ustar stream; None makes a directory."""
+    """Write (name, bytes | FileBlob | None) members as a ustar stream; None makes a directory."""
     for name, data in members:
         if data is None:
             f.write(tar_header(name, 0, b"5"))
             continue
         f.write(tar_header(name, len(data)))
-        f.write(data)
+        if isinstance(data, FileBlob):
+            _copy_file(f, data)
+        else:
+            f.write(data)
         f.write(b"\0" * (-len(data) % BLOCK))
     f.write(b"\0" * (2 * BLOCK))
+
+
+def _copy_file(f, blob: FileBlob) -> None:
+    """The bytes of ``blob`` appended to the binary file ``f``: copied by the kernel where it
+    can (copy_file_range), else read in chunks; a file that is not ``blob.size`` bytes long
+    is refused (it was changed since its digest was taken)."""
+    with open(blob.path, "rb") as src:
+        if os.fstat(src.fileno()).st_size != blob.size:
+            raise OSError(f"{blob.path}: is not the {blob.size}-byte blob {blob.digest}")
+        left = blob.size
+        if hasattr(os, "copy_file_range") and hasattr(f, "fileno"):
+            f.flush()
+            try:
+                while left:
+                    n = os.copy_file_range(src.fileno(), f.fileno(), min(left, 1 << 30))
+                    if n <= 0:
+                        break
+                    left -= n
+            except OSError:   # (not between these file systems: copy the rest by hand)
+                pass
+        src.seek(blob.size - left)
+        while left:
+            chunk = src.read(min(left, 1 << 24))
+            if not chunk:
+                raise OSError(f"{blob.path}: ended before its {blob.size} bytes")
+            f.write(chunk)
+            left -= len(chunk)
 
 
 def _open_temp(path: str):
@@ -299,15 +350,18 @@ def _open_temp(path: str):
     raise OSError(f"could not create a temporary file next to {path}")
 
 
-def write_file_atomic(path, members) -> None:
-    """Write the tar to a temporary file and rename it over ``path``; on failure, nothing remains."""
+def write_file_atomic(path, members, durable: bool = True) -> None:
+    """Write the tar to a temporary file and rename it over ``path``; on failure, nothing remains.
+    ``durable``: on the disk (fsync) before the rename; False for a file read back at once and
+    removed (a build's container under validation)."""
     path = os.fspath(path)
     tmp, fd = _open_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             write_tar(f, members)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -318,13 +372,14 @@ def write_file_atomic(path, members) -> None:
 
 
 def write_container(path, name: str, artifacts: list[ArtifactSpec],
-                    annotations: dict[str, str] | None = None, *, tag: str = "latest") -> None:
+                    annotations: dict[str, str] | None = None, *, tag: str = "latest",
+                    durable: bool = True) -> None:
     """Write a container (deterministic bytes; atomic). ``name`` is the model name
     (org.mlpack.model.name); ``tag`` the reference name on index.json's entry; ``annotations``
-    go on the nested index."""
+    go on the nested index; ``durable``: fsync'd before it appears (write_file_atomic)."""
     annotations = dict(annotations or {})
     _check_specs(name, artifacts, annotations, tag)
-    write_file_atomic(path, _layout(name, list(artifacts), annotations, tag))
+    write_file_atomic(path, _layout(name, list(artifacts), annotations, tag), durable)
 
 
 # ================================================================ reading: the tar
@@ -962,5 +1017,5 @@ def open_container(path, verify: bool = True) -> Container:
 
 
 __all__ = ["Layer", "ArtifactSpec", "LayerRef", "Artifact", "Container", "FormatError",
-           "write_container", "open_container", "make_config", "signature", "canonical_json",
+           "write_container", "open_container", "make_config", "signature", "canonical_json", "FileBlob",
            "is_digest", "descriptor_config"]

@@ -15,6 +15,7 @@ mmap gives arrays that view the file). The dtype names are the IR's (``f32``, ``
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 
@@ -56,6 +57,16 @@ def _align(n: int) -> int:
 
 def write_tensors(tensors: dict[str, np.ndarray], metadata: dict | None = None) -> bytes:
     """Pack named arrays into one blob (deterministic: same input, same bytes)."""
+    out = io.BytesIO()
+    write_tensors_to(out, tensors, metadata)
+    return out.getvalue()
+
+
+def write_tensors_to(f, tensors: dict[str, np.ndarray], metadata: dict | None = None,
+                     hasher=None) -> int:
+    """``write_tensors``' bytes written to the binary file ``f`` an array at a time, without
+    the whole blob in memory (a model's weights); ``hasher`` (a hashlib object) is updated with
+    them. Returns the blob's size."""
     entries, offset_rel = {}, 0
     for name in tensors:
         a = np.asarray(tensors[name])
@@ -72,12 +83,22 @@ def write_tensors(tensors: dict[str, np.ndarray], metadata: dict | None = None) 
         if start == base:
             break
         base = start
-    out = bytearray(MAGIC + struct.pack("<Q", len(raw)) + raw)
+    size = 0
+
+    def put(chunk) -> None:
+        nonlocal size
+        f.write(chunk)
+        if hasher is not None:
+            hasher.update(chunk)
+        size += len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
+
+    put(MAGIC + struct.pack("<Q", len(raw)) + raw)
     for name in tensors:
         a = np.ascontiguousarray(np.asarray(tensors[name]))
-        out += b"\0" * (header["tensors"][name]["offset"] - len(out))
-        out += a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-    return bytes(out)
+        put(b"\0" * (header["tensors"][name]["offset"] - size))
+        data = a.astype(a.dtype.newbyteorder("<"), copy=False)
+        put(memoryview(data.reshape(-1).view(np.uint8)) if data.size else b"")
+    return size
 
 
 def read_header(buf) -> dict:

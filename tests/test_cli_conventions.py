@@ -144,7 +144,7 @@ def _alive(pid: int) -> bool:
                     reason="needs /proc and 2 cores (the parallel compile)")
 @pytest.mark.parametrize("kill", [os.killpg, os.kill], ids=["terminal", "build-process"])
 def test_ctrl_c_during_parallel_compile_stops_at_once(tmp_path, kill):
-    from mlpack.packager.build import PARALLEL_MIN_OPS
+    from mlpack.packager.compiling import PARALLEL_MIN_OPS
 
     model = support.load_light().random_weight_model("shufflenet", 0)
     assert len(model.graph.node) >= PARALLEL_MIN_OPS  # so the cpu targets compile in workers

@@ -28,6 +28,16 @@ class Code:
     # graph passes of the target whose rounding differs from the direct computation (Winograd):
     # a build whose artifact misses its tolerance compiles it again without them
     inexact_passes: tuple[str, ...] = ()
+    # the weights archive is the graph's constants, in its order, then ``weights`` (new names
+    # only): every artifact of a precision stores the same one, which the packager writes once
+    # (packager/weights.py). False: the archive is ``weights`` alone
+    raw_weights: bool = False
+
+    def tensors(self, graph) -> dict[str, Any]:
+        """What the artifact's weights archive holds, for the graph it was compiled from."""
+        if not self.raw_weights:
+            return self.weights
+        return {**{c.name: c.data for c in graph.constants.values()}, **self.weights}
 
 
 @dataclass(frozen=True)

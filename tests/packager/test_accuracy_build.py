@@ -64,7 +64,12 @@ def _plant(monkeypatch, where: str, wrong_graph) -> None:
     real_compile = b._compile_one
 
     def compile_one(graph, target, *rest, **kw):
-        return real_compile(wrong_graph if target == where else graph, target, *rest, **kw)
+        if target != where:
+            return real_compile(graph, target, *rest, **kw)
+        code, seconds = real_compile(wrong_graph, target, *rest, **kw)
+        # its weights are the wrong graph's, not the model's every other artifact shares
+        code.weights, code.raw_weights = code.tensors(wrong_graph), False
+        return code, seconds
     monkeypatch.setattr(b, "_compile_one", compile_one)
 
 

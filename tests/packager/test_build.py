@@ -175,7 +175,8 @@ def test_failing_validation_is_dead_on_arrival_and_leaves_no_file(tmp_path, monk
         code, seconds = real(graph, target, *rest, **kw)
         if target == "portable":
             code.weights = {k: v * v.dtype.type(1.001) if v.dtype.kind == "f" else v
-                            for k, v in code.weights.items()}
+                            for k, v in code.tensors(graph).items()}
+            code.raw_weights = False   # (its own archive, not the one the others share)
         return code, seconds
 
     monkeypatch.setattr(build_mod, "_compile_one", wrong_weights)

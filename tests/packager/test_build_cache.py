@@ -1,5 +1,6 @@
-"""The kernel cache (packager/cache.py): a rebuild reuses each target's compiled code and the
-outputs of emulated runs, the container's bytes are the same either way, and a damaged entry
+"""The kernel cache (packager/cache.py): a rebuild reuses each target's compiled code, the
+model's weights archive, its test vectors and the outputs of each artifact's vectors (native,
+portable and emulated runs), the container's bytes are the same either way, and a damaged entry
 is compiled again, never trusted. The cheapest native target (x86_64-v2, which every x86-64 host
 runs) and the portable one keep it fast; no test depends on the host's vector unit."""
 
@@ -61,6 +62,34 @@ def test_warm_rebuild_same_bytes_no_compile(tmp_path, compiles):
     assert none.cache == {}
 
 
+def test_warm_rebuild_runs_no_reference_and_no_artifact(tmp_path, monkeypatch):
+    """A rebuild of the same model reads back its test vectors (ONNX Runtime's outputs and the
+    float64 reference's) and the outputs of each artifact's vectors, and judges those again:
+    neither reference nor any artifact runs; damaged, both are computed again."""
+    from mlpack.packager import customops, reference
+    from mlpack.runtime.model import Model
+
+    cold = _build(tmp_path / "cold.mlpack", cache=tmp_path / "k")
+    assert all(a.validated for a in cold.artifacts)
+
+    def never(*args, **kw):
+        raise AssertionError("ran again")
+    with monkeypatch.context() as m:
+        for owner, name in ((customops, "baseline_outputs"), (reference, "float64_outputs"),
+                            (Model, "vector_outputs")):
+            m.setattr(owner, name, never)
+        warm = _build(tmp_path / "warm.mlpack", cache=tmp_path / "k")
+    assert all(a.validated for a in warm.artifacts)
+    assert [a.max_error for a in warm.artifacts] == [a.max_error for a in cold.artifacts]
+    assert _sha(tmp_path / "cold.mlpack") == _sha(tmp_path / "warm.mlpack")
+    for kind in ("vectors", "runs"):   # damaged: dropped, computed again, the same bytes
+        for path in (tmp_path / "k" / kind).iterdir():
+            path.write_bytes(path.read_bytes()[:-1] + b"x")
+    again = _build(tmp_path / "again.mlpack", cache=tmp_path / "k")
+    assert again.cache["dropped"] == 3   # the vectors and the two artifacts' outputs
+    assert _sha(tmp_path / "cold.mlpack") == _sha(tmp_path / "again.mlpack")
+
+
 @pytest.mark.parametrize("damage", ["blob", "entry", "truncate"])
 def test_corrupt_entry_is_compiled_again(tmp_path, compiles, damage):
     folder = tmp_path / "k"
@@ -79,7 +108,9 @@ def test_corrupt_entry_is_compiled_again(tmp_path, compiles, damage):
     compiles.clear()
     report = _build(tmp_path / "b.mlpack", cache=folder)
     assert sorted(compiles) == [("portable", "fp32"), ("x86_64-v2", "fp32")]
-    assert report.cache["dropped"] == 2 and report.cache["hits"] == 0
+    # two entries dropped, and with the blobs damaged the model's weights archive too
+    assert report.cache["dropped"] == (3 if damage == "blob" else 2)
+    assert report.cache["hits"] == 0
     assert _sha(tmp_path / "a.mlpack") == _sha(tmp_path / "b.mlpack")
     compiles.clear()   # and the entries written anew are whole again
     assert _build(tmp_path / "c.mlpack", cache=folder).cache["hits"] == 2 and compiles == []

@@ -23,7 +23,7 @@ from onnx import numpy_helper
 
 from mlpack.codegen.compile import compile_onnx
 from mlpack.packager import build as b
-from mlpack.packager import emulate
+from mlpack.packager import emulate, validation
 from mlpack.runtime import detect_host
 from mlpack.spec.container import open_container
 import support
@@ -60,7 +60,11 @@ def _plant_in_aarch64(monkeypatch) -> None:
     wrong, real = compile_onnx(_wrong_mlp()), b._compile_one
 
     def compile_one(graph, target, *rest, **kw):
-        return real(wrong if target == "aarch64" else graph, target, *rest, **kw)
+        if target != "aarch64":
+            return real(graph, target, *rest, **kw)
+        code, seconds = real(wrong, target, *rest, **kw)
+        code.weights, code.raw_weights = code.tensors(wrong), False   # the wrong MLP's own
+        return code, seconds
     monkeypatch.setattr(b, "_compile_one", compile_one)
 
 
@@ -231,7 +235,7 @@ def test_a_run_over_the_build_limit_is_skipped_with_the_reason(mlp, tmp_path, mo
         verdict = model.verdicts[AARCH64]
     with pytest.raises(emulate.NotEmulated, match=r"ran over 0.001 s under qemu-aarch64"):
         emulate.validate(path, verdict.artifact, verdict.reason, ARM64, timeout=0.001)
-    monkeypatch.setattr(b, "EMULATION_SECONDS", 0.001)
+    monkeypatch.setattr(validation, "EMULATION_SECONDS", 0.001)
     report = b.build(MLP, tmp_path / "m.mlpack", targets=TARGETS)
     arm = report.artifacts[AARCH64]
     assert not arm.validated and "ran over 0.001 s under qemu-aarch64" in arm.reason

@@ -12,7 +12,8 @@ from mlpack.codegen.passes.pipeline import run_passes
 from mlpack.codegen.targets.base import Code
 from mlpack.spec.ir.graph import Graph
 from mlpack.spec.ir.verify import verify
-from mlpack.codegen.targets.cpu import bf16dot, checks, contraction, layout, narrowconv, winograd
+from mlpack.codegen.targets.cpu import (bf16dot, checks, contraction, derived, layout, narrowconv,
+                                        winograd)
 from mlpack.codegen.targets.cpu.concat import split_concats
 from mlpack.codegen.targets.cpu.gemm import bf16_dot
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
@@ -36,6 +37,8 @@ class CpuArtifact:
     winograd: int = 0   # convolutions computed with Winograd's algorithm (winograd.py)
     # passes whose rounding differs from the direct computation (Code.inexact_passes)
     inexact: tuple[str, ...] = ()
+    # the weights beyond the graph's constants (every weight else is a constant as it is)
+    extra: tuple[str, ...] = ()
 
 
 @dataclass
@@ -45,6 +48,7 @@ class _Rewritten:
     parents: dict = field(default_factory=dict)   # the concatenations' buffers, no op writes them
     winograd: int = 0                             # convolutions on Winograd's algorithm
     bf16_products: int = 0                        # contractions of bf16 pairs (bf16dot.py)
+    derived: dict = field(default_factory=dict)   # constants made from the weights (derived.py)
 
 
 def target_passes(state: _Rewritten, t=None) -> list:
@@ -57,14 +61,17 @@ def target_passes(state: _Rewritten, t=None) -> list:
         return g
 
     def winograd_convolutions(g: Graph) -> Graph:
-        g, state.winograd = winograd.rewrite(g, state.aliases, state.parents)
+        g, state.winograd = winograd.rewrite(g, state.aliases, state.parents, state.derived)
         return g
+
+    def channels(g: Graph) -> Graph:
+        return layout.channels_last(g, state.derived)
 
     def bf16_products(g: Graph) -> Graph:
         g, state.bf16_products = bf16dot.round_activations(g, state.parents)
         return g
 
-    passes = [("channels_last", layout.channels_last), ("split_concats", concatenations),
+    passes = [("channels_last", channels), ("split_concats", concatenations),
               ("winograd", winograd_convolutions)]
     if t is None or bf16_dot(t):
         passes.append(("bf16_products", bf16_products))
@@ -86,7 +93,10 @@ def schedule_kernels(graph: Graph, t, disabled=frozenset()):
     bufs.update(state.parents)
     kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=state.aliases), bufs, t,
                                 source)
-    return graph, kernels, bufs, state.aliases, state
+    derived.inline(state.derived, kernels, bufs, source)
+    made = derived.kernels(state.derived, graph, bufs, {r for k in kernels for r in k.reads},
+                           source)
+    return graph, made + kernels, bufs, state.aliases, state
 
 
 def _log_assembly(mod, tm) -> None:
@@ -106,12 +116,16 @@ def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     t0 = time.perf_counter()
     reject_procedures(graph)
     progress.report("scheduling")
+    source = graph
     graph, kernels, bufs, aliases, state = schedule_kernels(graph, t, disabled)
     copies, owners = output_copies(graph, bufs, len(kernels))
     narrowconv.unpack_ports(graph, bufs, owners)
-    kernels += copies
-    plan, weights = make_plan(graph, kernels, bufs, owners, aliases)
-    weights = narrowconv.pack_weights(weights, bufs)
+    # the kernels run once at open last, so dispatch i of a run is kernel i of the library
+    kernels = [k for k in kernels + copies if not k.prepare] + [k for k in kernels if k.prepare]
+    plan, weights, extra = make_plan(graph, kernels, bufs, owners, aliases, source.constants)
+    packed = narrowconv.pack_weights(weights, bufs)
+    extra += tuple(n for n in weights if packed[n] is not weights[n] and n not in extra)
+    weights = packed
     tm = target_machine(t)
     # (one part at MLPACK_DEBUG=3, so the assembly printed is the whole library's)
     texts = build_module(kernels, bufs, plan["symbols"], t, tm,
@@ -133,7 +147,7 @@ def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     inexact = (("winograd",) if state.winograd else ()) + \
         (("bf16_products",) if state.bf16_products else ())
     return CpuArtifact(elf, plan, weights, t.name, list(t.features),
-                       [k.name for k in kernels], times, state.winograd, inexact)
+                       [k.name for k in kernels], times, state.winograd, inexact, extra)
 
 
 def compile_artifact(graph: Graph, target: str, precision: str, disabled=frozenset()) -> Code:
@@ -145,4 +159,11 @@ def compile_artifact(graph: Graph, target: str, precision: str, disabled=frozens
     t = get_target(target)
     config = {"plan": code.plan,
               "cpu_features": media.config_cpu_features(code.features, t.arch)}
-    return Code([(media.CODE_ELF, code.elf)], code.weights, config, code.timings, code.inexact)
+    # the weights as the graph has them, shared with every artifact of its precision, and what
+    # this target made beside them; a constant it changed in place (a sub-byte dtype it packs)
+    # makes the whole archive its own
+    if any(name in graph.constants for name in code.extra):
+        return Code([(media.CODE_ELF, code.elf)], code.weights, config, code.timings,
+                    code.inexact)
+    return Code([(media.CODE_ELF, code.elf)], {n: code.weights[n] for n in code.extra}, config,
+                code.timings, code.inexact, raw_weights=True)

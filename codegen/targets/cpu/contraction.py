@@ -41,8 +41,7 @@ from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.targets.cpu import amx, depthwise
 from mlpack.codegen.targets.cpu.gemm import (PACK, PAIR_PRODUCTS, SIGNED_A, Contraction,
-                                            bf16_dot, int8_dot, pack_b, pack_pairs, pair_halves,
-                                            signed_correction)
+                                            bf16_dot, int8_dot, pack_b)
 from mlpack.codegen.targets.cpu.gemmview import (MIN_N, const_view, extent, int8_view,
                                                  narrow_view, pair_size, panel_dtype, split,
                                                  widened)
@@ -309,36 +308,86 @@ def _pack_cache(g) -> dict:
     return _PACKED[key]
 
 
-def _pack_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str) -> Kernel:
-    """A map kernel writing B, as the GEMM reads it, into the arena buffer ``name``: layout
-    (batch dims, N block, K dims, lane), the N columns past the end zero."""
+def _pack_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, dtype: str = "f32",
+                 pair: str | None = None, size: int = 1, halves: bool = False) -> Kernel:
+    """A map kernel writing B, as the GEMM reads it, into the buffer ``name``: layout (batch
+    dims, N block, K dims, lane), the N columns past the end zero; with a ``pair`` K dim, that
+    dim split into (dim / ``size``) in its place and ``size`` innermost, after the lane
+    (gemm.pack_pairs); with ``halves`` too, each quad's two pairs apart, the pair's half before
+    the lane (gemm.pair_halves: pmaddwd's panel). ``dtype``: the panel's (gemm.PACK's B, or a
+    16-bit or s8 constant's own)."""
     rb, out = info["b"], bufs[k.out]
-    nb, lane = "pack.nb", "pack.l"
+    nb, lane, outer, inner, half = "pack.nb", "pack.l", "pack.p", "pack.e", "pack.h"
     sizes = {d: out.sizes[d] for d in info["batch"]}
     sizes[nb] = ex.ceildiv(info["n_size"], ex.const(PACK))
-    sizes.update({r: k.rdims[r] for r in info["k"]})
+    kdims = []
+    for r in info["k"]:
+        kdims.append(outer if r == pair else r)
+        sizes[kdims[-1]] = ex.const(k.rdims[r].value // size) if r == pair else k.rdims[r]
     sizes[lane] = ex.const(PACK)
-    layout = (*info["batch"], nb, *info["k"], lane)
-    buf = Buffer(name, layout, {d: ex.simplify_size(sizes[d]) for d in layout}, "f32")
+    layout = (*info["batch"], nb, *kdims, lane)
+    if pair is not None and halves:
+        sizes[half], sizes[inner] = ex.const(size // 2), ex.const(2)
+        layout = (*info["batch"], nb, *kdims, half, lane, inner)
+    elif pair is not None:
+        sizes[inner] = ex.const(size)
+        layout += (inner,)
+    buf = Buffer(name, layout, {d: ex.simplify_size(sizes[d]) for d in layout}, dtype)
     bufs[name] = buf
     col = ex.var(nb) * PACK + ex.var(lane)
     env = {d: ex.var(d) for d in (*info["batch"], *info["k"])}
-    flat = col
+    if pair is not None:
+        env[pair] = ex.var(outer) * size + ex.var(inner)
+        if halves:
+            env[pair] = env[pair] + ex.var(half) * 2
+    # B's read, unguarded (a constant B: the panel's padding columns read the last column, and
+    # the select below zeroes them), or guarded (its own padding, a symbolic N)
+    clamp = rb.arg[2] is None and info["n_size"].is_const
+    flat = ex.binary("min", col, info["n_size"] - 1) if clamp else col
     for d in reversed(info["n"]):   # the flat column over the N dims (last fastest)
-        size = out.sizes[d]
-        env[d] = flat if d == info["n"][0] else ex.mod(flat, size)
-        flat = ex.floordiv(flat, size)
+        size_d = out.sizes[d]
+        env[d] = flat if d == info["n"][0] else ex.mod(flat, size_d)
+        flat = ex.floordiv(flat, size_d)
     index = {}
     for d, ix in zip(rb.arg[1], rb.args):
         index[d] = ex.substitute(ix, {v: env.get(v, ex.const(0)) for v in ex.free_vars(ix)})
-    # guarded, so a padding column (or the read's own padding) loads nothing out of bounds
-    pad = 0.0 if rb.arg[2] is None else rb.arg[2]
-    read = ex.read(rb.arg[0], index, "f32", pad)
-    body = ex.select(ex.binary("lt", col, info["n_size"]), read, ex.const(0.0, "f32"))
-    pk = Kernel(f"{k.name}_packb", name, body, None, {}, "f32", reads=[rb.arg[0]],
+    pad = None if clamp else 0 if rb.arg[2] is None else rb.arg[2]
+    read = ex.read(rb.arg[0], index, rb.dtype, pad)
+    value = read if rb.dtype == dtype else ex.cast(read, dtype)
+    zero = ex.const(0 if dtypes.is_int(dtype) else 0.0, dtype)
+    body = ex.select(ex.binary("lt", col, info["n_size"]), value, zero)
+    pk = Kernel(f"{k.name}_packb", name, body, None, {}, dtype, reads=[rb.arg[0]],
                 fused=list(k.fused))
     schedule(pk, buf, bufs)
     return pk
+
+
+def _panel_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, dtype: str,
+                  pair: str | None, size: int, halves: bool = False) -> Kernel:
+    """The prepare kernel packing a constant B once, when the engine opens the artifact: the
+    container stores the model's weights as they are, once for every target (a packing is a
+    target's choice), and the panel is the target's own copy in its packed region."""
+    pk = _pack_kernel(k, info, bufs, name, dtype, pair, size, halves)
+    pk.name = f"{k.name}_panel"
+    pk.prepare = True
+    return pk
+
+
+def _correction_kernel(panel: Buffer, name: str, bufs: dict[str, Buffer]) -> Kernel:
+    """The prepare kernel of gemm.signed_correction: 128 times the sum over K of an s8 panel
+    [batch dims, N block, K dims, lane, quad] (``_pack_kernel``), per (batch dims, N block,
+    lane), in i32."""
+    at = panel.layout.index("pack.nb")
+    layout = panel.layout[:at + 1] + ("pack.l",)
+    buf = Buffer(name, layout, {d: panel.sizes[d] for d in layout}, "i32")
+    bufs[name] = buf
+    rdims = {d: panel.sizes[d] for d in panel.layout if d not in layout}
+    read = ex.read(panel.name, {d: ex.var(d) for d in panel.layout}, panel.dtype)
+    body = ex.mul(ex.cast(read, "i32"), ex.const(128, "i32"))
+    ck = Kernel(f"{name}_sum", name, body, "sum", rdims, "i32", reads=[panel.name],
+                fused=[name], prepare=True)
+    schedule(ck, buf, bufs)
+    return ck
 
 
 def _k_chunk(t_tb: int, info: dict, rdims: dict, first: int = 1) -> int:
@@ -411,9 +460,8 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             out.extend(pre)
             out.append(k)
             continue
-        direct = None
+        direct, data = None, None
         if info["mode"] == "const":
-            const = g.constants[rb.arg[0]]
             dims = info["batch"] + info["n"] + info["k"]
             extents = {v: extent(v, ob, k.rdims).value for v in dims}
             pdt = panel_dtype(rb.dtype, t)
@@ -421,31 +469,26 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             halves = dot in PAIR_PRODUCTS
             key = (rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]), pdt,
                    pair, size) + (("halves",) if halves else ())
-
-            def make():
-                panel = pack_b(const.data, const.layout, rb, info["aff_b"], dims, extents,
-                               info["n"], info["k"])
-                if pair is not None:
-                    panel = pack_pairs(panel, [extents[v] for v in info["k"]],
-                                       info["k"].index(pair), size)
-                panel = panel.astype(dtypes.to_numpy(pdt))
-                return pair_halves(panel) if halves else panel
-            axes = ("b", "nb", "k", "l", "e") if pair is not None else ("b", "nb", "k", "l")
-            if halves:
-                axes = ("b", "nb", "k", "h", "l", "e")
-            name, data = _weights_pack(
-                key, f"{rb.arg[0]}#pack{len(packs)}" if packs else f"{rb.arg[0]}#pack",
-                axes, pdt, make, bufs, packs, cache)
+            if key not in packs:   # one panel per way of packing a constant, made at load
+                stem = f"{rb.arg[0]}#pack{len(packs)}" if packs else f"{rb.arg[0]}#pack"
+                panel = _panel_kernel(k, info, bufs, fresh_name(stem, bufs), pdt, pair, size,
+                                      halves)
+                packs[key] = panel.out
+                pre.append(panel)
+            name = packs[key]
         elif info["mode"] == "pack":
-            data = None
             name = fresh_name(f"{k.out}#b", bufs)
             pre.append(_pack_kernel(k, info, bufs, name))
         else:
             data, name, direct = None, rb.arg[0], rb
         init = None
-        if dot in SIGNED_A:   # (then B is a build-time panel)
-            init = _weights_pack(("init",) + key, f"{name}#init", ("b", "nb", "l"), "i32",
-                                 lambda: signed_correction(data), bufs, packs, cache)
+        if dot in SIGNED_A:   # (then B is a panel packed at load)
+            if ("init",) + key not in packs:
+                correction = _correction_kernel(bufs[name], fresh_name(f"{name}#init", bufs),
+                                                bufs)
+                packs[("init",) + key] = correction.out
+                pre.append(correction)
+            init = packs[("init",) + key]
         blocks = ex.simplify_size(ex.ceildiv(info["n_size"], ex.const(PACK)))
         nvec = _narrow(t, info) if k.acc_dtype == "f32" else 0
         vl, tb, mr = _tile_shape(t, blocks.value if blocks.is_const else 64,
@@ -459,7 +502,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                              t.fma, group, _k_chunk(tb, info, k.rdims),
                              direct, direct is not None and info["n_size"].value % PACK != 0,
                              _n_inner(bufs[ra.arg[0]], bufs[name], one), pair=info.get("pair"),
-                             dot=dot, init=init and init[0], init_data=init and init[1],
+                             dot=dot, init=init,
                              nvec=nvec, k_runs=k_runs, batch_inner=_batch_inside(ob, info),
                              stream=direct is None and m_size.is_const
                              and m_size.value <= group * mr)
@@ -467,7 +510,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             k.gemm.kc = _k_chunk(tb, {**info, "k": [r for run in k.gemm.k_loops[1:]
                                                    for r in run]}, k.rdims, first=k_runs[0])
         k.strategy = "gemm"
-        k.reads = _gemm_reads(k, ra, name) + ([init[0]] if init else [])
+        k.reads = _gemm_reads(k, ra, name) + ([init] if init else [])
         out.extend(pre)
         out.append(k)
     return out
@@ -598,14 +641,14 @@ def _reads(e: Expr) -> list[str]:
 
 
 def packed_weights(kernels: list[Kernel]) -> dict[str, np.ndarray]:
-    """The packed B tensors the kernels read, by name (for the plan's weights)."""
+    """The B tensors packed at build time that the kernels read, by name (for the plan's
+    weights): the AMX target's tiles. Every other panel is packed when the engine opens the
+    artifact (``_panel_kernel``)."""
     out = {}
     for k in kernels:
         c = getattr(k, "gemm", None)
         if c is not None and getattr(c, "data", None) is not None:
             out[c.packed] = c.data
-        if c is not None and getattr(c, "init", None) is not None:
-            out[c.init] = c.init_data
     return out
 
 

@@ -88,8 +88,8 @@ def int8_dot(t) -> str | None:
 class Contraction:
     """How a kernel runs as a GEMM (Kernel.gemm when Kernel.strategy == "gemm")."""
     a: Expr                   # the read of A (unguarded), over batch, M and K vars
-    packed: str               # B: packed weights, a run-time packed buffer, or (direct) B itself
-    data: np.ndarray | None   # build-time packed data [batch points, N blocks, K, PACK], or None
+    packed: str               # B: a panel packed at load or at run time, or (direct) B itself
+    data: np.ndarray | None   # AMX tiles packed at build time (amx.pack_b), or None
     batch: list[str]          # output dims walked outside the GEMM
     m: list[str]              # output dims flattened into GEMM rows (output layout order)
     n: list[str]              # output dims flattened into GEMM columns (output layout order)
@@ -113,7 +113,6 @@ class Contraction:
     pair: str | None = None   # bf16 pairs (bf16dot.py) or int8 quads: the K dim they group
     dot: str | None = None    # ... and the product intrinsic (BF16_DOT, INT8_DOT)
     init: str | None = None   # SIGNED_A: the accumulators' start per column (signed_correction)
-    init_data: np.ndarray | None = None
     # f32 vectors per tile row when fewer hold columns than tb * PACK / vl: an N of one narrow
     # block (a grouped convolution's 8 channels per group in AVX2's 8 lanes), 0 for all of them
     nvec: int = 0

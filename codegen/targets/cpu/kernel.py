@@ -52,6 +52,10 @@ class Kernel:
     gemm: object = None            # gemm.Contraction or depthwise.Direct when strategy == "gemm"
     window: int = 1                # terms per element of an unrolled window (unroll_window)
     checks: list = field(default_factory=list)   # (tensor, dim) per index check, once lowered
+    # run once when the engine opens the artifact (the plan's "prepare"), not on every run: it
+    # computes a tensor of the weights alone (a packed B panel, a weight relaid out) into the
+    # artifact's packed region (plan.py)
+    prepare: bool = False
 
     @property
     def blocked(self) -> tuple[str, ...]:

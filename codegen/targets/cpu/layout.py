@@ -33,11 +33,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph, TensorType, tensors_read
+from mlpack.codegen.targets.cpu import derived
 from mlpack.codegen.targets.cpu.concat import select_arms as _arms
 from mlpack.codegen.targets.cpu.indexing import affine as _affine
 from mlpack.codegen.targets.cpu.indexing import is_one as _is_one
@@ -164,17 +164,22 @@ def _depthwise(op: Comprehension, g: Graph) -> tuple[str, str, Expr] | None:
     return None
 
 
-def _weights_last(g: Graph, c: str, w: Expr) -> Graph:
-    """``g`` with the constant ``w`` reads stored with the dim ``w`` indexes by ``c`` last, its
-    data transposed to match (reads index dims by name, so only memory order changes)."""
+def _weights_last(g: Graph, out: str, c: str, w: Expr, made: dict | None) -> Graph:
+    """``g`` with the op writing ``out`` reading, instead of the constant ``w`` reads, a copy of
+    it stored with the dim ``w`` indexes by ``c`` last (reads index dims by name, so only memory
+    order changes): a constant derived from the weights (derived.py; ``made``: its record)."""
     name = w.arg[0]
     const = g.constants[name]
     dim = next(d for d, ix in zip(w.arg[1], w.args) if c in ex.free_vars(ix))
     if const.layout[-1] == dim:
         return g
     layout = tuple(d for d in const.layout if d != dim) + (dim,)
-    data = np.ascontiguousarray(np.moveaxis(const.data, const.layout.index(dim), -1))
-    return replace(g, constants={**g.constants, name: replace(const, layout=layout, data=data)})
+    new = f"{name}#last"
+    if new not in g.constants:
+        g = derived.relaid(g, name, new, layout, made)
+    ops = [replace(op, body=ex.rename_tensors(op.body, {name: new}))
+           if isinstance(op, Comprehension) and op.out == out else op for op in g.ops]
+    return replace(g, ops=ops)
 
 
 def _group_dim(op: Comprehension, g: Graph, c: str) -> str | None:
@@ -218,10 +223,11 @@ def _channels_apart(op: Comprehension, g: Graph, channel: str | None) -> bool:
     return False
 
 
-def channels_last(g: Graph) -> Graph:
+def channels_last(g: Graph, made: dict | None = None) -> Graph:
     """``g`` with each image tensor it pays for laid out channels last (module docstring). ``g``
     itself is not changed: the targets of a build share it. ``MLPACK_DISABLE_PASSES=channels_last``
-    keeps every tensor in its type's order."""
+    keeps every tensor in its type's order. ``made``: where the weights it stores in another
+    order are recorded (derived.py)."""
     outputs = {p.name for p in g.outputs}
     channel: dict[str, str] = {}
     source: dict[str, str | None] = {}   # the tensor a map's channel is carried from
@@ -288,7 +294,7 @@ def channels_last(g: Graph) -> Graph:
     g = replace(g, ops=ops, types=types)
     for out, (c, _, w) in depthwise.items():
         if out in chosen:
-            g = _weights_last(g, c, w)
+            g = _weights_last(g, out, c, w, made)
     return g
 
 

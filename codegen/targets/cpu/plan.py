@@ -30,6 +30,7 @@ from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGRO
                                                 row_dim)
 
 ARENA_ALIGN = 64
+PREPARE_ABI_MINOR = 4   # plan "abi_minor" of a plan with "prepare" dispatches and packed buffers
 
 
 def tensor_buffers(g: Graph) -> dict[str, Buffer]:
@@ -221,9 +222,16 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
 
 def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
               output_owners: list[str], aliases: dict[str, tuple[str, int]] | None = None,
-              ) -> tuple[dict, dict[str, np.ndarray]]:
-    """The plan dict and the weights (constant name -> array in its layout). ``aliases``:
-    tensors placed inside others (concat.py)."""
+              raw: dict | None = None) -> tuple[dict, dict[str, np.ndarray], tuple[str, ...]]:
+    """The plan dict and the weights (name -> array in its layout). ``aliases``: tensors placed
+    inside others (concat.py). ``raw``: the constants of the graph the target was given (its
+    own passes rewrite some), which are the weights, every one as it is (default: ``g``'s):
+    so every target of a build, and the portable artifact, store the same weights archive.
+    Kernels marked ``prepare`` run once when the engine opens the artifact (the plan's
+    "prepare"), writing the tensors they compute from the weights (a packed B panel, a weight
+    in another layout) into the packed region, which every run then reads. The third value
+    names the weights beyond ``raw`` (made at build time: the AMX target's tiles)."""
+    raw = g.constants if raw is None else raw
     syms, sources = symbol_sources(g)
     entries: list[dict] = []
     index: dict[str, int] = {}
@@ -235,33 +243,63 @@ def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
         index[owner] = len(entries)
         entries.append({"kind": "output", "index": i, **shapes.get(i, {})})
     used = {t for k in kernels for t in k.reads}
-    weights = {}
-    for name, c in g.constants.items():
-        if name in used:
-            index[name] = len(entries)
-            entries.append({"kind": "weight", "name": name})
+    prepare = [k for k in kernels if k.prepare]
+    made = {k.out for k in prepare}
+    weights = {name: np.ascontiguousarray(c.data) for name, c in raw.items()}
+    extra: list[str] = []
+    # (a weight the target's passes replaced in g is still read by what derives from it)
+    for name, c in {**raw, **g.constants}.items():
+        if name not in used or name in made:
+            continue
+        index[name] = len(entries)
+        entries.append({"kind": "weight", "name": name})
+        if not _same_constant(raw.get(name), c):   # made by the target's passes at build time
             weights[name] = np.ascontiguousarray(c.data)
-    # B operands packed for gemm kernels
+            extra.append(name)
+    # built by the gemm schedule at build time (the AMX target's tiles)
     for name, data in contraction.packed_weights(kernels).items():
         index[name] = len(entries)
         entries.append({"kind": "weight", "name": name})
         weights[name] = data
-    arena = [t for k in kernels for t in procedure.kernel_writes(k) if t not in index]
+        extra.append(name)
+    runs = [k for k in kernels if not k.prepare]
+    packed_total = 0
+    for k in prepare:
+        size = exact_bytes(bufs[k.out])
+        if not size.is_const:
+            raise UnsupportedTargetError(f"cpu: {k.name} prepares {k.out} of size {size}, "
+                                         "which is not a constant")
+        index[k.out] = len(entries)
+        entries.append({"kind": "packed", "name": k.out, "offset": packed_total,
+                        "size": size.value})
+        packed_total += -(-size.value // ARENA_ALIGN) * ARENA_ALIGN
+    arena = [t for k in runs for t in procedure.kernel_writes(k) if t not in index]
     # a concatenation no kernel writes itself (concat.py), read whole by later kernels
     family = {t for a in (aliases or {}).items() for t in (a[0], a[1][0])}
-    arena += [t for t in dict.fromkeys(t for k in kernels for t in k.reads)
+    arena += [t for t in dict.fromkeys(t for k in runs for t in k.reads)
               if t in family and t not in arena and t not in index]
-    placed, total = assign_arena(kernels, arena, bufs, procedure.computed_bounds(g), aliases)
+    placed, total = assign_arena(runs, arena, bufs, procedure.computed_bounds(g), aliases)
     for t in arena:
         off, size = placed[t]
         index[t] = len(entries)
         entries.append({"kind": "arena", "offset": encode_expr(off), "size": encode_expr(size)})
-    dispatches = [{"kernel": i, "workgroups": encode_expr(workgroups(k, bufs[k.out])),
-                   "bindings": [index[t] for t in procedure.kernel_bindings(k)]}
-                  for i, k in enumerate(kernels)]
+
+    def dispatch(i: int, k: Kernel) -> dict:
+        return {"kernel": i, "workgroups": encode_expr(workgroups(k, bufs[k.out])),
+                "bindings": [index[t] for t in procedure.kernel_bindings(k)]}
+    dispatches = [dispatch(i, k) for i, k in enumerate(kernels) if not k.prepare]
     computed = procedure.computed_sources(g, kernels)
     plan = {"abi": 1, "symbols": syms, "symbol_sources": sources + computed, "buffers": entries,
             "arena_size": encode_expr(total), "arena_align": ARENA_ALIGN, "dispatches": dispatches}
     if computed or shapes:   # computed symbols and run-time output shapes: ABI 1.1
         plan["abi_minor"] = procedure.ABI_MINOR
-    return plan, weights
+    if prepare:   # ABI 1.4
+        plan["prepare"] = [dispatch(i, k) for i, k in enumerate(kernels) if k.prepare]
+        plan["packed_size"] = packed_total
+        plan["abi_minor"] = max(plan.get("abi_minor", 0), PREPARE_ABI_MINOR)
+    return plan, weights, tuple(extra)
+
+
+def _same_constant(a, b) -> bool:
+    """Whether constant ``b`` (the target's graph) is ``a`` (the graph it was given) unchanged."""
+    return a is not None and (a is b or (a.layout == b.layout and a.data is b.data))

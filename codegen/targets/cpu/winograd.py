@@ -42,7 +42,8 @@ import numpy as np
 from mlpack.spec.ir import dtypes
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.spec.ir.graph import Comprehension, Constant, Graph, TensorType, tensors_read
+from mlpack.spec.ir.graph import Comprehension, Graph, TensorType, tensors_read
+from mlpack.codegen.targets.cpu import derived
 from mlpack.codegen.targets.cpu.indexing import affine as _affine
 from mlpack.codegen.targets.cpu.indexing import index_range
 from mlpack.codegen.targets.cpu.kernels import fresh_name as _fresh
@@ -86,11 +87,12 @@ MIN_WIDTH = 24    # unit-stride extent of the output (the transform maps' vector
 WIDE_K = 384      # ... unless the gemm is this deep (256 channels in on 12x12 gained 1.6x)
 
 
-def rewrite(g: Graph, keep=(), parents=None) -> tuple[Graph, int]:
+def rewrite(g: Graph, keep=(), parents=None, made=None) -> tuple[Graph, int]:
     """``g`` with every convolution where Winograd pays rewritten (module docstring), and how
     many were. ``keep``: tensors that must still be written under their own name (aliases of a
     concatenation's slice); ``parents``: the buffers of split concatenations (concat.py),
-    which no op of ``g`` produces. ``g`` itself is not changed: the targets of a build share it."""
+    which no op of ``g`` produces; ``made``: where the transformed weights' recipes go
+    (derived.py). ``g`` itself is not changed: the targets of a build share it."""
     outputs = {p.name for p in g.outputs}
     bufs = {**tensor_buffers(g), **(parents or {})}   # the layouts the plan will give them
     ops, types, constants = list(g.ops), dict(g.types), dict(g.constants)
@@ -101,7 +103,7 @@ def rewrite(g: Graph, keep=(), parents=None) -> tuple[Graph, int]:
         hit = _match(op, g, bufs)
         if hit is None:
             continue
-        new = _transforms(op, hit, g, types, constants)
+        new = _transforms(op, hit, g, types, constants, made)
         readers = [o for o in ops if op.out in tensors_read(o)]
         at = ops.index(op)
         fused = None
@@ -241,9 +243,10 @@ def _span(ix: Expr, sizes: dict[str, Expr]) -> tuple[int, int] | None:
     return (lo.value, hi.value) if lo.is_const and hi.is_const else None
 
 
-def _transforms(op: Comprehension, hit: dict, g: Graph, types, constants) -> dict:
+def _transforms(op: Comprehension, hit: dict, g: Graph, types, constants, made=None) -> dict:
     """The input transform and gemm comprehensions replacing ``op`` (their types and Wt added
-    to ``types``/``constants``), and the output transform over ``op``'s own dim vars."""
+    to ``types``/``constants``, Wt's recipe to ``made``: derived.py), and the output transform
+    over ``op``'s own dim vars."""
     a, w, h, kh, d_h = hit["a"], hit["w"], hit["h"], hit["kh"], hit["d_h"]
     taken = set(types) | set(constants)
     z_name = _fresh(f"{op.out}#wz", taken)
@@ -277,16 +280,29 @@ def _transforms(op: Comprehension, hit: dict, g: Graph, types, constants) -> dic
     z_body = _tree(ex.var(p), [_combination(BT[i], a_at) for i in range(POINTS)])
     z = Comprehension(z_name, TensorType("f32", z_dims), z_body)
 
-    # Wt: the window folded into six points (float64, then rounded once)
+    # Wt: the window folded into six points (float64, then rounded once), at build time and,
+    # from the weights as the model has them, when the engine opens the artifact (derived.py)
     wc = g.constants[w.arg[0]]
     axis = list(wc.layout).index(hit["d_kh"])
     data = np.tensordot(G, np.moveaxis(wc.data.astype(np.float64), axis, 0), axes=(1, 0))
     wt_layout = (p,) + tuple(d for d in wc.layout if d != hit["d_kh"])
     wt_dims = {p: ex.const(POINTS), **{d: wc.type.dims[d] for d in wt_layout[1:]}}
     wdt = wc.type.dtype   # 16-bit weights stay 16-bit (rounded once more, from float64)
-    constants[wt_name] = Constant(wt_name, TensorType(wdt, wt_dims), wt_layout,
-                                  np.ascontiguousarray(data.astype(dtypes.to_numpy(wdt))))
-    types[wt_name] = constants[wt_name].type
+
+    def tap(i: int) -> Expr:
+        index = {d: ex.const(i) if d == hit["d_kh"] else ex.var(d) for d in wc.layout}
+        return ex.cast(ex.read(w.arg[0], index, wdt), "f64")
+
+    def point(row) -> Expr:   # G[row] . W, in float64 and in G's order, as np.tensordot sums
+        terms = [ex.mul(ex.const(float(c), "f64"), tap(i)) for i, c in enumerate(row) if c]
+        acc = terms[0]
+        for term in terms[1:]:
+            acc = ex.add(acc, term)
+        return acc
+
+    fold = Comprehension(wt_name, TensorType(wdt, wt_dims),
+                         ex.cast(_tree(ex.var(p), [point(G[i]) for i in range(POINTS)]), wdt))
+    derived.add(made, constants, types, fold, wt_layout, data.astype(dtypes.to_numpy(wdt)))
 
     # the gemm: op with h -> t, kh gone, and the point p as a batch dim
     w_index = {d: e for d, e in zip(w.arg[1], w.args) if d != hit["d_kh"]}

@@ -10,5 +10,4 @@ from mlpack.spec.ir.program import dumps_program
 
 
 def compile_portable(graph: Graph, target: str, precision: str, disabled=frozenset()) -> Code:
-    return Code([(media.PROGRAM_PORTABLE, dumps_program(graph))],
-                {c.name: c.data for c in graph.constants.values()})
+    return Code([(media.PROGRAM_PORTABLE, dumps_program(graph))], raw_weights=True)

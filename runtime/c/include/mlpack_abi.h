@@ -35,6 +35,12 @@
  *        Nothing in a plan changed, so no plan says "abi_minor": 3; an engine older than 1.3
  *        refuses a version-2 table when it loads the library. A version-1 table (an older
  *        compiler's library, or a hand-written one) still runs, unchecked.
+ *   1.4  packed weights: a plan's "prepare" dispatches run once, when the engine opens the
+ *        artifact, binding only weights and "packed" buffers (slices of a region of the plan's
+ *        "packed_size" bytes the engine allocates) and writing only packed buffers: the
+ *        weights a target reads in another form (a GEMM's packed panels) are computed from the
+ *        weights layer, which then holds each weight once, as the model has it, for every
+ *        target. The run's dispatches read packed buffers and never write them.
  */
 #ifndef MLPACK_ABI_H
 #define MLPACK_ABI_H
@@ -42,7 +48,7 @@
 #include <stdint.h>
 
 #define MLPACK_ABI_VERSION 1u
-#define MLPACK_ABI_MINOR 3u
+#define MLPACK_ABI_MINOR 4u
 #define MLPACK_KERNEL_TABLE_VERSION 2u   /* the newest table layout (ABI 1.3); an engine reads 1 and 2 */
 #define MLPACK_KERNEL_TABLE_SYMBOL "mlpack_kernel_table_v1"
 

@@ -30,17 +30,27 @@
  * dispatch's "checks" entry {"tensor", "dim", "node", "wraps"} names what that check indexes, so
  * the run fails with MLPACK_ERR_INDEX naming the ONNX node and the index, as ONNX Runtime does.
  *
+ * Packed weights (plan ABI 1.4): the weights layer holds the model's weights as they are, the
+ * same bytes for every target; what a target reads in another form (a GEMM's packed panels, a
+ * weight relaid out) its "prepare" dispatches compute once, here at open, into the executor's
+ * packed region, after the weights were read and hashed. Then every run reads the region. A
+ * weight that only prepare dispatches read is not needed again: the pages it fills in the
+ * engine's copy are given back to the system as soon as the last prepare dispatch reading it
+ * has run (madvise), so a model's weights are resident about once, not twice.
+ *
  * MLPACK_PROFILE=1 in the environment times every dispatch (wall clock around the pool run) and
  * prints, when the model is closed, one line per dispatch sorted by total time: where a model's
  * time goes, kernel by kernel. A scratch context counts its own runs; they are added to the
  * executor's totals when it is returned.
  */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE   /* madvise */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "executor.h"
@@ -54,6 +64,9 @@ typedef struct mp_native {
   mp_tensor_archive weights;
   int have_weights;
   uint8_t *weights_copy;           /* the weights the plan binds: the engine's verified copy */
+  size_t weights_size;
+  uint8_t *packed;                 /* ABI 1.4: the region the prepare dispatches wrote */
+  double prepare_seconds;          /* (MLPACK_PROFILE) */
   mp_plan plan;
   pthread_mutex_t mu;              /* guards idle and the profile totals */
   struct mp_scratch *idle;         /* scratch contexts no run holds */
@@ -151,6 +164,7 @@ static mlpack_status mp_resolve_buffer(mp_scratch *s, const mp_run *run, size_t 
     s->bases[i] = run->outputs[b->index];
     return MLPACK_OK;
   case MP_BUF_WEIGHT: s->bases[i] = (void *)b->weight; return MLPACK_OK;
+  case MP_BUF_PACKED: s->bases[i] = n->packed + b->packed_offset; return MLPACK_OK;
   default:
     st = mp_eval(s, b->offset, "arena offset", &off, err);
     if (st == MLPACK_OK) st = mp_eval(s, b->size, "arena size", &size, err);
@@ -211,16 +225,19 @@ static mlpack_status mp_index_fail(const mp_native *n, const mp_plan_dispatch *p
   return mp_fail(err, MLPACK_ERR_INDEX, "%s: %s", n->what, msg);
 }
 
-static mlpack_status mp_dispatch(mp_scratch *s, const mp_run *run, size_t i, mlpack_error **err) {
+/* Dispatch i of the run (p is plan.dispatches + i), or, with `prepare`, prepare dispatch i
+ * (plan.prepare + i: no symbols, no outputs, not profiled). */
+static mlpack_status mp_dispatch(mp_scratch *s, const mp_run *run, const mp_plan_dispatch *p, size_t i,
+                                 int prepare, mlpack_error **err) {
   const mp_native *n = s->n;
-  const mp_plan_dispatch *p = &n->plan.dispatches[i];
   int64_t groups;
   mlpack_status st = mp_eval(s, p->workgroups, "workgroups", &groups, err);
   if (st != MLPACK_OK) return st;
   if (groups > (int64_t)UINT32_MAX)
-    return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: dispatch %zu has %lld workgroups", n->what, i, (long long)groups);
+    return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: %s %zu has %lld workgroups", n->what,
+                   prepare ? "prepare dispatch" : "dispatch", i, (long long)groups);
   int computes = 0;
-  for (size_t k = 0; k < n->plan.symbol_count; k++) computes |= n->plan.src_dispatch[k] == i;
+  for (size_t k = 0; !prepare && k < n->plan.symbol_count; k++) computes |= n->plan.src_dispatch[k] == i;
   if (computes && groups != 1)   /* one writer of the push slots, no race */
     return mp_fail(err, MLPACK_ERR_FORMAT, "%s: dispatch %zu computes a symbol but has %lld workgroups, not 1",
                    n->what, i, (long long)groups);
@@ -239,7 +256,7 @@ static mlpack_status mp_dispatch(mp_scratch *s, const mp_run *run, size_t i, mlp
   struct timespec t0, t1;
   if (s->prof_seconds) clock_gettime(CLOCK_MONOTONIC, &t0);
   mp_pool_run(run->pool, (uint32_t)groups, mp_job_run, &job);
-  if (s->prof_seconds) {
+  if (s->prof_seconds && !prepare) {
     clock_gettime(CLOCK_MONOTONIC, &t1);
     s->prof_seconds[i] += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     s->prof_groups[i] = groups;
@@ -247,8 +264,8 @@ static mlpack_status mp_dispatch(mp_scratch *s, const mp_run *run, size_t i, mlp
   if (job.error.claimed) return mp_index_fail(n, p, i, &job.error, err);
   if (atomic_load(&job.failed)) {
     const char *name = n->table->names && n->table->names[p->kernel] ? n->table->names[p->kernel] : "?";
-    return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: kernel %u (%s) of dispatch %zu failed", n->what,
-                   p->kernel, name, i);
+    return mp_fail(err, MLPACK_ERR_RUNTIME, "%s: kernel %u (%s) of %s %zu failed", n->what,
+                   p->kernel, name, prepare ? "prepare dispatch" : "dispatch", i);
   }
   return computes ? mp_publish_symbols(s, i, err) : MLPACK_OK;
 }
@@ -338,7 +355,8 @@ mlpack_status mp_native_run(mp_executor *x, const mp_run *run, mlpack_error **er
   st = mp_read_symbols(s, run, err);
   if (st == MLPACK_OK) st = mp_grow_arena(s, err);
   for (size_t i = 0; st == MLPACK_OK && i < n->plan.buffer_count; i++) st = mp_resolve_buffer(s, run, i, err);
-  for (size_t i = 0; st == MLPACK_OK && i < n->plan.dispatch_count; i++) st = mp_dispatch(s, run, i, err);
+  for (size_t i = 0; st == MLPACK_OK && i < n->plan.dispatch_count; i++)
+    st = mp_dispatch(s, run, &n->plan.dispatches[i], i, 0, err);
   /* an output sized at run time that no dispatch bound (a plan that never writes it) */
   for (size_t i = 0; st == MLPACK_OK && i < n->plan.buffer_count; i++)
     if (!s->bases[i] && n->plan.buffers[i].kind == MP_BUF_OUTPUT && n->plan.buffers[i].shape)
@@ -349,6 +367,9 @@ mlpack_status mp_native_run(mp_executor *x, const mp_run *run, mlpack_error **er
 
 /* the MLPACK_PROFILE table, on stderr: dispatches by total time, the top ones first */
 static void mp_profile_print(const mp_native *n) {
+  if (n->prof_seconds && n->plan.prepare_count)
+    fprintf(stderr, "mlpack profile: %s prepared its packed weights (%zu bytes, %zu dispatches) at open "
+            "in %.3f ms\n", n->what, n->plan.packed_size, n->plan.prepare_count, 1e3 * n->prepare_seconds);
   if (!n->prof_seconds || n->prof_runs == 0 || !n->table) return;
   size_t *order = malloc(n->plan.dispatch_count * sizeof *order);
   if (!order) return;
@@ -389,8 +410,75 @@ void mp_native_close(mp_executor *x) {
   pthread_mutex_destroy(&n->mu);
   if (n->have_weights) mp_tensors_close(&n->weights);
   free(n->weights_copy);
+  free(n->packed);
   mp_library_unload(n->lib);
   free(n);
+}
+
+/* Whether buffer j (a weight) is bound by a run's dispatch, or by a prepare dispatch after the
+ * first `after`: then its bytes are still needed. */
+static int mp_weight_needed(const mp_plan *p, size_t j, size_t after) {
+  for (size_t i = 0; i < p->dispatch_count; i++)
+    for (size_t k = 0; k < p->dispatches[i].binding_count; k++)
+      if (p->dispatches[i].bindings[k] == j) return 1;
+  for (size_t i = after; i < p->prepare_count; i++)
+    for (size_t k = 0; k < p->prepare[i].binding_count; k++)
+      if (p->prepare[i].bindings[k] == j) return 1;
+  return 0;
+}
+
+/* Give back the whole pages of the engine's weight copy that only weight buffer j fills,
+ * unless another weight buffer still needed (a run's, or a later prepare dispatch's) overlaps
+ * them. The pages read as zeros after, and nothing reads them. */
+static void mp_release_weight(mp_native *n, size_t j, size_t after) {
+  const mp_plan *p = &n->plan;
+  const mp_tensor_entry *e = n->have_weights ? mp_tensors_find(&n->weights, p->buffers[j].name) : NULL;
+  if (!e || mp_weight_needed(p, j, after)) return;
+  uintptr_t page = 4096, base = (uintptr_t)n->weights_copy;
+  uintptr_t lo = ((uintptr_t)e->data + page - 1) / page * page;
+  uintptr_t hi = ((uintptr_t)e->data + e->nbytes) / page * page;
+  if (lo < base || hi > base + n->weights_size || lo >= hi) return;
+  for (size_t k = 0; k < p->buffer_count; k++) {   /* (another name over the same bytes) */
+    if (k == j || p->buffers[k].kind != MP_BUF_WEIGHT || !mp_weight_needed(p, k, after)) continue;
+    uintptr_t a = (uintptr_t)p->buffers[k].weight, b2 = a;
+    const mp_tensor_entry *o = mp_tensors_find(&n->weights, p->buffers[k].name);
+    if (o) b2 = a + o->nbytes;
+    if (a < hi && b2 > lo) return;
+  }
+  madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* ABI 1.4: run the prepare dispatches once, on the model's pool (no run holds it yet), into a
+ * new packed region, giving back each weight's pages after the last one reading it. */
+static mlpack_status mp_prepare(mp_native *n, mp_pool *pool, mlpack_error **err) {
+  const mp_plan *p = &n->plan;
+  if (posix_memalign((void **)&n->packed, 64, p->packed_size ? p->packed_size : 64) != 0) {
+    n->packed = NULL;
+    return mp_fail(err, MLPACK_ERR_NOMEM, "%s: cannot allocate the %zu-byte packed region", n->what,
+                   p->packed_size);
+  }
+  mp_scratch *s = n->idle;
+  for (size_t i = 0; i < p->buffer_count; i++) {
+    s->bases[i] = NULL;
+    if (p->buffers[i].kind == MP_BUF_WEIGHT) s->bases[i] = (void *)p->buffers[i].weight;
+    if (p->buffers[i].kind == MP_BUF_PACKED) s->bases[i] = n->packed + p->buffers[i].packed_offset;
+  }
+  for (size_t i = 0; i < p->symbol_count; i++) s->names_now[i] = NULL;   /* no symbol is known */
+  mp_run run = {.model = n->model, .pool = mp_pool_acquire(pool)};
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  mlpack_status st = MLPACK_OK;
+  for (size_t i = 0; st == MLPACK_OK && i < p->prepare_count; i++) {
+    st = mp_dispatch(s, &run, &p->prepare[i], i, 1, err);
+    for (size_t k = 0; st == MLPACK_OK && k < p->prepare[i].binding_count; k++) {
+      size_t j = p->prepare[i].bindings[k];
+      if (p->buffers[j].kind == MP_BUF_WEIGHT) mp_release_weight(n, j, i + 1);
+    }
+  }
+  mp_pool_release(run.pool);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  n->prepare_seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  return st;
 }
 
 mlpack_status mp_native_open(mlpack_model *m, const mp_artifact *a, mp_executor **out, mlpack_error **err) {
@@ -412,6 +500,7 @@ mlpack_status mp_native_open(mlpack_model *m, const mp_artifact *a, mp_executor 
     char what[128];
     snprintf(what, sizeof what, "%s weights", n->what);
     st = mp_blob_copy(m->container, &a->weights, what, &n->weights_copy, err);
+    n->weights_size = a->weights.size;
     mp_blob weights = a->weights;
     weights.data = n->weights_copy;
     if (st == MLPACK_OK) st = mp_tensors_open(&weights, what, &n->weights, err);
@@ -428,6 +517,7 @@ mlpack_status mp_native_open(mlpack_model *m, const mp_artifact *a, mp_executor 
       st = mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory for MLPACK_PROFILE", n->what);
   }
   if (st == MLPACK_OK) st = mp_scratch_new(n, &n->idle, err);   /* the first run's, made now */
+  if (st == MLPACK_OK && n->plan.prepare_count) st = mp_prepare(n, m->pool, err);
   if (st != MLPACK_OK) { mp_native_close((mp_executor *)n); return st; }
   *out = (mp_executor *)n;
   return MLPACK_OK;

@@ -11,6 +11,12 @@
  * an input (the caller's array): a plan that disagrees with its kernels would have a kernel
  * read past its bindings or write where it must not. Checks run in the order they always have,
  * so a plan with several faults reports the same one.
+ *
+ * ABI 1.4: "packed" buffers are slices of the artifact's packed region ("packed_size" bytes,
+ * constant offsets and sizes inside it, 64-byte aligned), written once when the artifact is
+ * opened by the "prepare" dispatches (a weight packed into the panel a GEMM reads, relaid out),
+ * which bind nothing but weights and packed slices and write only packed slices; every run
+ * then reads them, and no run's dispatch writes one.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,6 +133,18 @@ static mlpack_status mp_parse_buffer(mp_plan_reader *r, const mp_json *b, size_t
     out->kind = MP_BUF_WEIGHT;
     return mp_parse_weight(r, b, out, i, err);
   }
+  if (strcmp(kind, "packed") == 0) {   /* ABI 1.4: a slice of the packed region */
+    size_t off, size;
+    out->kind = MP_BUF_PACKED;
+    if (mp_json_uint(mp_json_get(b, "offset"), SIZE_MAX, &off) ||
+        mp_json_uint(mp_json_get(b, "size"), SIZE_MAX, &size) || off % 64 != 0 ||
+        off > r->p->packed_size || size > r->p->packed_size - off)
+      return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan buffer %zu (packed) needs a 64-byte aligned offset "
+                     "and a size within the %zu-byte packed region", r->what, i, r->p->packed_size);
+    out->packed_offset = off;
+    out->packed_bytes = size;
+    return MLPACK_OK;
+  }
   if (strcmp(kind, "arena") == 0) {
     out->kind = MP_BUF_ARENA;
     out->offset = mp_json_get(b, "offset");
@@ -152,56 +170,71 @@ static mlpack_status mp_parse_buffers(mp_plan_reader *r, const mp_json *plan, ml
   return MLPACK_OK;
 }
 
+static const char *const mp_buffer_kinds[] = {"input", "output", "weight", "arena", "packed"};
+
 /* Dispatch i's bindings against what its kernel's table entry says it binds (table version 2;
- * a version-1 table records nothing to check against). */
+ * a version-1 table records nothing to check against), and a prepare dispatch's (ABI 1.4)
+ * against what prepare may touch: weights and packed slices, whatever the table says. */
 static mlpack_status mp_check_bindings(mp_plan_reader *r, const mp_plan_dispatch *d, size_t i,
-                                       mlpack_error **err) {
+                                       int prepare, mlpack_error **err) {
   const mlpack_kernel_table *t = r->table;
+  const char *stage = prepare ? "prepare dispatch" : "dispatch";
+  const char *name = t->names && t->names[d->kernel] ? t->names[d->kernel] : "?";
+  for (size_t k = 0; prepare && k < d->binding_count; k++) {
+    const mp_plan_buffer *b = &r->p->buffers[d->bindings[k]];
+    if (b->kind != MP_BUF_WEIGHT && b->kind != MP_BUF_PACKED)
+      return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan prepare dispatch %zu binding %zu is buffer %zu (%s); "
+                     "a prepare dispatch binds only weights and packed buffers", r->what, i, k,
+                     d->bindings[k], mp_buffer_kinds[b->kind]);
+  }
   if (t->abi_version < 2) return MLPACK_OK;
   const char *kinds = t->bindings[d->kernel];
-  const char *name = t->names && t->names[d->kernel] ? t->names[d->kernel] : "?";
   size_t want = strlen(kinds);
   if (d->binding_count != want)
-    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu binds %zu buffers, but its kernel %u "
-                   "('%s') takes %zu ('%s')", r->what, i, d->binding_count, d->kernel, name, want, kinds);
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan %s %zu binds %zu buffers, but its kernel %u "
+                   "('%s') takes %zu ('%s')", r->what, stage, i, d->binding_count, d->kernel, name, want, kinds);
   for (size_t k = 0; k < want; k++) {
     const mp_plan_buffer *b = &r->p->buffers[d->bindings[k]];
-    if (kinds[k] != MLPACK_BINDING_WRITE || (b->kind != MP_BUF_WEIGHT && b->kind != MP_BUF_INPUT))
-      continue;
+    int bad = prepare ? b->kind != MP_BUF_PACKED
+                      : (b->kind == MP_BUF_WEIGHT || b->kind == MP_BUF_INPUT || b->kind == MP_BUF_PACKED);
+    if (kinds[k] != MLPACK_BINDING_WRITE || !bad) continue;
     char buf[160];
     if (b->kind == MP_BUF_WEIGHT) snprintf(buf, sizeof buf, "weight '%s'", b->name);
-    else snprintf(buf, sizeof buf, "input %zu '%s'", b->index, r->model->inputs[b->index].name);
-    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu binding %zu is buffer %zu (%s), which "
-                   "its kernel %u ('%s') writes; a kernel may write only an output or the arena",
-                   r->what, i, k, d->bindings[k], buf, d->kernel, name);
+    else if (b->kind == MP_BUF_INPUT) snprintf(buf, sizeof buf, "input %zu '%s'", b->index, r->model->inputs[b->index].name);
+    else snprintf(buf, sizeof buf, "%s", mp_buffer_kinds[b->kind]);
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan %s %zu binding %zu is buffer %zu (%s), which "
+                   "its kernel %u ('%s') writes; a kernel may write only %s", r->what, stage, i, k,
+                   d->bindings[k], buf, d->kernel, name,
+                   prepare ? "a packed buffer when it prepares" : "an output or the arena");
   }
   return MLPACK_OK;
 }
 
-static mlpack_status mp_parse_dispatch(mp_plan_reader *r, const mp_json *j, size_t i, mlpack_error **err) {
+static mlpack_status mp_parse_dispatch(mp_plan_reader *r, const mp_json *j, mp_plan_dispatch *d, size_t i,
+                                       int prepare, mlpack_error **err) {
   mp_plan *p = r->p;
-  mp_plan_dispatch *d = &p->dispatches[i];
+  const char *stage = prepare ? "prepare dispatch" : "dispatch";
   size_t kernel;
   const mp_json *binds = mp_json_get(j, "bindings");
   d->workgroups = mp_json_get(j, "workgroups");
   if (mp_json_uint(mp_json_get(j, "kernel"), r->kernel_count, &kernel))
-    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu names a kernel the library lacks (it has %u)",
-                   r->what, i, r->kernel_count);
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan %s %zu names a kernel the library lacks (it has %u)",
+                   r->what, stage, i, r->kernel_count);
   if (!d->workgroups || !binds || binds->kind != MP_JSON_ARRAY)
-    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu needs workgroups and bindings", r->what, i);
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan %s %zu needs workgroups and bindings", r->what, stage, i);
   d->kernel = (uint32_t)kernel;
   d->checks = mp_json_get(j, "checks");
   if (d->checks && d->checks->kind != MP_JSON_ARRAY)
-    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu has checks that are not a list", r->what, i);
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan %s %zu has checks that are not a list", r->what, stage, i);
   d->binding_count = binds->length;
   d->bindings = calloc(binds->length + 1, sizeof *d->bindings);
   if (!d->bindings) return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", r->what);
   for (size_t k = 0; k < binds->length; k++)
     if (mp_json_uint(binds->items[k], p->buffer_count, &d->bindings[k]))
-      return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan dispatch %zu binding %zu is not a buffer index",
-                     r->what, i, k);
+      return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan %s %zu binding %zu is not a buffer index",
+                     r->what, stage, i, k);
   if (binds->length > p->max_bindings) p->max_bindings = binds->length;
-  return mp_check_bindings(r, d, i, err);
+  return mp_check_bindings(r, d, i, prepare, err);
 }
 
 static mlpack_status mp_parse_dispatches(mp_plan_reader *r, const mp_json *plan, mlpack_error **err) {
@@ -212,7 +245,17 @@ static mlpack_status mp_parse_dispatches(mp_plan_reader *r, const mp_json *plan,
   p->dispatches = calloc(ds->length + 1, sizeof *p->dispatches);
   if (!p->dispatches) return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", r->what);
   for (size_t i = 0; i < ds->length; i++) {
-    mlpack_status st = mp_parse_dispatch(r, ds->items[i], i, err);
+    mlpack_status st = mp_parse_dispatch(r, ds->items[i], &p->dispatches[i], i, 0, err);
+    if (st != MLPACK_OK) return st;
+  }
+  const mp_json *pre = mp_json_get(plan, "prepare");   /* ABI 1.4 */
+  if (pre && pre->kind != MP_JSON_ARRAY)
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan 'prepare' is not a list", r->what);
+  p->prepare_count = pre ? pre->length : 0;
+  p->prepare = calloc(p->prepare_count + 1, sizeof *p->prepare);
+  if (!p->prepare) return mp_fail(err, MLPACK_ERR_NOMEM, "%s: out of memory", r->what);
+  for (size_t i = 0; i < p->prepare_count; i++) {
+    mlpack_status st = mp_parse_dispatch(r, pre->items[i], &p->prepare[i], i, 1, err);
     if (st != MLPACK_OK) return st;
   }
   return MLPACK_OK;
@@ -238,6 +281,9 @@ static mlpack_status mp_parse_plan(mp_plan_reader *r, const mp_json *plan, mlpac
   if (aj && (mp_json_uint(aj, 4097, &align) || align == 0 || (align & (align - 1))))
     return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan arena_align must be a power of two up to 4096", r->what);
   p->arena_align = align < 64 ? 64 : align;
+  const mp_json *packed = mp_json_get(plan, "packed_size");   /* ABI 1.4 */
+  if (packed && mp_json_uint(packed, SIZE_MAX, &p->packed_size))
+    return mp_fail(err, MLPACK_ERR_FORMAT, "%s: plan packed_size is not a byte count", r->what);
   mlpack_status st = mp_parse_symbols(r, plan, err);
   if (st == MLPACK_OK) st = mp_parse_buffers(r, plan, err);
   if (st == MLPACK_OK) st = mp_parse_dispatches(r, plan, err);
@@ -261,6 +307,8 @@ void mp_plan_free(mp_plan *p) {
   if (!p) return;
   for (size_t i = 0; p->dispatches && i < p->dispatch_count; i++) free(p->dispatches[i].bindings);
   free(p->dispatches);
+  for (size_t i = 0; p->prepare && i < p->prepare_count; i++) free(p->prepare[i].bindings);
+  free(p->prepare);
   free(p->buffers);
   free(p->symbols);
   free(p->src_input);

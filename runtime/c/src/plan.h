@@ -3,7 +3,8 @@
  *
  * Parsing checks everything that does not depend on a run (indices in range, kinds known, the
  * ABI version, each dispatch's bindings against its kernel's in the kernel table) so that a run
- * only evaluates expressions. Sizes, offsets and workgroup counts are
+ * only evaluates expressions. The "prepare" dispatches (ABI 1.4) bind only weights and packed
+ * slices and write only packed slices; the run's dispatches only read packed slices. Sizes, offsets and workgroup counts are
  * expressions of the plan's symbols, so they stay JSON (owned by the config) and are evaluated
  * per run; names point into the config too.
  */
@@ -12,7 +13,7 @@
 
 #include "engine.h"
 
-enum { MP_BUF_INPUT, MP_BUF_OUTPUT, MP_BUF_WEIGHT, MP_BUF_ARENA };
+enum { MP_BUF_INPUT, MP_BUF_OUTPUT, MP_BUF_WEIGHT, MP_BUF_ARENA, MP_BUF_PACKED };
 
 typedef struct mp_plan_buffer {
   int kind;                        /* MP_BUF_* */
@@ -20,6 +21,7 @@ typedef struct mp_plan_buffer {
   const void *weight;              /* weight data (in the mapping) */
   const char *name;                /* weight: its name (in the config), for messages */
   const mp_json *offset, *size;    /* arena slice */
+  size_t packed_offset, packed_bytes; /* packed slice (ABI 1.4): constants, within packed_size */
   const mp_json *shape;            /* output: its dims' expressions (ONNX order), or NULL */
 } mp_plan_buffer;
 
@@ -43,6 +45,9 @@ typedef struct mp_plan {
   size_t buffer_count;
   mp_plan_dispatch *dispatches;
   size_t dispatch_count;
+  mp_plan_dispatch *prepare;       /* ABI 1.4: run once at open, before any run */
+  size_t prepare_count;
+  size_t packed_size;              /* ABI 1.4: bytes of the packed region the prepare dispatches write */
   size_t max_bindings;             /* the most bindings of one dispatch */
   const mp_json *arena_size;       /* NULL: no arena */
   size_t arena_align;              /* a power of two, at least 64 */

@@ -107,15 +107,48 @@ class Library:
         or a weight where its kernel writes (what the engine refuses)."""
         if self.bindings is None:
             return
-        for i, disp in enumerate(plan["dispatches"]):
-            kinds, name = self.bindings[disp["kernel"]], self.names[disp["kernel"]]
-            if len(disp["bindings"]) != len(kinds):
-                raise RuntimeError(f"dispatch {i} binds {len(disp['bindings'])} buffers, its kernel "
-                                   f"{name} takes {len(kinds)} ({kinds})")
-            for j, (b, kind) in enumerate(zip(disp["bindings"], kinds)):
-                if kind == "w" and plan["buffers"][b]["kind"] in ("input", "weight"):
-                    raise RuntimeError(f"dispatch {i} binding {j}: kernel {name} writes "
-                                       f"a {plan['buffers'][b]['kind']} buffer")
+        for stage, writable in (("prepare", ("packed",)), ("dispatches", ("output", "arena"))):
+            what = "prepare dispatch" if stage == "prepare" else "dispatch"
+            for i, disp in enumerate(plan.get(stage, ())):
+                kinds, name = self.bindings[disp["kernel"]], self.names[disp["kernel"]]
+                if len(disp["bindings"]) != len(kinds):
+                    raise RuntimeError(f"{what} {i} binds {len(disp['bindings'])} buffers, its "
+                                       f"kernel {name} takes {len(kinds)} ({kinds})")
+                for j, (b, kind) in enumerate(zip(disp["bindings"], kinds)):
+                    got = plan["buffers"][b]["kind"]
+                    if stage == "prepare" and got not in ("weight", "packed"):
+                        raise RuntimeError(f"{what} {i} binding {j}: kernel {name} binds "
+                                           f"a {got} buffer")
+                    if kind == "w" and got not in writable:
+                        raise RuntimeError(f"{what} {i} binding {j}: kernel {name} writes "
+                                           f"a {got} buffer")
+
+
+ARENA = 64   # the packed region's alignment, as the arena's
+
+
+def prepared(artifact, lib: Library | None = None) -> dict[str, np.ndarray]:
+    """Run only ``artifact``'s prepare dispatches (ABI 1.4): each packed buffer's bytes, by the
+    name the plan gives it."""
+    lib = lib or Library(artifact.elf)
+    plan = artifact.plan
+    lib.check_plan(plan)
+    region = np.zeros(plan.get("packed_size", 0) + ARENA, dtype=np.uint8)
+    start = (-region.ctypes.data) % ARENA
+    ptrs = []
+    for b in plan["buffers"]:
+        if b["kind"] == "packed":
+            ptrs.append(region.ctypes.data + start + b["offset"])
+        else:
+            ptrs.append(artifact.weights[b["name"]].ctypes.data if b["kind"] == "weight" else 0)
+    push = (ctypes.c_int64 * max(1, len(plan["symbols"])))()
+    for disp in plan.get("prepare", []):
+        binds = (ctypes.c_void_p * max(1, len(disp["bindings"])))(*[ptrs[j] for j in disp["bindings"]])
+        d = Dispatch(binds, push, eval_expr(disp["workgroups"], {}), 0, ctypes.pointer(KernelError()))
+        for w in range(d.workgroup_count):
+            assert lib.kernels[disp["kernel"]](ctypes.byref(d), w) == 0
+    return {b["name"]: region[start + b["offset"]:start + b["offset"] + b["size"]].copy()
+            for b in plan["buffers"] if b["kind"] == "packed"}
 
 
 def skip_unless_runs(artifact) -> None:
@@ -153,10 +186,15 @@ def run_plan(artifact, graph: Graph, inputs: dict[str, np.ndarray], lib: Library
     arena_raw = np.zeros(arena_size + plan["arena_align"], dtype=np.uint8)
     base = arena_raw.ctypes.data
     arena_base = base + (-base) % plan["arena_align"]
+    packed_raw = np.zeros(plan.get("packed_size", 0) + ARENA, dtype=np.uint8)
+    packed_base = packed_raw.ctypes.data + (-packed_raw.ctypes.data) % ARENA
     ptrs = []
     for b in plan["buffers"]:
         kind = b["kind"]
-        if kind == "input":
+        if kind == "packed":
+            assert b["offset"] + b["size"] <= plan["packed_size"], b
+            ptrs.append(packed_base + b["offset"])
+        elif kind == "input":
             ptrs.append(arrays_in[b["index"]].ctypes.data)
         elif kind == "output":
             ptrs.append(outs[b["index"]].ctypes.data)
@@ -167,7 +205,8 @@ def run_plan(artifact, graph: Graph, inputs: dict[str, np.ndarray], lib: Library
             assert off + size <= arena_size, (off, size, arena_size)
             ptrs.append(arena_base + off)
     push = (ctypes.c_int64 * max(1, len(plan["symbols"])))(*[syms[s] for s in plan["symbols"]])
-    for disp in plan["dispatches"]:
+    # (a real engine runs "prepare" once, at open; here each run prepares afresh)
+    for disp in plan.get("prepare", []) + plan["dispatches"]:
         count = eval_expr(disp["workgroups"], syms)
         binds = (ctypes.c_void_p * max(1, len(disp["bindings"])))(*[ptrs[j] for j in disp["bindings"]])
         kerr = KernelError()

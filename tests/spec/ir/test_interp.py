@@ -218,3 +218,36 @@ def test_verifier_rejects_procedure_that_never_sets_its_size():
     g.add_op(Procedure({"y": TensorType("f32", {"k": ex.sym("m")})}, [If(ex.const(True), [])],
                        bounds={"m": ex.const(4)}))
     _bad(g, "procedure %y", "$m")
+
+
+# ---------------------------------------------------------------- windowed reads
+
+
+@pytest.mark.parametrize("stride, pad", [(1, 0.0), (2, 0.0), (2, None), (1, -3.5)])
+def test_a_window_read_is_a_strided_view_with_the_gather_s_values(monkeypatch, stride, pad):
+    """A read indexed by sums of loop variables (a convolution's ``s*h + kh - 1``) is taken as
+    a strided view of the (padded) data: the same outputs as the general gather."""
+    from mlpack.spec.ir import interp
+
+    x = RNG.standard_normal((3, 9, 8)).astype(np.float32)
+    w = RNG.standard_normal((4, 3, 3, 2)).astype(np.float32)
+    h_out, w_out = (9 + (2 if pad is not None else -2) - 3) // stride + 1, 7 if pad is not None else 6
+    g = _graph({"x": ("f32", {"c": 3, "y": 9, "z": 8}), "w": ("f32", {"o": 4, "c": 3, "kh": 3, "kw": 2})})
+    lo = -1 if pad is not None else 0
+    read = ex.read("x", {"c": V("ci"), "y": stride * V("h") + V("r") + lo,
+                         "z": V("q") + V("kq") + lo}, "f32", pad)
+    body = read * ex.read("w", {"o": V("o"), "c": V("ci"), "kh": V("r"), "kw": V("kq")}, "f32")
+    _op(g, "y", "f32", {"o": 4, "h": h_out, "q": w_out}, body, "sum", {"ci": 3, "r": 3, "kq": 2})
+    fast = _run(g, x=x, w=w)["y"]
+    monkeypatch.setattr(interp._Comprehension, "_window", lambda *args: None)
+    slow = _run(g, x=x, w=w)["y"]
+    np.testing.assert_allclose(fast, slow, rtol=1e-6, atol=1e-6)
+
+
+def test_a_window_read_out_of_range_still_raises():
+    from mlpack.spec.errors import IndexRangeError
+
+    g = _graph({"x": ("f32", {"y": 5})})
+    _op(g, "y", "f32", {"h": 4}, ex.read("x", {"y": V("h") + 2}, "f32"))
+    with pytest.raises(IndexRangeError):
+        _run(g, x=np.zeros(5, np.float32))

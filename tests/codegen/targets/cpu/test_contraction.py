@@ -124,12 +124,14 @@ def test_contraction_matches_ort(case, target):
 
 def test_read_modes_and_unit_order():
     """How B is read and which tiles are walked fastest, for the shapes that decide it."""
+    prepared: set[str] = set()   # tensors of the kernels run once, when the engine opens it
+
     def gemm(case):
         m, _ = CASES[case]()
-        return _gemms(compile_onnx(m), "x86_64-v4")[0]
-    assert gemm("conv1x1_13x13").data is not None            # the weights packed at build
+        return _gemms(compile_onnx(m), "x86_64-v4", prepared)[0]
+    assert gemm("conv1x1_13x13").packed in prepared          # the weights packed at load
     packed = gemm("conv1x1_packed_17x17")
-    assert packed.b_direct is None and packed.data is None   # packed at run time, aligned
+    assert packed.b_direct is None and packed.packed not in prepared   # at every run, aligned
     in_place = gemm("conv1x1_aligned_16x16")
     assert in_place.b_direct is not None
     assert gemm("conv1x1_big_weights").n_inner
@@ -356,13 +358,17 @@ def test_direct_matches_ort(case, target):
     np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=RTOL, atol=ATOL)
 
 
-def _gemms(g, target) -> list:
+def _gemms(g, target, prepared: set | None = None) -> list:
+    """The gemm records of ``g``'s kernels for ``target``; ``prepared`` gets the tensors of the
+    kernels that run once, at open."""
     from mlpack.codegen.targets.cpu import contraction
     from mlpack.codegen.targets.cpu.kernels import build_kernels
     from mlpack.codegen.targets.cpu.plan import tensor_buffers
     from mlpack.codegen.targets.cpu.target import get_target
     bufs = tensor_buffers(g)
     ks = contraction.apply(g, build_kernels(g, bufs), bufs, get_target(target))
+    if prepared is not None:
+        prepared.update(k.out for k in ks if k.prepare)
     return [k.gemm for k in ks if k.strategy == "gemm"]
 
 

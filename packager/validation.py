@@ -1,0 +1,244 @@
+"""A build's validation: the container, written to a scratch file, opened with the runtime as a
+user opens it, and the test vectors run on every artifact this host runs (native ones in the C
+engine, libmlpack), and under qemu-user on those of another architecture where it is installed
+(packager/emulate.py); each judged against the float64 reference by ``spec/accuracy.py``. An
+artifact that misses its tolerance, or cannot run at all, is dead on arrival
+(``DeadOnArrivalError``). A build of several precisions then times each native artifact, so
+selection ranks them by what was measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from mlpack.codegen import precisions as precision_modules
+from mlpack.codegen.targets import registry
+from mlpack.spec.errors import Error
+from mlpack.packager.errors import DeadOnArrivalError
+
+
+def scratch_path(output: str) -> str:
+    """A new empty file next to ``output``, for the container under validation."""
+    folder = os.path.dirname(os.path.abspath(output))
+    fd, path = tempfile.mkstemp(prefix=f".{os.path.basename(output)}.", suffix=".validating",
+                                dir=folder)
+    os.close(fd)
+    return path
+
+
+def _dead_on_arrival(result, pairs, output: str,
+                     where: str = "on this host") -> DeadOnArrivalError:
+    i = result.artifact.index
+    target, precision = pairs[i]
+    bad = [o for o in result.outputs if not o.ok]
+    if result.cases == 0:
+        detail = "it carries no test vectors"
+    else:
+        detail = "; ".join(o.detail() for o in bad)
+    hint = ""
+    if precision_modules.calibrates(precision) and result.cases:
+        hint = (f" ({precision} quantizes to ranges calibrated on random inputs unless "
+                "--calibration gives real ones; or build without it)")
+    error = DeadOnArrivalError(f"artifact {i} ({target}, {precision}) fails its test vectors "
+                               f"{where}: {detail}{hint}; nothing written to {output}")
+    error.index, error.missed = i, result.cases > 0
+    return error
+
+
+def _outputs_of(model, i: int, pairs, output: str) -> list[dict]:
+    """The vectors run on artifact ``i``: its outputs per case, or DeadOnArrivalError."""
+    try:
+        return model.vector_outputs(i)
+    except Error as e:  # the engine cannot load or run the code: as dead as a wrong answer
+        target, precision = pairs[i]
+        raise DeadOnArrivalError(f"artifact {i} ({target}, {precision}) cannot run on this "
+                                 f"host: {e}; nothing written to {output}") from None
+
+
+def run_key(art) -> str:
+    """What the outputs of ``art``'s vectors on this host follow from: the artifact's bytes (its
+    manifest's digest covers its config, code, weights and vectors) and what runs them: the
+    engine's library and this CPU, or the NumPy interpreter's sources. A rebuild that makes the
+    same artifact judges the outputs its first build stored (the kernel cache's runs) anew
+    against the reference, as the emulated runs' are (packager/emulate.py), without running it."""
+    import hashlib
+
+    from mlpack.runtime import detect_host, native
+
+    h = hashlib.sha256(f"{art.descriptor.get('digest', '')}\0".encode())
+    if art.device == "portable":
+        import mlpack.runtime
+        from mlpack.packager.cache import code_digest
+
+        h.update(f"portable {code_digest()} numpy {np.__version__}".encode())
+        for path in sorted(Path(mlpack.runtime.__path__[0]).glob("*.py")):
+            h.update(path.read_bytes())
+    else:
+        host = detect_host()
+        with open(native.library_path(), "rb") as f:
+            h.update(f"native {hashlib.sha256(f.read()).hexdigest()} {host.arch} "
+                     f"{host.x86_level} {sorted(host.cpu_features)}".encode())
+    return h.hexdigest()
+
+
+# A build runs another CPU's vectors under qemu for this long at most (they run side by side):
+# a small network's take seconds there, ResNet-50's a minute, which a build should not wait for
+EMULATION_SECONDS = 10.0
+
+
+def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, runs=None):
+    """Artifact ``verdict.artifact`` of another architecture under qemu-user
+    (packager/emulate.py): its ValidationResult; DeadOnArrivalError as _outputs_of, or
+    emulate.NotEmulated where qemu could not run it after all."""
+    from mlpack.packager import emulate
+
+    i = verdict.artifact.index
+    target, precision = pairs[i]
+    if progress:
+        progress(f"  validate {target} {precision} under {emu.qemu}")
+    try:
+        result = emulate.validate(path, verdict.artifact, verdict.reason, emu, progress,
+                                  timeout=EMULATION_SECONDS, trusted_keys="",   # its own file
+                                  runs=runs)
+    except emulate.NotEmulated:
+        raise
+    except Error as e:  # it ran and the engine failed, or the program crashed
+        raise DeadOnArrivalError(f"artifact {i} ({target}, {precision}) cannot run under "
+                                 f"{emu.qemu}: {e}; nothing written to {output}") from None
+    if not result.ok:
+        raise _dead_on_arrival(result, pairs, output, f"under {emu.qemu}")
+    return result
+
+
+def validate_container(path: str, pairs, output: str, progress=None,
+                       runs=None) -> tuple[dict, dict]:
+    """Open ``path`` with the runtime and run the vectors on every artifact this host can run,
+    and under qemu-user on those of another architecture where it is installed
+    (packager/emulate.py); ``runs``: the kernel cache whose stored outputs of the same artifact
+    bytes (``run_key``; emulated ones: emulate.run_key) are judged instead of running it again.
+
+    Returns ({artifact index: ValidationResult}, {index: why not run}); raises
+    DeadOnArrivalError for the first artifact that fails."""
+    from mlpack.packager import emulate
+    from mlpack.runtime import detect_host, load
+    from mlpack.runtime.model import judge_vectors, vector_cases
+    from mlpack.spec.container import open_container
+    from mlpack.spec.errors import PortableFallbackWarning, UnsignedContainerWarning
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    checks, passed_over, emulated = {}, {}, {}
+    # the emulated runs (one qemu process each, minutes for a big model) go side by side, and
+    # beside the native ones
+    pool = ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="mlpack-qemu")
+    model = None
+    stack = contextlib.ExitStack()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PortableFallbackWarning)  # the build host is not the target
+            warnings.simplefilter("ignore", UnsignedContainerWarning)  # the file it just wrote
+            container = stack.enter_context(open_container(path, verify=False))
+            verdicts, model = _verdicts(container, path)
+            arch = detect_host().arch
+            reasons = {v.artifact.index: v.reason for v in verdicts}
+            native = []
+            for verdict in verdicts:
+                i = verdict.artifact.index
+                if verdict.runnable:
+                    native.append(i)
+                    continue
+                why = verdict.reason.removeprefix("passed over: ")
+                emu = emulate.emulator_for(verdict.artifact, arch)
+                missing = emulate.missing(emu) if emu else ""
+                if emu and not missing:
+                    emulated[i] = (why, pool.submit(_validate_emulated, path, verdict, emu, pairs,
+                                                    output, progress, runs))
+                else:
+                    passed_over[i] = why + (f"; not run under emulation: {missing}" if missing
+                                            else "")
+            for i in native:
+                art, reason = container.artifacts[i], reasons[i]
+                key = run_key(art) if runs is not None else None
+                got = runs.get_outputs(key) if key is not None else None
+                if progress:
+                    progress(f"  validate {pairs[i][0]} {pairs[i][1]}" +
+                             (" (its outputs from the kernel cache)" if isinstance(got, list) else ""))
+                if not isinstance(got, list):
+                    model = model or load(path, trusted_keys="")
+                    got = _outputs_of(model, i, pairs, output)
+                    if key is not None:
+                        runs.put_outputs(key, got)
+                result = judge_vectors(art, vector_cases(container, art), got, reason)
+                if not result.ok:
+                    raise _dead_on_arrival(result, pairs, output)
+                checks[i] = result
+        if model is not None:
+            model.close()
+            model = None
+        for i, (why, future) in sorted(emulated.items()):
+            try:
+                checks[i] = future.result()
+            except emulate.NotEmulated as e:
+                passed_over[i] = f"{why}; not run under emulation: {e}"
+        _time_precisions(path, pairs, native, checks, progress)   # (qemu done: a quiet host)
+    finally:
+        if model is not None:
+            model.close()
+        stack.close()
+        pool.shutdown(wait=False, cancel_futures=True)
+    return checks, passed_over
+
+
+def _verdicts(container, path: str):
+    """(this host's verdict on each artifact, in order; a loaded model or None): the engine
+    selects without loading any code (a rebuild whose runs are cached opens none), or,
+    without libmlpack, the runtime loads the file as a user would."""
+    from mlpack.runtime import engine, load, native
+    from mlpack.spec.errors import NoRunnableArtifactError
+
+    if engine.available():
+        try:
+            handle = native.open_model(container.path, fd=container.fileno(), strict=False,
+                                       verify=False, trusted_keys="", select_only=True)
+        except NoRunnableArtifactError:
+            handle = None
+        if handle is not None:
+            with handle:
+                return engine.verdicts(handle, container, None), None
+    model = load(path, trusted_keys="")
+    return list(model.verdicts), model
+
+
+TIMED_RUNS = 5   # runs of the first test case timed per artifact, at one thread (the median counts)
+
+
+def _time_precisions(path: str, pairs, native: list[int], checks: dict, progress) -> None:
+    """Time this host's native artifacts when the build makes several precisions (one thread,
+    the first test case), so that selection under an accuracy budget ranks them by what was
+    measured rather than by their target's level and precision's name (spec/SPEC.md section 5):
+    a variant with 16-bit weights can be slower than fp32 where the arithmetic, not the memory,
+    bounds a run, and bf16 products slower than f32 on a model of depthwise convolutions."""
+    from mlpack.runtime import load
+    from mlpack.spec.errors import PortableFallbackWarning, UnsignedContainerWarning
+
+    if len({p for _, p in pairs}) < 2:
+        return
+    timed = [i for i in native if registry.get(pairs[i][0]).device != "portable"]
+    if not timed:
+        return
+    if progress:
+        progress(f"  time {len(timed)} artifacts of several precisions (1 thread)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PortableFallbackWarning)
+        warnings.simplefilter("ignore", UnsignedContainerWarning)
+        model = load(path, threads=1, trusted_keys="")   # its own file: no trust policy applies
+    with model:
+        for i in timed:
+            checks[i] = dataclasses.replace(checks[i], seconds=model.time(i, TIMED_RUNS))

@@ -1,0 +1,130 @@
+"""A build's weights: one archive per precision, written once to a file, shared by everything.
+
+Every artifact of a precision stores the same weights archive, the model's weights as its graph
+of that precision holds them (spec/SPEC.md section 7: what a target wants in another form, it
+computes when the engine opens the artifact). So a build writes that archive once, streaming it
+to a file (``write``: in the kernel cache, where a rebuild finds it, or in a scratch folder), and
+from then on nothing holds the weights in this process's memory twice:
+
+- the graph's constants become views of the file, mapped (``attach``): their pages are the page
+  cache's, read when something reads them;
+- a compile worker gets the graph without its constants' data (``detach``: names, dtypes and
+  shapes only) and maps the same file (``attach`` there), instead of a pickled copy of every
+  weight going to each worker and the packed weights coming back;
+- the container is written with the archive as a ``FileBlob``, copied by the kernel from the
+  file into the container (spec/container.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import mmap
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from mlpack.spec.container import FileBlob
+from mlpack.spec.errors import FormatError
+
+
+def storable(graph) -> dict:
+    """The constants of ``graph`` a weights archive holds, by name, in the graph's order: all of
+    them unless a dtype has no archive spelling (the sub-byte ones a cpu target packs itself)."""
+    from mlpack.spec.tensorfile import _dtype_name
+
+    out = {}
+    for name, c in graph.constants.items():
+        try:
+            _dtype_name(np.asarray(c.data).dtype)
+        except FormatError:
+            return {}
+        out[name] = c.data
+    return out
+
+
+def write(tensors: dict, folder: Path) -> FileBlob:
+    """The archive of ``tensors`` (spec/tensorfile.py) written into ``folder`` under its own
+    sha256, as a FileBlob. It replaces a file of that name (by a rename: a reader of the one
+    there keeps reading it), which may be damaged."""
+    from mlpack.spec.tensorfile import write_tensors_to
+
+    folder.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(prefix=".weights.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            size = write_tensors_to(f, tensors, None, h)
+        path = folder / h.hexdigest()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return FileBlob(str(path), size, "sha256:" + h.hexdigest())
+
+
+def found(folder: Path, digest: str, size: int) -> FileBlob | None:
+    """The archive ``digest`` in ``folder`` if a file of that name and size is there, checked
+    whole (a cache is never trusted), else None."""
+    path = folder / digest.split(":", 1)[1]
+    try:
+        if path.stat().st_size != size:
+            return None
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+    except OSError:
+        return None
+    return FileBlob(str(path), size, digest) if "sha256:" + h.hexdigest() == digest else None
+
+
+def mapped(blob: FileBlob) -> dict[str, np.ndarray]:
+    """The arrays of the archive ``blob``, read-only views of its file mapped into memory."""
+    from mlpack.spec.tensorfile import read_tensors
+
+    with open(blob.path, "rb") as f:
+        view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return read_tensors(view)
+
+
+def attach(graph, blob: FileBlob):
+    """``graph`` with each constant the archive ``blob`` holds read from the mapped file."""
+    arrays = mapped(blob)
+    constants = {name: dataclasses.replace(c, data=arrays[name]) if name in arrays else c
+                 for name, c in graph.constants.items()}
+    return dataclasses.replace(graph, constants=constants)
+
+
+@dataclasses.dataclass(frozen=True)
+class Detached:
+    """A graph to send to another process without its weights: the archive file holds them."""
+
+    graph: object       # the graph, every constant in ``blob`` with an empty array for data
+    blob: FileBlob | None
+
+    def attach(self):
+        return self.graph if self.blob is None else attach(self.graph, self.blob)
+
+
+def detach(graph, blob: FileBlob | None) -> Detached:
+    """``graph`` for a worker process: the constants ``blob`` holds without their data (a
+    zero-length stand-in the worker replaces with the mapped file's view, ``Detached.attach``)."""
+    if blob is None:
+        return Detached(graph, None)
+    empty = np.zeros(0, np.uint8)
+    constants = {name: dataclasses.replace(c, data=empty) for name, c in graph.constants.items()}
+    return Detached(dataclasses.replace(graph, constants=constants), blob)
+
+
+def scratch_folder(near: str) -> Path:
+    """A new folder beside the file ``near`` (the build's output: the same file system, so the
+    container takes the archive's bytes by a kernel copy), for a build without a kernel cache."""
+    return Path(tempfile.mkdtemp(prefix=f".{os.path.basename(near)}.", suffix=".weights",
+                                 dir=os.path.dirname(os.path.abspath(near))))
