@@ -33,6 +33,18 @@ class Code:
     # (packager/weights.py). False: the archive is ``weights`` alone
     raw_weights: bool = False
 
+    @classmethod
+    def beside_graph(cls, layers, weights: dict, extra, graph, config: dict, timings: dict,
+                     inexact=()) -> "Code":
+        """A target's Code whose archive is the weights as ``graph`` has them, shared with every
+        artifact of its precision, and the ``extra`` ones the target made beside them; a
+        constant it changed in place (a sub-byte dtype it packs) makes the whole archive its
+        own (``weights``)."""
+        if any(name in graph.constants for name in extra):
+            return cls(layers, weights, config, timings, inexact)
+        return cls(layers, {n: weights[n] for n in extra}, config, timings, inexact,
+                   raw_weights=True)
+
     def tensors(self, graph) -> dict[str, Any]:
         """What the artifact's weights archive holds, for the graph it was compiled from."""
         if not self.raw_weights:

@@ -70,7 +70,12 @@ def _bounds(form: Form, ranges: dict[str, tuple[int, int]]) -> tuple[int, int]:
 def lattice(data: np.ndarray, forms: list[Form],
             ranges: dict[str, tuple[int, int]]) -> tuple[np.ndarray, tuple[str, ...]]:
     """The read-only view of ``data`` at ``forms`` (one per axis, all in range) over the vars'
-    ``ranges`` {var: (start, count)}, and the var each of its axes stands for."""
+    ``ranges`` {var: (start, count)}, and the var each of its axes stands for. ``data`` may
+    also be an array converted where it is read (the float64 reference's weights,
+    packager/reference.py): its ``.data`` is viewed, and the view converted to its ``dtype``."""
+    if not isinstance(data, np.ndarray) and hasattr(data, "data"):
+        view, labels = lattice(np.asarray(data.data), forms, ranges)
+        return np.asarray(view, dtype=data.dtype), labels
     labels: list[str] = []
     for _, coefs in forms:
         labels.extend(v for v in coefs if v not in labels)

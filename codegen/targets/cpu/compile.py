@@ -159,11 +159,5 @@ def compile_artifact(graph: Graph, target: str, precision: str, disabled=frozens
     t = get_target(target)
     config = {"plan": code.plan,
               "cpu_features": media.config_cpu_features(code.features, t.arch)}
-    # the weights as the graph has them, shared with every artifact of its precision, and what
-    # this target made beside them; a constant it changed in place (a sub-byte dtype it packs)
-    # makes the whole archive its own
-    if any(name in graph.constants for name in code.extra):
-        return Code([(media.CODE_ELF, code.elf)], code.weights, config, code.timings,
-                    code.inexact)
-    return Code([(media.CODE_ELF, code.elf)], {n: code.weights[n] for n in code.extra}, config,
-                code.timings, code.inexact, raw_weights=True)
+    return Code.beside_graph([(media.CODE_ELF, code.elf)], code.weights, code.extra, graph,
+                             config, code.timings, code.inexact)

@@ -6,15 +6,16 @@ reads), ``M`` (dims only A reads) and ``batch`` (dims both read, walked outside)
 reduction dims are ``K``. The kernel becomes one GEMM per batch point: an ``M x K`` operand A
 read in place (through affine offsets ``base(m) + off(k)``), times B, read one of three ways:
 
-* ``const``: B is a graph constant of constant extents, packed at build time at
-  ``[batch][N blocks][K][PACK]``, zero-padded along N;
+* ``const``: B is a graph constant of constant extents, packed when the engine opens the
+  artifact (a prepare kernel, panels.py) at ``[batch][N blocks][K][PACK]``, zero-padded
+  along N;
 * ``direct``: B's N dims (flattened) lie at unit stride in B's memory, so its PACK-column
   blocks are loaded in place (attention's P.V reads V so); a ragged last block loads under
   a mask where the target has cheap masked loads. An NCHW 1x1 convolution takes this form
   with the weights as A and the input as B (``_swapped``), so the epilogue stores along the
   output's unit-stride dim;
 * ``pack``: anything else read at run time (attention's Q.K^T, symbolic sizes) is first
-  copied by a map kernel into an arena buffer in the packed layout (``_pack_kernel``).
+  copied by a map kernel into an arena buffer in the packed layout (``panels.pack_kernel``).
 
 Which operand is B, when neither is a build-time constant, is chosen by ``_runtime``. Sizes
 may be symbolic except those of a build-time pack. A contraction with too few columns for
@@ -36,10 +37,9 @@ import weakref
 
 import numpy as np
 
-from mlpack.spec.ir import dtypes
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.targets.cpu import amx, depthwise
+from mlpack.codegen.targets.cpu import amx, depthwise, panels
 from mlpack.codegen.targets.cpu.gemm import (PACK, PAIR_PRODUCTS, SIGNED_A, Contraction,
                                             bf16_dot, int8_dot, pack_b)
 from mlpack.codegen.targets.cpu.gemmview import (MIN_N, const_view, extent, int8_view,
@@ -308,88 +308,6 @@ def _pack_cache(g) -> dict:
     return _PACKED[key]
 
 
-def _pack_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, dtype: str = "f32",
-                 pair: str | None = None, size: int = 1, halves: bool = False) -> Kernel:
-    """A map kernel writing B, as the GEMM reads it, into the buffer ``name``: layout (batch
-    dims, N block, K dims, lane), the N columns past the end zero; with a ``pair`` K dim, that
-    dim split into (dim / ``size``) in its place and ``size`` innermost, after the lane
-    (gemm.pack_pairs); with ``halves`` too, each quad's two pairs apart, the pair's half before
-    the lane (gemm.pair_halves: pmaddwd's panel). ``dtype``: the panel's (gemm.PACK's B, or a
-    16-bit or s8 constant's own)."""
-    rb, out = info["b"], bufs[k.out]
-    nb, lane, outer, inner, half = "pack.nb", "pack.l", "pack.p", "pack.e", "pack.h"
-    sizes = {d: out.sizes[d] for d in info["batch"]}
-    sizes[nb] = ex.ceildiv(info["n_size"], ex.const(PACK))
-    kdims = []
-    for r in info["k"]:
-        kdims.append(outer if r == pair else r)
-        sizes[kdims[-1]] = ex.const(k.rdims[r].value // size) if r == pair else k.rdims[r]
-    sizes[lane] = ex.const(PACK)
-    layout = (*info["batch"], nb, *kdims, lane)
-    if pair is not None and halves:
-        sizes[half], sizes[inner] = ex.const(size // 2), ex.const(2)
-        layout = (*info["batch"], nb, *kdims, half, lane, inner)
-    elif pair is not None:
-        sizes[inner] = ex.const(size)
-        layout += (inner,)
-    buf = Buffer(name, layout, {d: ex.simplify_size(sizes[d]) for d in layout}, dtype)
-    bufs[name] = buf
-    col = ex.var(nb) * PACK + ex.var(lane)
-    env = {d: ex.var(d) for d in (*info["batch"], *info["k"])}
-    if pair is not None:
-        env[pair] = ex.var(outer) * size + ex.var(inner)
-        if halves:
-            env[pair] = env[pair] + ex.var(half) * 2
-    # B's read, unguarded (a constant B: the panel's padding columns read the last column, and
-    # the select below zeroes them), or guarded (its own padding, a symbolic N)
-    clamp = rb.arg[2] is None and info["n_size"].is_const
-    flat = ex.binary("min", col, info["n_size"] - 1) if clamp else col
-    for d in reversed(info["n"]):   # the flat column over the N dims (last fastest)
-        size_d = out.sizes[d]
-        env[d] = flat if d == info["n"][0] else ex.mod(flat, size_d)
-        flat = ex.floordiv(flat, size_d)
-    index = {}
-    for d, ix in zip(rb.arg[1], rb.args):
-        index[d] = ex.substitute(ix, {v: env.get(v, ex.const(0)) for v in ex.free_vars(ix)})
-    pad = None if clamp else 0 if rb.arg[2] is None else rb.arg[2]
-    read = ex.read(rb.arg[0], index, rb.dtype, pad)
-    value = read if rb.dtype == dtype else ex.cast(read, dtype)
-    zero = ex.const(0 if dtypes.is_int(dtype) else 0.0, dtype)
-    body = ex.select(ex.binary("lt", col, info["n_size"]), value, zero)
-    pk = Kernel(f"{k.name}_packb", name, body, None, {}, dtype, reads=[rb.arg[0]],
-                fused=list(k.fused))
-    schedule(pk, buf, bufs)
-    return pk
-
-
-def _panel_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, dtype: str,
-                  pair: str | None, size: int, halves: bool = False) -> Kernel:
-    """The prepare kernel packing a constant B once, when the engine opens the artifact: the
-    container stores the model's weights as they are, once for every target (a packing is a
-    target's choice), and the panel is the target's own copy in its packed region."""
-    pk = _pack_kernel(k, info, bufs, name, dtype, pair, size, halves)
-    pk.name = f"{k.name}_panel"
-    pk.prepare = True
-    return pk
-
-
-def _correction_kernel(panel: Buffer, name: str, bufs: dict[str, Buffer]) -> Kernel:
-    """The prepare kernel of gemm.signed_correction: 128 times the sum over K of an s8 panel
-    [batch dims, N block, K dims, lane, quad] (``_pack_kernel``), per (batch dims, N block,
-    lane), in i32."""
-    at = panel.layout.index("pack.nb")
-    layout = panel.layout[:at + 1] + ("pack.l",)
-    buf = Buffer(name, layout, {d: panel.sizes[d] for d in layout}, "i32")
-    bufs[name] = buf
-    rdims = {d: panel.sizes[d] for d in panel.layout if d not in layout}
-    read = ex.read(panel.name, {d: ex.var(d) for d in panel.layout}, panel.dtype)
-    body = ex.mul(ex.cast(read, "i32"), ex.const(128, "i32"))
-    ck = Kernel(f"{name}_sum", name, body, "sum", rdims, "i32", reads=[panel.name],
-                fused=[name], prepare=True)
-    schedule(ck, buf, bufs)
-    return ck
-
-
 def _k_chunk(t_tb: int, info: dict, rdims: dict, first: int = 1) -> int:
     """Steps of the outermost K loop (its ``first`` K dims) per chunk: a chunk's slice of the
     B panel fits L1 (even when that dim is paired, bf16dot.py). An int8 panel takes a byte per
@@ -471,20 +389,20 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                    pair, size) + (("halves",) if halves else ())
             if key not in packs:   # one panel per way of packing a constant, made at load
                 stem = f"{rb.arg[0]}#pack{len(packs)}" if packs else f"{rb.arg[0]}#pack"
-                panel = _panel_kernel(k, info, bufs, fresh_name(stem, bufs), pdt, pair, size,
+                panel = panels.panel_kernel(k, info, bufs, fresh_name(stem, bufs), pdt, pair, size,
                                       halves)
                 packs[key] = panel.out
                 pre.append(panel)
             name = packs[key]
         elif info["mode"] == "pack":
             name = fresh_name(f"{k.out}#b", bufs)
-            pre.append(_pack_kernel(k, info, bufs, name))
+            pre.append(panels.pack_kernel(k, info, bufs, name))
         else:
             data, name, direct = None, rb.arg[0], rb
         init = None
         if dot in SIGNED_A:   # (then B is a panel packed at load)
             if ("init",) + key not in packs:
-                correction = _correction_kernel(bufs[name], fresh_name(f"{name}#init", bufs),
+                correction = panels.correction_kernel(bufs[name], fresh_name(f"{name}#init", bufs),
                                                 bufs)
                 packs[("init",) + key] = correction.out
                 pre.append(correction)
@@ -643,7 +561,7 @@ def _reads(e: Expr) -> list[str]:
 def packed_weights(kernels: list[Kernel]) -> dict[str, np.ndarray]:
     """The B tensors packed at build time that the kernels read, by name (for the plan's
     weights): the AMX target's tiles. Every other panel is packed when the engine opens the
-    artifact (``_panel_kernel``)."""
+    artifact (``panels.panel_kernel``)."""
     out = {}
     for k in kernels:
         c = getattr(k, "gemm", None)

@@ -46,11 +46,13 @@ def blocks(k, bufs) -> ex.Expr:
 
 
 def schedule(graph, disabled=frozenset(), precision: str = "fp32"):
-    """(kernels, buffers, plan, weights, launches, schedules) of ``graph`` for the cuda target;
+    """(kernels, buffers, plan, weights, launches, schedules, extra) of ``graph`` for the cuda
+    target (``extra``: the weights made beside the graph's constants, plan.make_plan);
     ``disabled`` may name "split_k" (splitk.py), "tiled" and "group_reduce" (those kernels then
     run on the grid schedule) and "tensor_cores" (an fp16 or bf16 artifact's contractions then
     run on the f32 tiles)."""
     reject_procedures(graph)
+    source = graph
     if splitk.PASS not in disabled:
         graph = splitk.split_k(graph)
         verify(graph)
@@ -61,8 +63,10 @@ def schedule(graph, disabled=frozenset(), precision: str = "fp32"):
     kernels += copies
     for k in kernels:   # (kernel names become PTX entry names: module.entry_name)
         k.name = cuda_module.entry_name(k.name)
-    plan, weights = make_plan(graph, kernels, bufs, owners)
-    weights = narrowconv.pack_weights(weights, bufs)
+    plan, weights, extra = make_plan(graph, kernels, bufs, owners, raw=source.constants)
+    packed = narrowconv.pack_weights(weights, bufs)
+    extra += tuple(n for n in weights if packed[n] is not weights[n] and n not in extra)
+    weights = packed
     launches, schedules = [], {}
     for k, disp in zip(kernels, plan["dispatches"]):
         kind = cuda_module.launch_kind(k)
@@ -83,7 +87,7 @@ def schedule(graph, disabled=frozenset(), precision: str = "fp32"):
             disp["workgroups"] = encode_expr(blocks(k, bufs)) if kind == GRID else 1
         launches.append({"name": k.name, "launch": kind, "block": threads,
                          "bindings": binding_kinds(k)})
-    return kernels, bufs, plan, weights, launches, schedules
+    return kernels, bufs, plan, weights, launches, schedules, extra
 
 
 def _host_cpu_target():
@@ -103,13 +107,14 @@ def compile_artifact(graph, target: str, precision: str, disabled=frozenset()) -
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     progress.report("scheduling")
-    kernels, bufs, plan, weights, launches, schedules = schedule(
+    kernels, bufs, plan, weights, launches, schedules, extra = schedule(
         graph, frozenset(disabled) | disabled_passes(), precision)
     # tensor cores round the activations to 16 bits: a build whose artifact misses its
     # tolerance compiles it again without them (Code.inexact_passes)
     inexact = (mma.PASS,) if any(s[0] == "mma" for s in schedules.values()) else ()
     if t.emulated:
-        return _emulated(graph, t, kernels, bufs, plan, weights, launches, schedules, t0, inexact)
+        return _emulated(graph, t, kernels, bufs, plan, weights, extra, launches, schedules, t0,
+                         inexact)
     symbols = plan["symbols"]
     text, entries = cuda_module.build_module(kernels, bufs, symbols, schedules=schedules)
     for launch, entry in zip(launches, entries):
@@ -129,10 +134,10 @@ def compile_artifact(graph, target: str, precision: str, disabled=frozenset()) -
         layers.append((media.CODE_CUBIN, ptxmod.assemble(ptx, t, ptxas)))
         times["ptxas"] = time.perf_counter() - t2
     config = {"plan": plan, "cuda_sm": t.sm}
-    return Code(layers, weights, config, times, inexact)
+    return Code.beside_graph(layers, weights, extra, graph, config, times, inexact)
 
 
-def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, launches, schedules, t0,
+def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, extra, launches, schedules, t0,
               inexact=()) -> Code:
     from mlpack.codegen.targets.cpu.link import link_shared
     from mlpack.codegen.targets.cpu.objects import emit_parts
@@ -149,7 +154,8 @@ def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, launches, sche
     times["llvm"] = time.perf_counter() - t1
     elf = link_shared(objs)
     config = {"plan": plan, "cpu_features": media.config_cpu_features(list(host.features), host.arch)}
-    return Code([(media.CODE_ELF, elf)], weights, config, times, inexact)
+    return Code.beside_graph([(media.CODE_ELF, elf)], weights, extra, graph, config, times,
+                             inexact)
 
 
 __all__ = ["compile_artifact", "schedule", "blocks", "UnsupportedTargetError"]

@@ -96,7 +96,7 @@ def _emulated(g, feeds):
     from types import SimpleNamespace
 
     # plan_runner takes a cpu artifact: the ELF, plan and weights
-    shim = SimpleNamespace(elf=art.layers[0][1], plan=art.config["plan"], weights=art.weights,
+    shim = SimpleNamespace(elf=art.layers[0][1], plan=art.config["plan"], weights=art.tensors(g),
                            target="cuda-emulated")
     got = run_plan(shim, g, feeds)
     want = run_graph(g, feeds)
@@ -182,7 +182,7 @@ def test_tensor_core_tiles_compute_within_their_precision(precision, rtol):
     assert art.inexact_passes == ("tensor_cores",)
     from types import SimpleNamespace
 
-    shim = SimpleNamespace(elf=art.layers[0][1], plan=art.config["plan"], weights=art.weights,
+    shim = SimpleNamespace(elf=art.layers[0][1], plan=art.config["plan"], weights=art.tensors(low),
                            target="cuda-emulated")
     for m in (5, 130):
         x = np.random.default_rng(m).standard_normal((m, 40)).astype(np.float32)
