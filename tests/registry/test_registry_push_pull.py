@@ -86,7 +86,7 @@ def test_chunked_upload_and_progress_lines(mlp_container, proxy, repo, tmp_path)
     lines = []
     push(mlp_container, f"{proxy.host}/{repo}", chunk_size=256 << 10, report=lines.append)
     patches = [p for m, p, s in proxy.requests if m == "PATCH"]
-    assert len(patches) >= 8, proxy.requests   # the ~920 KiB weights in 256 KiB chunks
+    assert len(patches) >= 4, proxy.requests   # the ~920 KiB weights (once) in 256 KiB chunks
     assert all(s == 202 for m, p, s in proxy.requests if m == "PATCH")
     out = tmp_path / "back.mlpack"
     pull(f"{proxy.host}/{repo}", out, everything=True)
@@ -137,8 +137,11 @@ def test_a_partial_pull_transfers_exactly_the_chosen_artifact(which, mlp_contain
                   for d in a.manifest["layers"]} - blobs
     fetched = {p.rsplit("/", 1)[1] for p in proxy.requested("blobs", "GET")}
     assert fetched & others == set()
-    total = source.stat().st_size
-    assert out.stat().st_size < total * 0.6
+    # what is left behind: every other artifact's own layers (the weights archive is shared)
+    with open_container(source) as c:
+        left = sum(d["size"] for a in c.artifacts if a.index != chosen
+                   for d in a.manifest["layers"] if d["digest"] in others)
+    assert left > 0 and out.stat().st_size <= source.stat().st_size - left
     with open_container(out) as c:   # a valid container, partial, with the same nested index
         assert c.partial and [a.index for a in c.artifacts if a.present] == [chosen]
         assert len(c.signatures) == (which == "signed")

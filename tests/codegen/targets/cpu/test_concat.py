@@ -126,18 +126,19 @@ def test_which_concats_split(case):
 def test_fire_parts_are_conv_epilogues_in_place():
     """Each expand convolution writes its relu'd output straight into its channels of the
     concat: one kernel per part (the convolution with the arm as its epilogue), none for the
-    concat, and the parts' arena slices tile the concat's, 24*9*9 floats apart."""
+    concat, and the parts' arena slices tile the concat's, 24*9*9 floats apart (the weights'
+    panels are packed by prepare kernels, when the artifact is opened)."""
     m, _ = fire()
     g = compile_onnx(m)
     art = compile_cpu(g, "x86_64-v4")
     _, aliases, parents = split_concats(g)
     (cat,) = parents
-    gemms = [n for n in art.kernel_names if not n.endswith("_pad")]
+    gemms = [n for n in art.kernel_names if not n.endswith(("_pad", "_panel"))]
     assert [n.split("_", 1)[1] for n in gemms] == ["sr", f"{cat}#0", f"{cat}#1", "y"]
     plan = art.plan
     written = {d["kernel"]: plan["buffers"][d["bindings"][0]] for d in plan["dispatches"]}
     part = {n: written[i] for i, n in enumerate(art.kernel_names) if "#" in n
-            and not n.endswith("_pad")}
+            and not n.endswith(("_pad", "_panel"))}
     p0, p1 = part[f"k1_{cat}#0"], part[f"k2_{cat}#1"]
     assert (p0["size"], p1["size"]) == (24 * 81 * 4, 20 * 81 * 4)
     assert p1["offset"] == p0["offset"] + 24 * 81 * 4

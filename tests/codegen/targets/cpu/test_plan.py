@@ -51,7 +51,7 @@ def _arena(g, monkeypatch=None, slots_only=False):
     graph, kernels, bufs, aliases, _ = schedule_kernels(g, get_target("x86_64-v2"))
     if slots_only:
         monkeypatch.setattr(plan, "_pack_by_size", lambda *a: ({}, 1 << 62))
-    p, _ = plan.make_plan(graph, kernels, bufs, [o.name for o in graph.outputs], aliases)
+    p, _, _ = plan.make_plan(graph, kernels, bufs, [o.name for o in graph.outputs], aliases)
     return p, kernels
 
 
