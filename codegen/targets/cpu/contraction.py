@@ -389,8 +389,8 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                    pair, size) + (("halves",) if halves else ())
             if key not in packs:   # one panel per way of packing a constant, made at load
                 stem = f"{rb.arg[0]}#pack{len(packs)}" if packs else f"{rb.arg[0]}#pack"
-                panel = panels.panel_kernel(k, info, bufs, fresh_name(stem, bufs), pdt, pair, size,
-                                      halves)
+                panel = panels.panel_kernel(k, info, bufs, fresh_name(stem, bufs), pdt, pair,
+                                            size, halves)
                 packs[key] = panel.out
                 pre.append(panel)
             name = packs[key]
@@ -402,8 +402,8 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         init = None
         if dot in SIGNED_A:   # (then B is a panel packed at load)
             if ("init",) + key not in packs:
-                correction = panels.correction_kernel(bufs[name], fresh_name(f"{name}#init", bufs),
-                                                bufs)
+                correction = panels.correction_kernel(
+                    bufs[name], fresh_name(f"{name}#init", bufs), bufs)
                 packs[("init",) + key] = correction.out
                 pre.append(correction)
             init = packs[("init",) + key]

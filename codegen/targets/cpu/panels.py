@@ -15,7 +15,7 @@ from mlpack.codegen.targets.cpu.kernels import schedule
 
 
 def pack_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, dtype: str = "f32",
-                 pair: str | None = None, size: int = 1, halves: bool = False) -> Kernel:
+                pair: str | None = None, size: int = 1, halves: bool = False) -> Kernel:
     """A map kernel writing B, as the GEMM reads it, into the buffer ``name``: layout (batch
     dims, N block, K dims, lane), the N columns past the end zero; with a ``pair`` K dim, that
     dim split into (dim / ``size``) in its place and ``size`` innermost, after the lane
@@ -69,7 +69,7 @@ def pack_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, dtype
 
 
 def panel_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, dtype: str,
-                  pair: str | None, size: int, halves: bool = False) -> Kernel:
+                 pair: str | None, size: int, halves: bool = False) -> Kernel:
     """The prepare kernel packing a constant B once, when the engine opens the artifact: the
     container stores the model's weights as they are, once for every target (a packing is a
     target's choice), and the panel is the target's own copy in its packed region."""

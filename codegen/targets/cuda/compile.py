@@ -153,7 +153,8 @@ def _emulated(graph, t: CudaTarget, kernels, bufs, plan, weights, extra, launche
     objs = emit_parts([text], host.triple, host.cpu, host.feature_string)
     times["llvm"] = time.perf_counter() - t1
     elf = link_shared(objs)
-    config = {"plan": plan, "cpu_features": media.config_cpu_features(list(host.features), host.arch)}
+    config = {"plan": plan,
+              "cpu_features": media.config_cpu_features(list(host.features), host.arch)}
     return Code.beside_graph([(media.CODE_ELF, elf)], weights, extra, graph, config, times,
                              inexact)
 

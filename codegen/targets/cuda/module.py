@@ -25,7 +25,8 @@ from mlpack.codegen.llvm.types import I32, I64, PTR
 from mlpack.codegen.targets.cpu import checks as chk
 from mlpack.codegen.targets.cpu.abi import DISPATCH, KERNEL_FN
 from mlpack.codegen.targets.cpu.module import _finish, _share_identical, _table
-from mlpack.codegen.targets.cpu.procedure import PROCEDURE, binding_kinds, kernel_bindings, kernel_writes
+from mlpack.codegen.targets.cpu.procedure import (PROCEDURE, binding_kinds, kernel_bindings,
+                                                  kernel_writes)
 from mlpack.codegen.targets.cuda.lower import BLOCK, GRID, GridLowering, SingleThreadLowering
 from mlpack.codegen.targets.cuda.mma import TensorCoreLowering
 from mlpack.codegen.targets.cuda.rowreduce import GroupReduceLowering
@@ -48,8 +49,8 @@ def lowering_for(k, module: ir.Module, buffers, symbols: list[str], native_f16=(
     if k.strategy == PROCEDURE:
         return SingleThreadLowering(module, k, buffers, symbols, None, native_f16)
     if schedule is not None and schedule[0] == "mma":
-        return TensorCoreLowering(module, k, buffers, symbols, None, native_f16, schedule[1], emulate,
-                                  schedule[2])
+        return TensorCoreLowering(module, k, buffers, symbols, None, native_f16, schedule[1],
+                                  emulate, schedule[2])
     if schedule is not None and schedule[0] == "tiled":
         return TiledLowering(module, k, buffers, symbols, None, native_f16, schedule[1], emulate)
     if schedule is not None and schedule[0] == "group":
