@@ -42,7 +42,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -339,16 +338,13 @@ class KernelCache:
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
         """Write ``data`` to a temporary file beside ``path`` and rename it there (atomic)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:16]}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o644)   # (mkstemp's 0600 would keep a shared cache folder private)
-            os.replace(tmp, path)
-        except BaseException:
-            KernelCache._discard(Path(tmp))
-            raise
+        from mlpack.packager.weights import write_renamed
+
+        def put(f) -> Path:
+            f.write(data)
+            return path
+
+        write_renamed(path.parent, f".{path.name[:16]}.", put)
 
     @staticmethod
     def _discard(path: Path) -> None:

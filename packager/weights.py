@@ -51,22 +51,37 @@ def write(tensors: dict, folder: Path) -> FileBlob:
     there keeps reading it), which may be damaged."""
     from mlpack.spec.tensorfile import write_tensors_to
 
-    folder.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(prefix=".weights.", suffix=".tmp", dir=folder)
+    size = 0
+
+    def archive(f) -> Path:
+        nonlocal size
+        size = write_tensors_to(f, tensors, None, h)
+        return folder / h.hexdigest()
+
+    path = write_renamed(folder, ".weights.", archive)
+    return FileBlob(str(path), size, "sha256:" + h.hexdigest())
+
+
+def write_renamed(folder: Path, prefix: str, write) -> Path:
+    """Write a file into ``folder`` through ``write(f)``, which returns the path it is to have
+    there: a temporary file (``prefix``) renamed to it once whole, so a reader finds the whole
+    file or none, and on failure nothing remains. Readable by all (mkstemp's 0600 would keep a
+    shared cache folder private)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            size = write_tensors_to(f, tensors, None, h)
-        path = folder / h.hexdigest()
+            path = write(f)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
-        except FileNotFoundError:
+        except OSError:
             pass
         raise
-    return FileBlob(str(path), size, "sha256:" + h.hexdigest())
+    return path
 
 
 def found(folder: Path, digest: str, size: int) -> FileBlob | None:

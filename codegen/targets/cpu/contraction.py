@@ -378,7 +378,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             out.extend(pre)
             out.append(k)
             continue
-        direct, data = None, None
+        direct = None
         if info["mode"] == "const":
             dims = info["batch"] + info["n"] + info["k"]
             extents = {v: extent(v, ob, k.rdims).value for v in dims}
@@ -398,7 +398,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             name = fresh_name(f"{k.out}#b", bufs)
             pre.append(panels.pack_kernel(k, info, bufs, name))
         else:
-            data, name, direct = None, rb.arg[0], rb
+            name, direct = rb.arg[0], rb
         init = None
         if dot in SIGNED_A:   # (then B is a panel packed at load)
             if ("init",) + key not in packs:
@@ -415,7 +415,8 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         k_runs = _k_runs(ra, bufs, info, k.rdims, direct) if plain else ()
         m_size = typical(info["m_size"], one)
         group = _group(m_size, mr)
-        k.gemm = Contraction(ra, name, data, info["batch"], info["m"], info["n"], info["k"],
+        # (B's data is the AMX tiles' alone, _amx_gemm: every other panel is packed at load)
+        k.gemm = Contraction(ra, name, None, info["batch"], info["m"], info["n"], info["k"],
                              info["n_size"], info["k_size"], blocks, vl, tb, mr,
                              t.fma, group, _k_chunk(tb, info, k.rdims),
                              direct, direct is not None and info["n_size"].value % PACK != 0,

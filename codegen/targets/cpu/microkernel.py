@@ -470,29 +470,26 @@ class GemmEmitter:
         # per row: a channels-last convolution's pixels)
         flat = flat_bindable(L.k.epilogue, L.out, loops[1][3], L.buffers)
         flat_outer = flat_bindable(L.k.epilogue, L.out, loops[0][3], L.buffers)
-        with L.loops.loop(i64(0), loops[0][1], f"e.{loops[0][0]}") as i, E.scope():
-            idx[loops[0][0]] = i
-            at = b.add(loops[0][2], i)
-            if flat_outer:
-                *outer, last = loops[0][3]
+
+        def bind(at, dims, flat_index: bool) -> None:
+            """Bind ``dims`` at flat position ``at``: as one index (the last dim; the others
+            0), or each delinearized."""
+            if flat_index:
+                *outer, last = dims
                 for d in outer:
                     E.bind(d, i64(0))
                 E.bind(last, at)
             else:
-                for d, v in delinearize(b, at, loops[0][3], osz).items():
+                for d, v in delinearize(b, at, dims, osz).items():
                     E.bind(d, v)
+
+        with L.loops.loop(i64(0), loops[0][1], f"e.{loops[0][0]}") as i, E.scope():
+            idx[loops[0][0]] = i
+            bind(b.add(loops[0][2], i), loops[0][3], flat_outer)
             with L.loops.loop(i64(0), loops[1][1], f"e.{loops[1][0]}", vectorize=flat) as j, \
                     E.scope():
                 idx[loops[1][0]] = j
-                at = b.add(loops[1][2], j)
-                if flat:
-                    *outer, last = loops[1][3]
-                    for d in outer:
-                        E.bind(d, i64(0))
-                    E.bind(last, at)
-                else:
-                    for d, v in delinearize(b, at, loops[1][3], osz).items():
-                        E.bind(d, v)
+                bind(b.add(loops[1][2], j), loops[1][3], flat)
                 p = b.gep(tile, [b.add(b.mul(idx["row"], i64(tile_n)), idx["col"])], inbounds=True)
                 L.store(L.finish(b.load(p, typ=self.ety)))
 
