@@ -3,8 +3,9 @@
 ``rewrite(src, dst, config=..., layer=...)`` reads ``src`` with spec/container.py and writes it
 again through the writer, so every size and sha256 around an edit is recomputed: a reader must
 find the fault itself, not a digest mismatch. The test helpers for the plan checks
-(test_plan_bindings.py) and for broken files through the CLI and ``mlpack.load``
-(test_broken_files.py) share it. ``nested(text, depth)`` wraps a JSON value in arrays.
+(test_plan_bindings.py, test_packed_weights.py: ``with_plan``) and for broken files through the
+CLI and ``mlpack.load`` (test_broken_files.py) share it. ``nested(text, depth)`` wraps a JSON
+value in arrays.
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ def rewrite(src, dst, *, config: Callable[[int, dict], None] | None = None,
                  if k not in (media.ANN_FORMAT_VERSION, media.ANN_MODEL_NAME)}
         name, tag = box.name, box.tag or "latest"
     c.write_container(dst, name, specs, extra, tag=tag)
+
+
+def with_plan(src, dst, index: int, edit: Callable[[dict], None]):
+    """``dst``: ``src`` with artifact ``index``'s plan changed by ``edit(plan)``, digests
+    recomputed."""
+    def config(i, doc):
+        if i == index:
+            edit(doc["plan"])
+    rewrite(src, dst, config=config)
+    return dst
 
 
 def nested(text: bytes, depth: int) -> bytes:

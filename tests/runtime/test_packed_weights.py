@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 import pytest
-from container_edits import rewrite
+from container_edits import with_plan
 
 import mlpack
 from mlpack.runtime import detect_host, engine, native
@@ -62,11 +62,8 @@ def test_one_weights_archive_and_the_panels_prepared_at_open(built):
 
 
 def _with_plan(src, dst, edit):
-    def config(i, doc):
-        if i == NATIVE:
-            edit(doc["plan"])
-    rewrite(src, dst, config=config)
-    return dst
+    """``src`` with artifact NATIVE's plan changed by ``edit(plan)``, digests recomputed."""
+    return with_plan(src, dst, NATIVE, edit)
 
 
 def _refused(path, pattern: str) -> None:

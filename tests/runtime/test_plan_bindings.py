@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 import pytest
-from container_edits import rewrite
+from container_edits import with_plan
 from support import cli
 
 import mlpack
@@ -43,11 +43,7 @@ def built(tmp_path_factory):
 
 def _with_plan(src, dst, edit):
     """``src`` with artifact NATIVE's plan changed by ``edit(plan)``, digests recomputed."""
-    def config(i, doc):
-        if i == NATIVE:
-            edit(doc["plan"])
-    rewrite(src, dst, config=config)
-    return dst
+    return with_plan(src, dst, NATIVE, edit)
 
 
 def _x():

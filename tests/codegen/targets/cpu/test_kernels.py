@@ -98,17 +98,9 @@ def _routing():
     reductions along co whose transformation matrices W do not move with the pose row i."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                     "dsl"))
-    from dsl_support import example
-    from mlpack.codegen import dsl
-    caps = example("capsules")
+    from dsl_support import em_routing_graph
     c = 16
-    g = dsl.to_graph(
-        lambda P, A, W, beta_v, beta_a: caps.em_routing(P, A, W, beta_v, beta_a,
-                                                        inverse_temperature=0.01),
-        inputs={"P": dsl.f32(n=1, x=9, y=9, ci=c, i=4, k=4), "A": dsl.f32(n=1, x=9, y=9, ci=c),
-                "W": dsl.f32(kx=3, ky=3, ci=c, k=4, j=4, co=c), "beta_v": dsl.f32(co=c),
-                "beta_a": dsl.f32(co=c)},
-        name="em", layouts={"mu": "n x y i j co", "a": "n x y co"}, optimize=True)
+    g = em_routing_graph(c)
     rng = np.random.default_rng(2)
     feeds = {"P": rng.standard_normal((1, 9, 9, c, 4, 4)).astype(np.float32),
              "A": rng.uniform(0.2, 1, (1, 9, 9, c)).astype(np.float32),

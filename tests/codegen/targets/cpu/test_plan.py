@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from mlpack.codegen import dsl
 from mlpack.codegen.targets.cpu import plan
 from mlpack.codegen.targets.cpu.compile import schedule_kernels
 from mlpack.codegen.targets.cpu.target import get_target
@@ -21,16 +20,8 @@ def capsule_routing():
     """examples/capsules' EM routing (3 iterations), small: its logits and assignments are its
     big tensors, two of them live at a time, with small ones (means, variances) between."""
     sys.path.insert(0, os.path.join(HERE, "..", "..", "dsl"))
-    from dsl_support import example
-    caps = example("capsules")
-    c = 16
-    return dsl.to_graph(
-        lambda P, A, W, beta_v, beta_a: caps.em_routing(P, A, W, beta_v, beta_a,
-                                                        inverse_temperature=0.01),
-        inputs={"P": dsl.f32(n=1, x=9, y=9, ci=c, i=4, k=4), "A": dsl.f32(n=1, x=9, y=9, ci=c),
-                "W": dsl.f32(kx=3, ky=3, ci=c, k=4, j=4, co=c), "beta_v": dsl.f32(co=c),
-                "beta_a": dsl.f32(co=c)},
-        name="em", layouts={"mu": "n x y i j co", "a": "n x y co"}, optimize=True)
+    from dsl_support import em_routing_graph
+    return em_routing_graph(16)
 
 
 # a softmax-like chain: big rows with small statistics between them
