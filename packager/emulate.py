@@ -204,23 +204,35 @@ def _remove(path: str) -> None:
 
 
 def validate(path: str, art: Artifact, reason: str, emu: Emulator, progress=None,
-             timeout: float | None = None, trusted_keys: str | None = None, runs=None):
+             timeout: float | None = None, trusted_keys: str | None = None, runs=None,
+             predicted: float | None = None):
     """Run ``art``'s test vectors under ``emu`` and judge them as ``Model.validate`` does: a
     ``ValidationResult`` with ``emulator`` set. ``reason`` is this host's verdict on the artifact.
     NotEmulated when it could not be run under qemu at all, or not within ``timeout`` seconds;
     another ``Error``, the engine's message or the signal that killed the program, when it ran
     and failed. ``trusted_keys`` is the emulated engine's trust policy (None: this process's
     MLPACK_TRUSTED_KEYS; "": none, for a build checking the file it just wrote). ``runs``: a
-    store of earlier runs' outputs (packager/cache.py's get_outputs/put_outputs), by run_key."""
+    store of earlier runs' outputs (packager/cache.py's get_outputs/put_outputs), by run_key.
+    ``predicted``: the seconds the run is expected to take (packager/validation.py); one
+    expected past ``timeout`` is not started (NotEmulated, stored in ``runs`` as a run over the
+    limit is)."""
     from mlpack.runtime.model import judge_vectors, vector_cases
 
     exe = program(emu, progress)
     with open_container(path, verify=False) as container:  # the caller's open verified it
         cases = vector_cases(container, art)
+
+    def run():
+        if predicted is not None and timeout is not None and predicted > timeout:
+            raise NotEmulated(f"its {len(cases)} test cases would take about {predicted:.0f} s "
+                              f"under {emu.qemu} (from their run on this host), over a build's "
+                              f"limit of {timeout:g} s; mlpack validate runs them")
+        return _run(exe, path, art, cases, emu, timeout, trusted_keys)
+
     if not cases:
         got = []
     elif runs is None:
-        got = _run(exe, path, art, cases, emu, timeout, trusted_keys)
+        got = run()
     else:
         key = run_key(exe, art, emu, timeout, trusted_keys)
         got = runs.get_outputs(key)
@@ -228,7 +240,7 @@ def validate(path: str, art: Artifact, reason: str, emu: Emulator, progress=None
             raise NotEmulated(got)
         if got is None:
             try:
-                got = _run(exe, path, art, cases, emu, timeout, trusted_keys)
+                got = run()
             except NotEmulated as e:   # (a run over the timeout included: it would be again)
                 runs.put_outputs(key, str(e))
                 raise

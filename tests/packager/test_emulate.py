@@ -14,6 +14,7 @@ user's cache folder (seconds); later runs reuse it.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -238,8 +239,45 @@ def test_a_run_over_the_build_limit_is_skipped_with_the_reason(mlp, tmp_path, mo
     monkeypatch.setattr(validation, "EMULATION_SECONDS", 0.001)
     report = b.build(MLP, tmp_path / "m.mlpack", targets=TARGETS)
     arm = report.artifacts[AARCH64]
-    assert not arm.validated and "ran over 0.001 s under qemu-aarch64" in arm.reason
+    # (predicted from the native run: a start alone is over the limit, so it is not started)
+    assert not arm.validated and re.search(r"would take about \d+ s under qemu-aarch64 .* "
+                                           r"limit of 0.001 s", arm.reason), arm.reason
     assert report.artifacts[X86].validated
+
+
+@needs_qemu
+def test_a_run_predicted_over_the_limit_is_not_started(mlp, monkeypatch):
+    """The emulated run's time is predicted from the same vectors' native run; one predicted
+    past the limit is not started, and the reason is stored with the runs as a run over the
+    limit is, so a rebuild does not predict or wait again."""
+    path = str(mlp[0])
+    from mlpack.runtime import load
+
+    with load(path) as model:
+        verdict = model.verdicts[AARCH64]
+    assert validation.predicted_seconds(None) is None
+    assert validation.predicted_seconds(0.1) > validation.predicted_seconds(0.01) > 1
+    started = []
+
+    def fake_run(*args):
+        started.append(args)
+        raise emulate.NotEmulated("started")
+
+    monkeypatch.setattr(emulate, "_run", fake_run)
+    runs = {}
+
+    class Runs:
+        get_outputs = staticmethod(runs.get)
+        put_outputs = staticmethod(runs.__setitem__)
+
+    for _ in range(2):
+        with pytest.raises(emulate.NotEmulated, match=r"would take about 20 s under qemu-aarch64"):
+            emulate.validate(path, verdict.artifact, verdict.reason, ARM64, timeout=10,
+                             runs=Runs, predicted=20.0)
+    assert not started and list(runs.values()) == [next(iter(runs.values()))]
+    with pytest.raises(emulate.NotEmulated, match="started"):   # under the limit: it runs
+        emulate.validate(path, verdict.artifact, verdict.reason, ARM64, timeout=10, predicted=5.0)
+    assert started
 
 
 def test_a_crash_of_qemu_itself_is_not_the_artifacts(mlp, tmp_path, monkeypatch):

@@ -42,16 +42,15 @@ def machine(triple: str, cpu: str, features: str):
 
 
 def optimize(text: str, tm):
-    """Parse and verify ``text``, run the O3 pipeline with both vectorizers and without the
-    loop unroller: the module."""
+    """Parse and verify ``text``, run the O3 pipeline with both vectorizers: the module."""
     mod = llvm.parse_assembly(text)
     mod.verify()
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = True
     pto.slp_vectorization = True
-    # No unroller: the kernels that need unrolled bodies are written unrolled (micro-kernel
-    # tiles, depthwise windows) and the vectorizer still interleaves; on the rest it doubled
-    # the instructions and took two fifths of LLVM's time for no measured speed (decisions.md)
+    # The unroller stays on for maps and reductions; the loops whose bodies are written
+    # unrolled (micro-kernel tiles, depthwise windows) carry llvm.loop.unroll.disable
+    # (codegen/llvm/loops.py), where unrolling only cost compile time (decisions.md)
     pto.loop_unrolling = True
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
