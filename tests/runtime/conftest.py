@@ -1,4 +1,5 @@
-"""Fixtures of the runtime tests: the IR graphs of runtime_helpers.py, parsed, and libmlpack."""
+"""Fixtures of the runtime tests: the IR graphs of runtime_helpers.py, parsed, libmlpack, and
+the plan-check tests' container (``mlp_v2``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from runtime_helpers import TINY, TWO
+from runtime_helpers import MLP, TINY, TWO
 
 from mlpack.spec.ir import parse_graph
+
+
+@pytest.fixture(scope="module")
+def mlp_v2(tmp_path_factory):
+    """tests/models/mlp.onnx built for x86_64-v2 alone (its artifact NATIVE, runtime_helpers)."""
+    build = pytest.importorskip("mlpack.packager.build").build
+    out = tmp_path_factory.mktemp("mlp_v2") / "mlp.mlpack"
+    build(MLP, out, targets=["x86_64-v2"])
+    return out
 
 
 @pytest.fixture

@@ -1,6 +1,9 @@
 """Synthetic containers for the runtime tests (fixtures in conftest.py): a tiny valid portable
 program plus fake native artifacts (their code is never executed: selection reads only
-descriptors and configs).
+descriptors and configs); and the plan-check tests' container (test_plan_bindings.py,
+test_packed_weights.py): tests/models/mlp.onnx built for x86-64 v2 alone (conftest's
+``mlp_v2``), which any x86-64 host runs, its native artifact's plan edited by
+``with_native_plan``.
 
 ``tiny``: y = relu(x + b), x f32[batch, 4]. ``two``: three inputs sharing symbolic dims, an
 output whose program layout differs from the signature's order (the runtime must transpose).
@@ -8,14 +11,28 @@ output whose program layout differs from the signature's order (the runtime must
 
 from __future__ import annotations
 
-import numpy as np
+import os
 
-from mlpack.runtime import Host
+import numpy as np
+import pytest
+from container_edits import with_plan
+
+from mlpack.runtime import Host, detect_host, engine
 from mlpack.spec import container as c
 from mlpack.spec import media
 from mlpack.spec.ir import run_graph
 from mlpack.spec.ir.program import dumps_program
 from mlpack.spec.tensorfile import write_tensors
+
+MLP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "mlp.onnx")
+NATIVE = 1   # mlp_v2's x86-64 v2 artifact (0 is the portable one)
+NEEDS_X86_ENGINE = pytest.mark.skipif(not (engine.available() and detect_host().arch == "amd64"),
+                                      reason="needs libmlpack on an x86-64 host")
+
+
+def with_native_plan(src, dst, edit):
+    """``src`` with artifact NATIVE's plan changed by ``edit(plan)``, digests recomputed."""
+    return with_plan(src, dst, NATIVE, edit)
 
 TINY = """graph "tiny" {
   in %x: f32{batch=$batch, c=4} (batch, c)

@@ -13,45 +13,26 @@ with hand-written kernels, and a version-1 table, which records no bindings, sti
 
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
 import pytest
-from container_edits import with_plan
+from runtime_helpers import NATIVE, NEEDS_X86_ENGINE, with_native_plan
 from support import cli
 
 import mlpack
-from mlpack.runtime import detect_host, engine, native
+from mlpack.runtime import native
 from mlpack.spec.errors import FormatError
 
-build = pytest.importorskip("mlpack.packager.build").build
-
-MLP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "mlp.onnx")
-NATIVE = 1   # the x86-64 v2 artifact (0 is the portable one)
-
-pytestmark = pytest.mark.skipif(not (engine.available() and detect_host().arch == "amd64"),
-                                reason="needs libmlpack on an x86-64 host")
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bindings") / "mlp.mlpack"
-    build(MLP, out, targets=["x86_64-v2"])
-    return out
-
-
-def _with_plan(src, dst, edit):
-    """``src`` with artifact NATIVE's plan changed by ``edit(plan)``, digests recomputed."""
-    return with_plan(src, dst, NATIVE, edit)
+pytestmark = NEEDS_X86_ENGINE
 
 
 def _x():
     return np.random.default_rng(0).standard_normal((3, 784)).astype(np.float32)
 
 
-def test_the_untampered_container_runs_its_native_artifact(built, tmp_path):
-    same = _with_plan(built, tmp_path / "same.mlpack", lambda plan: None)
+def test_the_untampered_container_runs_its_native_artifact(mlp_v2, tmp_path):
+    same = with_native_plan(mlp_v2, tmp_path / "same.mlpack", lambda plan: None)
     with mlpack.load(same) as m:
         assert m.artifact.index == NATIVE and m.artifact.device == "cpu"
         assert m.validate().ok
@@ -68,8 +49,8 @@ def _refused(path, pattern: str) -> str:
     return msg
 
 
-def test_a_dispatch_missing_a_binding_is_refused_naming_it(built, tmp_path):
-    bad = _with_plan(built, tmp_path / "missing.mlpack",
+def test_a_dispatch_missing_a_binding_is_refused_naming_it(mlp_v2, tmp_path):
+    bad = with_native_plan(mlp_v2, tmp_path / "missing.mlpack",
                      lambda plan: plan["dispatches"][1]["bindings"].pop())
     msg = _refused(bad, r"plan dispatch 1 binds 3 buffers, but its kernel 1 \('k1_\w+'\) takes 4 "
                         r"\('wrrr'\)")
@@ -87,17 +68,17 @@ def _first(plan, kind: str) -> int:
     return next(j for j, b in enumerate(plan["buffers"]) if b["kind"] == kind)
 
 
-def test_a_weight_bound_where_a_kernel_writes_is_refused(built, tmp_path):
+def test_a_weight_bound_where_a_kernel_writes_is_refused(mlp_v2, tmp_path):
     def edit(plan):   # binding 0 of every cpu kernel is the tensor it writes
         plan["dispatches"][0]["bindings"][0] = _first(plan, "weight")
-    bad = _with_plan(built, tmp_path / "weight.mlpack", edit)
+    bad = with_native_plan(mlp_v2, tmp_path / "weight.mlpack", edit)
     _refused(bad, r"plan dispatch 0 binding 0 is buffer \d+ \(weight '[^']+'\), which its kernel 0 "
                   r"\('k0_\w+'\) writes; a kernel may write only an output or the arena")
 
 
-def test_an_input_bound_where_a_kernel_writes_is_refused(built, tmp_path):
+def test_an_input_bound_where_a_kernel_writes_is_refused(mlp_v2, tmp_path):
     def edit(plan):
         plan["dispatches"][2]["bindings"][0] = _first(plan, "input")
-    bad = _with_plan(built, tmp_path / "input.mlpack", edit)
+    bad = with_native_plan(mlp_v2, tmp_path / "input.mlpack", edit)
     _refused(bad, r"plan dispatch 2 binding 0 is buffer 0 \(input 0 'x'\), which its kernel 2 "
                   r"\('k2_\w+'\) writes")
