@@ -8,15 +8,11 @@ lowering's (codegen/llvm/oprules.py) equal to the IR's ops.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from mlpack.spec.errors import InterpError
 from mlpack.spec.ir import dtypes as dt
-
-
-_erf = np.vectorize(math.erf, otypes=[np.float64])
+from mlpack.spec.ir.erf import erf as _erf
 
 
 def _int_div(a, b):
