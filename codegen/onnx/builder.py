@@ -236,12 +236,14 @@ class Builder:
         if not isinstance(op, Comprehension) or any(s for s in [op.rdims] if
                                                     any(not r.is_const for r in s.values())):
             return v
+        reads = set()
         for n in ex.walk(op.body):
             if n.op == "sym" or (n.op == "read" and n.arg[0] not in self.graph.constants):
                 return v
+            if n.op == "read":
+                reads.add(n.arg[0])
         from mlpack.spec.ir.interp import run_graph
-        g = Graph("fold", constants={k: c for k, c in self.graph.constants.items()
-                                     if any(r.op == "read" and r.arg[0] == k for r in ex.walk(op.body))},
+        g = Graph("fold", constants={k: c for k, c in self.graph.constants.items() if k in reads},
                   ops=[op], types=dict(self.graph.types))
         g.outputs.append(Port(op.out, tuple(op.type.dims)))
         data = run_graph(g, {})[op.out]
