@@ -23,7 +23,8 @@ from mlpack.codegen.errors import ModelError, ShapeError, UnsupportedOpError
 from mlpack.spec.ir import dtypes as dt
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.spec.ir.graph import Comprehension, Constant, Graph, Port, Procedure, TensorType
+from mlpack.spec.ir.graph import (Comprehension, Constant, Graph, Port, Procedure, TensorType,
+                                  stmt_exprs, tensors_read)
 from mlpack.codegen.onnx.values import Value, tensor_value
 
 KNOWN_LIMIT = 64          # fold integer tensors up to this many elements into known values
@@ -250,6 +251,38 @@ class Builder:
         self.graph.ops.pop()
         del self.graph.types[op.out]
         return self.constant(data, name=op.out, names=v.names)
+
+    def fold_procedure(self, results: list, ops_before: int) -> list:
+        """A node's ``results``, where the node's last op (of those after ``ops_before``) is a
+        procedure of constants (a ScatterND into a ConstantOfShape: Swin-T's 45 shifted-window
+        masks) whose small results are exactly the node's, plain reads: evaluated now, as
+        constants, instead of element by element in every run of the interpreters and as a
+        kernel in every run of the model."""
+        op = self.graph.ops[-1] if len(self.graph.ops) > ops_before else None
+        if not isinstance(op, Procedure) or op.bounds:
+            return results
+        if {v.tensor for v in results if v is not None} != set(op.results) or any(
+                v is not None and tuple(op.results[v.tensor].dims) != v.names for v in results):
+            return results
+        sizes = [s for t in (*op.results.values(), *op.locals_.values()) for s in t.dims.values()]
+        if not all(s.is_const for s in sizes) or sum(
+                int(np.prod([s.value for s in t.dims.values()], dtype=np.int64))
+                for t in op.results.values()) > FOLD_LIMIT:
+            return results
+        reads = tensors_read(op)
+        if not reads <= set(self.graph.constants) or any(
+                n.op == "sym" for e in stmt_exprs(op.body) for n in ex.walk(e)):
+            return results
+        from mlpack.spec.ir.interp import run_graph
+        g = Graph("fold", constants={k: c for k, c in self.graph.constants.items() if k in reads},
+                  ops=[op], types=dict(self.graph.types))
+        g.outputs.extend(Port(name, tuple(t.dims)) for name, t in op.results.items())
+        data = run_graph(g, {})
+        self.graph.ops.pop()
+        for name in op.results:
+            del self.graph.types[name]
+        return [v if v is None else self.constant(data[v.tensor], name=v.tensor, names=v.names)
+                for v in results]
 
     def constant(self, data: np.ndarray, name: str | None = None, names: Sequence[str] = ()) -> Value:
         """A constant tensor (ONNX axis order); small integer ones also carry known values."""

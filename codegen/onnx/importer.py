@@ -245,6 +245,7 @@ class _Importer:
                 raise node.fail(f"domain {domain!r} is not supported")
             raise node.fail("mlpack has no importer for this op")
         self.b.node = node
+        ops_before = len(self.b.graph.ops)
         try:
             results = fn(self.b, node)
         except (Error, NeedsValue):
@@ -256,6 +257,7 @@ class _Importer:
             self.b.node = None
         if not isinstance(results, (list, tuple)):
             results = [results]
+        results = self.b.fold_procedure(list(results), ops_before)
         for name, v in zip(proto.output, results):
             if name and v is not None:
                 self.env[name] = v

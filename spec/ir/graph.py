@@ -231,25 +231,30 @@ class Graph:
         return format_graph(self)
 
 
-def _stmt_reads(stmts, out: set[str]) -> None:
+def stmt_exprs(stmts):
+    """Every expression of a procedure's statements (values, indices, extents, conditions),
+    nested bodies included."""
     for s in stmts:
-        exprs = []
         if isinstance(s, (Let, SetSize)):
-            exprs = [s.value]
+            yield s.value
         elif isinstance(s, Store):
-            exprs = [s.value, *s.index.values()]
+            yield s.value
+            yield from s.index.values()
         elif isinstance(s, For):
-            exprs = [s.extent]
-            _stmt_reads(s.body, out)
+            yield s.extent
+            yield from stmt_exprs(s.body)
         elif isinstance(s, While):
-            exprs = [s.cond]
-            _stmt_reads(s.body, out)
+            yield s.cond
+            yield from stmt_exprs(s.body)
         elif isinstance(s, If):
-            exprs = [s.cond]
-            _stmt_reads(s.then, out)
-            _stmt_reads(s.orelse, out)
-        for e in exprs:
-            out.update(n.arg[0] for n in walk(e) if n.op == "read")
+            yield s.cond
+            yield from stmt_exprs(s.then)
+            yield from stmt_exprs(s.orelse)
+
+
+def _stmt_reads(stmts, out: set[str]) -> None:
+    for e in stmt_exprs(stmts):
+        out.update(n.arg[0] for n in walk(e) if n.op == "read")
 
 
 def tensors_read(op) -> set[str]:

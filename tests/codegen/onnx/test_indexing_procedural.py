@@ -114,6 +114,27 @@ def test_scatter_nd(reduction):
     check(m, {"x": x, "i": idx, "u": upd}, rtol=1e-5)
 
 
+@pytest.mark.parametrize("constant_data", [True, False])
+def test_a_scatter_of_constants_is_folded_at_import(constant_data):
+    # Swin's shifted-window masks: ScatterND into constants. Of constants, the procedure is
+    # evaluated at import (the graph holds no procedure, the outputs still match ORT's); with
+    # an input for its data it stays a procedure
+    from mlpack.codegen.onnx.importer import import_model
+    from mlpack.spec.ir.graph import Procedure
+
+    x, idx, upd = rand(4, 3), np.array([[1], [-1]], dtype=np.int64), rand(2, 3)
+    inits = [numpy_helper.from_array(idx, "i"), numpy_helper.from_array(upd, "u")]
+    inputs = [("x", F, x.shape)]
+    if constant_data:
+        inits.insert(0, numpy_helper.from_array(x, "x"))
+        inputs = []
+    m = model("ScatterND", inputs, [("y", F, None)], inits=inits, in_names=["x", "i", "u"])
+    feeds = {} if constant_data else {"x": x}
+    procedures = [op for op in import_model(m).ops if isinstance(op, Procedure)]
+    assert len(procedures) == (0 if constant_data else 1)
+    check(m, feeds)
+
+
 @pytest.mark.parametrize("out_shape", [None, [1, 2, 5, 5]])
 def test_max_unpool(out_shape):
     x = rand(1, 2, 2, 2)
