@@ -243,14 +243,21 @@ class Builder:
                 return v
             if n.op == "read":
                 reads.add(n.arg[0])
+        data = self._evaluate_last(reads, {op.out: op.type})[op.out]
+        return self.constant(data, name=op.out, names=v.names)
+
+    def _evaluate_last(self, reads: set[str], results: dict[str, TensorType]) -> dict:
+        """The graph's last op, which reads only the constants ``reads``, run by the
+        interpreter and removed with its ``results``' types: each result's data."""
         from mlpack.spec.ir.interp import run_graph
         g = Graph("fold", constants={k: c for k, c in self.graph.constants.items() if k in reads},
-                  ops=[op], types=dict(self.graph.types))
-        g.outputs.append(Port(op.out, tuple(op.type.dims)))
-        data = run_graph(g, {})[op.out]
+                  ops=[self.graph.ops[-1]], types=dict(self.graph.types))
+        g.outputs.extend(Port(name, tuple(t.dims)) for name, t in results.items())
+        data = run_graph(g, {})
         self.graph.ops.pop()
-        del self.graph.types[op.out]
-        return self.constant(data, name=op.out, names=v.names)
+        for name in results:
+            del self.graph.types[name]
+        return data
 
     def fold_procedure(self, results: list, ops_before: int) -> list:
         """A node's ``results``, where the node's last op (of those after ``ops_before``) is a
@@ -273,14 +280,7 @@ class Builder:
         if not reads <= set(self.graph.constants) or any(
                 n.op == "sym" for e in stmt_exprs(op.body) for n in ex.walk(e)):
             return results
-        from mlpack.spec.ir.interp import run_graph
-        g = Graph("fold", constants={k: c for k, c in self.graph.constants.items() if k in reads},
-                  ops=[op], types=dict(self.graph.types))
-        g.outputs.extend(Port(name, tuple(t.dims)) for name, t in op.results.items())
-        data = run_graph(g, {})
-        self.graph.ops.pop()
-        for name in op.results:
-            del self.graph.types[name]
+        data = self._evaluate_last(reads, op.results)
         return [v if v is None else self.constant(data[v.tensor], name=v.tensor, names=v.names)
                 for v in results]
 
