@@ -156,12 +156,16 @@ def _match(op: Comprehension, g: Graph, bufs) -> dict | None:
     if a.arg[0] in g.constants or a.arg[2] not in (None, 0.0):
         return None
     sizes = {**op.type.dims, **op.rdims}
-    if not all(s.is_const for s in sizes.values()):
-        return None
     w_index = dict(zip(w.arg[1], w.args))
     if any(ix.op != "var" for ix in w_index.values()):
         return None
     a_index = dict(zip(a.arg[1], a.args))
+    # a dynamic dim (the batch) only as a loop that the gemm and both transforms keep as it is
+    if not all(s.is_const for s in op.rdims.values()) or any(
+            not s.is_const and (d in {ix.arg for ix in w_index.values()}
+                                or _passed_through(d, a_index) is None)
+            for d, s in op.type.dims.items()):
+        return None
     out_row = bufs[op.out].contiguous_dim()
     a_row = bufs[a.arg[0]].contiguous_dim()
     w_vars = {ix.arg for ix in w_index.values()}
@@ -180,7 +184,7 @@ def _match(op: Comprehension, g: Graph, bufs) -> dict | None:
             continue
         if any(h in ex.free_vars(e) for d, e in a_index.items() if d != d_h):
             continue
-        if any(_span(e, sizes) is None for d, e in a_index.items() if d != d_h):
+        if any(_extent(e, sizes) is None for d, e in a_index.items() if d != d_h):
             return None
         hit = {"a": a, "w": w, "h": h, "kh": kh, "d_h": d_h, "c0": aff[1].value,
                "d_kh": next(d for d, e in w_index.items() if e.arg == kh),
@@ -198,7 +202,9 @@ def _pays(op: Comprehension, hit: dict, w_vars: set[str], width: int) -> bool:
     height = dims[hit["h"]].value
     tiles = -(-height // TILE)
     gain = TAPS * height / (POINTS * tiles)
-    rows = tiles * math.prod(s.value for d, s in dims.items() if d != hit["h"] and d not in w_vars)
+    # per batch item: a dynamic dim counts as 1
+    rows = tiles * math.prod(s.value for d, s in dims.items()
+                             if d != hit["h"] and d not in w_vars and s.is_const)
     cols = math.prod(s.value for d, s in dims.items() if d in w_vars)
     depth = math.prod(s.value for r, s in op.rdims.items() if r != hit["kh"])
     return (gain >= MIN_GAIN and rows >= MIN_ROWS and cols >= MIN_N and depth >= MIN_K
@@ -243,6 +249,23 @@ def _span(ix: Expr, sizes: dict[str, Expr]) -> tuple[int, int] | None:
     return (lo.value, hi.value) if lo.is_const and hi.is_const else None
 
 
+def _passed_through(d: str, a_index: dict[str, Expr]) -> str | None:
+    """The dim of A that the output's dim ``d`` reads as it is (``A[.., d, ..]``), or None."""
+    dims = [ad for ad, ix in a_index.items() if ix.op == "var" and ix.arg == d]
+    return dims[0] if len(dims) == 1 else None
+
+
+def _extent(ix: Expr, sizes: dict[str, Expr]) -> tuple[int, Expr] | None:
+    """The least value of an index and how many values it takes (an Expr): a constant span,
+    or a dynamic dim's whole range where the index is that dim's var; else None."""
+    span = _span(ix, sizes)
+    if span is not None:
+        return span[0], ex.const(span[1] - span[0] + 1)
+    if ix.op == "var" and ix.arg in sizes and not sizes[ix.arg].is_const:
+        return 0, sizes[ix.arg]
+    return None
+
+
 def _transforms(op: Comprehension, hit: dict, g: Graph, types, constants, made=None) -> dict:
     """The input transform and gemm comprehensions replacing ``op`` (their types and Wt added
     to ``types``/``constants``, Wt's recipe to ``made``: derived.py), and the output transform
@@ -267,9 +290,7 @@ def _transforms(op: Comprehension, hit: dict, g: Graph, types, constants, made=N
         if d == d_h:
             z_dims[t] = ex.const(tiles)
             continue
-        lo, hi = _span(a_index[d], sizes)
-        z_dims[d] = ex.const(hi - lo + 1)
-        shift[d] = lo
+        shift[d], z_dims[d] = _extent(a_index[d], sizes)
     src = {d: (ex.var(d) + shift[d] if shift[d] else ex.var(d)) for d in shift}
 
     def a_at(row: int) -> Expr:

@@ -1,11 +1,12 @@
 """Winograd convolutions (codegen/targets/cpu/winograd.py) against ONNX Runtime.
 
 The F(4, 3) matrices are checked exactly; then 3x3 convolutions where Winograd pays (a bias and
-relu epilogue, a height that is no multiple of 4, no padding, uneven padding, a batch, a raw
-graph output, two in a chain, two feeding a concatenation) are compiled for x86_64-v2/v3/v4, run
-by the plan runner and compared with ONNX Runtime at the fp32 tolerance (rtol 1e-4, atol 1e-5).
-Which convolutions are rewritten is checked too (small images, strides, 1x1 and depthwise ones
-are not), and that a build whose Winograd artifact misses its test vectors compiles it direct.
+relu epilogue, a height that is no multiple of 4, no padding, uneven padding, a batch, a batch
+that is a named dim, a raw graph output, two in a chain, two feeding a concatenation) are
+compiled for x86_64-v2/v3/v4, run by the plan runner and compared with ONNX Runtime at the
+fp32 tolerance (rtol 1e-4, atol 1e-5). Which convolutions are rewritten is checked too (small
+images, strides, 1x1 and depthwise ones are not), and that a build whose Winograd artifact
+misses its test vectors compiles it direct.
 """
 
 from __future__ import annotations
@@ -42,14 +43,17 @@ def weights(prefix, cin, cout, k=3, seed=0, group=1):
             (f"{prefix}b", rand(cout, seed=seed + 1, scale=0.1))]
 
 
-def model(nodes, inits, cin=24, size=32, batch=1):
+def model(nodes, inits, cin=24, size=32, batch=1, dynamic=False):
+    """``dynamic``: the batch is a named dim of the model (as in every exported classifier),
+    fed with ``batch`` items."""
     x = rand(batch, cin, size, size, seed=42)
-    return one_output_model(nodes, [("x", F, list(x.shape))], inits), {"x": x}
+    shape = ["batch" if dynamic else batch, cin, size, size]
+    return one_output_model(nodes, [("x", F, shape)], inits), {"x": x}
 
 
-def conv_relu(cin=24, cout=32, size=32, batch=1, pads=None):
+def conv_relu(cin=24, cout=32, size=32, batch=1, pads=None, dynamic=False):
     nodes = [conv_node("x", "c", "a", pads=pads), helper.make_node("Relu", ["c"], ["y"])]
-    return model(nodes, weights("a", cin, cout), cin, size, batch)
+    return model(nodes, weights("a", cin, cout), cin, size, batch, dynamic)
 
 
 def raw_output():
@@ -77,12 +81,14 @@ CASES = {
     "no_padding": lambda: conv_relu(size=34, pads=[0, 0, 0, 0]),
     "uneven_padding": lambda: conv_relu(size=29, pads=[2, 0, 1, 1]),
     "batch_of_3": lambda: conv_relu(batch=3, size=24),
+    "dynamic_batch": lambda: conv_relu(batch=2, size=24, dynamic=True),
     "raw_graph_output": raw_output,
     "chain": chain,
     "into_concat": into_concat,
 }
 REWRITTEN = {"conv_bias_relu": 1, "height_not_a_multiple_of_4": 1, "no_padding": 1,
-             "uneven_padding": 1, "batch_of_3": 1, "raw_graph_output": 1, "chain": 2,
+             "uneven_padding": 1, "batch_of_3": 1, "dynamic_batch": 1,
+             "raw_graph_output": 1, "chain": 2,
              "into_concat": 2}
 
 
