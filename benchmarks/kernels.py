@@ -88,6 +88,9 @@ LAYERS = {
     "conv1x1_16to64_55": lambda: conv(16, 64, 55, 1),
     "conv1x1_64to256_56": lambda: conv(64, 256, 56, 1),
     "conv1x1_128to16_55": lambda: conv(128, 16, 55, 1),
+    "conv1x1_440_7": lambda: conv(440, 440, 7, 1),           # RegNetY-400MF's last stage
+    "conv1x1_32to48_112": lambda: conv(32, 48, 112, 1),      # its first block's
+    "conv1x1_208_14": lambda: conv(208, 208, 14, 1),
     "matmul_64x784x1024": lambda: matmul(64, 784, 1024),
     "fc_1x2048x1000": lambda: matmul(1, 2048, 1000),
     "capsule_einsum": lambda: capsule(),

@@ -509,6 +509,16 @@ def simplify_size(e) -> Expr:
     return _from_poly(p)
 
 
+def monomial(e) -> tuple[tuple[str, ...], int] | None:
+    """A size expression as (symbols, c) when it is the constant c > 0 times the product of
+    those symbols (each as often as it occurs: ``$s * $s``), else None."""
+    p = _poly(as_expr(e))
+    if p is None or len(p) != 1:
+        return None
+    (syms, c), = p.items()
+    return (syms, c) if c > 0 else None
+
+
 def same_size(a, b) -> bool:
     """Whether two size expressions are provably equal."""
     a, b = as_expr(a), as_expr(b)

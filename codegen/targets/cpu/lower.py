@@ -166,11 +166,19 @@ class KernelLowering:
             buf = self.buffers[t]
             sizes = {d: E(buf.sizes[d]) for d in buf.layout}
             E.sizes[t] = sizes
+            # constant strides stay constants (not instructions LLVM folds later): the
+            # schedule's choices test them (microkernel._flat_step: a dynamic batch's pixels
+            # walked by one product instead of a division per dim and row)
             strides, acc = [], ir.Constant(I64, 1)
             for d in reversed(buf.layout):
                 strides.append(acc)
-                acc = acc if _const_one(sizes[d]) else (
-                    sizes[d] if _const_one(acc) else self.b.mul(acc, sizes[d], flags=("nsw",)))
+                size = sizes[d]
+                if _const_one(size):
+                    continue
+                if isinstance(acc, ir.Constant) and isinstance(size, ir.Constant):
+                    acc = ir.Constant(I64, acc.constant * size.constant)
+                else:
+                    acc = size if _const_one(acc) else self.b.mul(acc, size, flags=("nsw",))
             E.strides[t] = strides[::-1]
         self.extents = {r: E(s) for r, s in self.k.rdims.items()}
 

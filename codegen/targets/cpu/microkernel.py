@@ -61,6 +61,8 @@ class GemmEmitter:
             return x
         if isinstance(x, ir.Constant) and x.constant == 0:
             return y
+        if isinstance(x, ir.Constant) and isinstance(y, ir.Constant):
+            return ir.Constant(x.type, x.constant + y.constant)
         return self.b.add(x, y, flags=("nsw",))
 
     def mul(self, x, y):
@@ -68,6 +70,8 @@ class GemmEmitter:
             return x
         if isinstance(x, ir.Constant) and x.constant == 1:
             return y
+        if isinstance(x, ir.Constant) and isinstance(y, ir.Constant):
+            return ir.Constant(x.type, x.constant * y.constant)
         return self.b.mul(x, y, flags=("nsw",))
 
     def umin(self, x, y):

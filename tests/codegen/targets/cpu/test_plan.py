@@ -1,5 +1,6 @@
 """plan.py's arena: tensors live at the same time never share bytes, and constant sizes are
-packed by what is live (greedy by size), never into a larger arena than the slots give."""
+packed by what is live (greedy by size), never into a larger arena than the slots give; sizes
+that scale with a dynamic batch are packed the same way, at every batch."""
 
 from __future__ import annotations
 
@@ -46,15 +47,17 @@ def _arena(g, monkeypatch=None, slots_only=False):
     return p, kernels
 
 
-def _spans(p, kernels):
-    """(offset, end, first dispatch, last dispatch) of every arena buffer."""
+def _spans(p, kernels, syms=None):
+    """(offset, end, first dispatch, last dispatch) of every arena buffer (at the symbols'
+    values ``syms``)."""
     out = {}
     for i, d in enumerate(p["dispatches"]):
         for b in d["bindings"]:
             e = p["buffers"][b]
             if e["kind"] == "arena":
                 lo, hi = out.get(b, (None, None, i, i))[2:]
-                out[b] = (e["offset"], e["offset"] + e["size"], min(lo, i), max(hi, i))
+                at = _value(e["offset"], syms or {})
+                out[b] = (at, at + _value(e["size"], syms or {}), min(lo, i), max(hi, i))
     return list(out.values())
 
 
@@ -73,3 +76,48 @@ def test_live_tensors_never_share_bytes_and_the_arena_shrinks(source, monkeypatc
     assert p["arena_size"] <= old["arena_size"]
     if source == "capsule":   # the slots kept a third big slot: 460,800 bytes, packed 313,344
         assert p["arena_size"] < 0.75 * old["arena_size"]
+
+
+def _value(e, syms: dict[str, int]) -> int:
+    """A plan's encoded size expression at the symbols' values."""
+    if isinstance(e, int):
+        return e
+    if isinstance(e, str):
+        return syms[e[1:]]
+    op, *args = e
+    a, b = (_value(x, syms) for x in args)
+    return {"add": a + b, "sub": a - b, "mul": a * b, "floordiv": a // b}[op]
+
+
+# layers of distinct widths, as an image's channels change along a CNN, over a dynamic batch
+WIDTHS = '''graph "widths" {
+  in %x: f32{r=$batch, c=512} (r, c)
+  %a: f32{r=$batch, c=384} = sum{k=512} %x[r=r, c=k] * %x[r=r, c=(k + c) % 512]
+  %b: f32{r=$batch, c=256} = exp(%a[r=r, c=c] - %a[r=r, c=c + 128])
+  %m: f32{r=$batch} = max{k=256} %b[r=r, c=k]
+  %d: f32{r=$batch, c=640} = %b[r=r, c=c % 256] * %m[r=r] + %x[r=r, c=c % 512]
+  %e: f32{r=$batch, c=320} = %d[r=r, c=2 * c] + %d[r=r, c=2 * c + 1]
+  %f: f32{r=$batch, c=512} = exp(%e[r=r, c=c % 320])
+  out %f (r, c)
+}'''
+
+
+def test_a_dynamic_batch_is_packed_as_a_batch_of_one_and_scales(monkeypatch):
+    """Tensors that are each a multiple of $batch are packed at a batch of one and placed at
+    that offset times the batch: no two live at once share bytes at any batch. Before, each
+    tensor of a distinct size had a slot of its own, and the arena was the sum of them all."""
+    g = parse_graph(WIDTHS)
+    p, kernels = _arena(g)
+    with monkeypatch.context() as m:
+        m.setattr(plan, "_scaled", lambda *a: {})
+        slots, _ = _arena(g)
+    for batch in (1, 3, 64):
+        spans = _spans(p, kernels, {"batch": batch})
+        for a in spans:
+            assert a[0] % plan.ARENA_ALIGN == 0
+            for b in spans:
+                if a is not b and a[2] <= b[3] and b[2] <= a[3]:
+                    assert a[1] <= b[0] or b[1] <= a[0], (batch, a, b)
+        size = _value(p["arena_size"], {"batch": batch})
+        assert size >= max(s[1] for s in spans)
+        assert size <= 0.8 * _value(slots["arena_size"], {"batch": batch})
