@@ -16,7 +16,10 @@ however cheap it is to compute and however large it is. This pass prices both ch
   (what a core computes in the time it streams one byte: Zen 4, AVX-512, about 4);
 - **recompute**: every read evaluates the producer's body again (its flops times the reader's
   iterations, each distinct read once: a body that reads ``%V`` twice at the same index
-  computes it once), less the producer's own work.
+  computes it once), less the producer's own work; and each extra evaluation reads the
+  producer's operands again, which go through memory when bigger than ``CACHE_BYTES``
+  (Whisper's residual stream, four 2.3 MB tensors summed with an exact GELU, recomputed in
+  each LayerNorm's mean, variance and output: 3x the layer norms' time, priced as flops alone).
 
 Only what can be recomputed in place is a candidate: a map, or a sum of constant depth at most
 ``MAX_UNROLL``, which is unrolled into a plain expression (the IR has no reduction inside a
@@ -115,6 +118,17 @@ def _flops(body: Expr) -> int:
                and n.dtype not in (dt.INDEX, "bool"))
 
 
+def _streamed(p: Comprehension, g: Graph) -> int:
+    """Bytes of ``p``'s operands that one evaluation of all of ``p`` streams from memory: each
+    tensor it reads that is bigger than CACHE_BYTES."""
+    total = 0
+    for t in {n.arg[0] for n in walk(p.body) if n.op == "read"}:
+        if t in g.types:
+            nbytes = _count(g.types[t].dims) * dt.bits(g.types[t].dtype) // 8
+            total += nbytes if nbytes > CACHE_BYTES else 0
+    return total
+
+
 def _unroll(p: Comprehension) -> Expr | None:
     """``p``'s body as one expression over its output dims: a map's body, or a shallow sum
     written out term by term (k = 0, 1, ...)."""
@@ -198,8 +212,10 @@ def _candidates(g: Graph) -> list[Candidate]:
         if per_read > MAX_FLOPS:
             continue
         reads = len(sites[p.out])
-        extra = sum(_count(by_id[r].loop_dims) for r, _, _ in sites[p.out]) * per_read
-        extra -= _count(p.type.dims) * per_read
+        own = _count(p.type.dims)
+        evaluations = sum(_count(by_id[r].loop_dims) for r, _, _ in sites[p.out])
+        extra = (evaluations - own) * per_read
+        extra += (evaluations - own) / max(own, 1) * _streamed(p, g) * FLOPS_PER_BYTE
         traffic = 0.0 if nbytes <= CACHE_BYTES else nbytes * (1 + reads) * FLOPS_PER_BYTE
         found.append(Candidate(p, inline, readers[p.out], nbytes, float(extra), traffic,
                                per_read, reads))

@@ -159,3 +159,29 @@ def test_build_takes_the_budget(tmp_path, monkeypatch, capsys):
         assert said in capsys.readouterr().err
     with pytest.raises(InputError, match="memory budget"):
         build(path, tmp_path / "no.mlpack", targets=["portable"], memory_budget="-1")
+
+
+# a residual stream as a transformer's LayerNorm reads it: a cheap sum of three 4 MB tensors,
+# read by the mean, the variance and the normalized output
+RESIDUAL = '''graph "residual" {
+  in %a: f32{r=1024, c=1024} (r, c)
+  in %b: f32{r=1024, c=1024} (r, c)
+  in %p: f32{r=1024, c=1024} (r, c)
+  %s: f32{r=1024, c=1024} = %a[r=r, c=c] + %b[r=r, c=c] + %p[r=r, c=c]
+  %m: f32{r=1024} = sum{k=1024} %s[r=r, c=k] * 0.0009765625
+  %v: f32{r=1024} = sum{k=1024} (%s[r=r, c=k] - %m[r=r]) * (%s[r=r, c=k] - %m[r=r])
+  %y: f32{r=1024, c=1024} = (%s[r=r, c=c] - %m[r=r]) * %v[r=r]
+  out %y (r, c)
+}'''
+
+
+@pytest.mark.parametrize("operands_priced", [True, False])
+def test_recomputing_rereads_the_operands_that_stream_from_memory(operands_priced, monkeypatch):
+    """At 4 MB an operand (over CACHE_BYTES), recomputing the 2-flop sum in its three readers
+    would stream 12 MB twice more: it stays materialized. Priced by its flops alone (4 Mflop
+    against 67 Mflop of traffic for the 4 MB it writes and reads back) it was recomputed."""
+    from mlpack.spec.ir import parse_graph
+    if not operands_priced:
+        monkeypatch.setattr(recompute, "_streamed", lambda p, g: 0)
+    g = run_pipeline(parse_graph(RESIDUAL))
+    assert ("s" in {op.out for op in g.ops}) == operands_priced
