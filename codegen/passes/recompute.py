@@ -100,8 +100,7 @@ def as_bytes(value) -> int | None:
 
 def _size(e: Expr) -> int:
     """A size, its symbols estimated at 1 (both prices scale alike with a batch symbol)."""
-    syms = ex.free_syms(e)
-    return ex.index_value(e, {s: 1 for s in syms}) if syms else ex.index_value(e, {})
+    return ex.value_at_one(e)
 
 
 def _count(dims) -> int:

@@ -509,6 +509,13 @@ def simplify_size(e) -> Expr:
     return _from_poly(p)
 
 
+def value_at_one(e) -> int:
+    """A size expression's value with every symbol 1: how the schedule sizes a dynamic batch
+    (the batch of one a model mostly runs at) and prices any other symbol."""
+    e = as_expr(e)
+    return index_value(e, {s: 1 for s in free_syms(e)})
+
+
 def monomial(e) -> tuple[tuple[str, ...], int] | None:
     """A size expression as (symbols, c) when it is the constant c > 0 times the product of
     those symbols (each as often as it occurs: ``$s * $s``), else None."""

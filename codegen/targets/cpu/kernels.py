@@ -175,21 +175,22 @@ def row_dim(buf: Buffer, block=()) -> tuple[list[str], str | None]:
 
 def _row_chunks(k: Kernel, out: Buffer) -> int:
     """Into how many chunks to cut each row so that a few big rows still spread over threads
-    (a batch-1 fully connected layer has one row); only for constant sizes."""
+    (a batch-1 fully connected layer has one row; a LayerNorm's statistics of one image, [$batch,
+    1500] over 384, have one row per batch item). Symbols count as 1 (ex.value_at_one): a
+    dynamic batch is cut as a batch of one, and a row of symbolic length is not cut."""
     outer, row = row_dim(out)
-    sizes = [*out.sizes.values(), *k.rdims.values()]
-    if row is None or not all(s.is_const for s in sizes):
+    if row is None:
         return 1
     rows = 1
     for d in outer:
-        rows *= out.sizes[d].value
+        rows *= ex.value_at_one(out.sizes[d])
     work = 1
-    for s in sizes:
-        work *= s.value
+    for s in [*out.sizes.values(), *k.rdims.values()]:
+        work *= ex.value_at_one(s)
     want = max(1, min(MAX_WORKGROUPS, work // WORK_PER_WORKGROUP))
     if rows == 0 or rows >= want:  # an empty output (a zero-size slice) has no row to cut
         return 1
-    return max(1, min(-(-want // rows), out.sizes[row].value // MIN_ROW_CHUNK))
+    return max(1, min(-(-want // rows), ex.value_at_one(out.sizes[row]) // MIN_ROW_CHUNK))
 
 
 def schedule(k: Kernel, out: Buffer, buffers: dict[str, Buffer]) -> None:

@@ -134,7 +134,7 @@ def assign_arena(kernels: list[Kernel], arena: list[str], bufs: dict[str, Buffer
     if scaled:   # after the rest, region by region
         regions, total = _pack_by_monomial(kernels, scaled, last_use, aliases, total)
         alone, alone_total = _slots(kernels, in_arena, need, last_use, aliases)
-        if _at_one(total) <= _at_one(alone_total):
+        if ex.value_at_one(total) <= ex.value_at_one(alone_total):
             placed.update(regions)
         else:   # (never larger at a batch of one than every tensor in slots)
             placed, total = alone, alone_total
@@ -209,12 +209,6 @@ def _pack_by_monomial(kernels: list[Kernel], scaled: dict, last_use: dict[str, i
                          ex.simplify_size(sizes[t] * scale))
         total = ex.simplify_size(total + ex.const(end) * scale)
     return placed, total
-
-
-def _at_one(size: Expr) -> int:
-    """``size`` with every symbol 1: how the schedule compares sizes (contraction.typical)."""
-    return ex.simplify_size(ex.substitute(size, {s: ex.const(1) for s in ex.free_syms(size)},
-                                          kind="sym")).value
 
 
 def _pack_by_size(kernels: list[Kernel], sizes: dict[str, Expr], last_use: dict[str, int],

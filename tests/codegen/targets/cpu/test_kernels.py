@@ -5,7 +5,8 @@ the window's terms (unroll_window), with a bias and relu taken out of the window
 are non-decreasing; a larger window stays a reduction. On x86_64-v2/v3/v4, outputs equal ONNX
 Runtime's on finite inputs, and the IR interpreter's (whose reduction propagates NaN, as the
 cpu reduction did before unrolling; ONNX Runtime's MaxPool drops a NaN that is not first) with
-NaN, -inf and inf among the inputs; exact, since max and min do no arithmetic.
+NaN, -inf and inf among the inputs; exact, since max and min do no arithmetic. Rows cut into
+chunks for the threads: a dynamic batch is cut as a batch of one.
 """
 
 from __future__ import annotations
@@ -136,3 +137,36 @@ def test_row_blocks_walk_the_rows_that_share_an_operand(monkeypatch):
         scale = np.abs(want[name]).max()   # errors of the output's scale, as the build's
         assert np.abs(got[name] - plain[name]).max() / scale < 1e-5, name
         assert np.abs(got[name] - want[name]).max() / scale < 1e-5, name
+
+
+def test_rows_of_a_dynamic_batch_are_cut_for_the_threads():
+    """A LayerNorm's statistics over a dynamic batch, [$batch, 1500] summed over 384: one row
+    per batch item, cut into chunks as a batch of one would be (before, a symbol anywhere kept
+    the kernel in one workgroup: one core at any thread count); the sums match NumPy's at
+    batches 1 and 3."""
+    from mlpack.codegen.targets.cpu import compile_cpu
+    from mlpack.spec.ir import parse_graph
+    g = parse_graph('''graph "stats" {
+      in %x: f32{n=$batch, r=1500, c=384} (n, r, c)
+      %m: f32{n=$batch, r=1500} = sum{k=384} %x[n=n, r=r, c=k]
+      out %m (n, r)
+    }''')
+    art = compile_cpu(g, "x86_64-v2")
+    (dispatch,) = art.plan["dispatches"]
+    assert _at(dispatch["workgroups"], batch=1) >= 8
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 1500, 384)).astype(np.float32)
+        got = run_plan(art, g, {"x": x})["m"]
+        np.testing.assert_allclose(got, x.astype(np.float64).sum(-1), rtol=1e-4, atol=1e-4)
+
+
+def _at(e, **syms) -> int:
+    """A plan's encoded size expression at the symbols' values."""
+    if isinstance(e, int):
+        return e
+    if isinstance(e, str):
+        return syms[e[1:]]
+    op, *args = e
+    a, b = (_at(x, **syms) for x in args)
+    return {"add": a + b, "sub": a - b, "mul": a * b, "floordiv": a // b, "min": min(a, b),
+            "max": max(a, b)}[op]
