@@ -420,7 +420,8 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                              info["n_size"], info["k_size"], blocks, vl, tb, mr,
                              t.fma, group, _k_chunk(tb, info, k.rdims),
                              direct, direct is not None and info["n_size"].value % PACK != 0,
-                             _n_inner(bufs[ra.arg[0]], bufs[name], one), pair=info.get("pair"),
+                             _n_inner(bufs[ra.arg[0]], bufs[name], ob, info, one),
+                             pair=info.get("pair"),
                              dot=dot, init=init,
                              nvec=nvec, k_runs=k_runs, batch_inner=_batch_inside(ob, info),
                              stream=direct is None and m_size.is_const
@@ -537,16 +538,29 @@ def _group(m_size: Expr, mr: int) -> int:
     return tiles
 
 
-def _n_inner(a: Buffer, b: Buffer, one: dict[str, Expr]) -> bool:
+def _n_inner(a: Buffer, b: Buffer, out: Buffer, info: dict, one: dict[str, Expr]) -> bool:
     """Whether the units should walk N tiles fastest: each M group's rows of A then stay in
-    cache while every N tile uses them, and B is read once per M group. Worth it when A is
-    too big to stay in the core's cache over a sweep of M (M fastest re-reads all of A per
-    N tile) but B is small enough to. A is too big when it passes the smallest L2 a core has
-    (Zen 3's is 512 KiB, and a 112x112 image of 16 channels 800 KiB: 1.47 -> 1.23 ms for its
-    1x1 convolution on AVX2); B small enough when it fits the biggest (Zen 4's 1 MiB)."""
-    sa, sb = typical(exact_bytes(a), one), typical(exact_bytes(b), one)
-    return sa.is_const and sb.is_const and sa.value > SMALL_L2_BYTES and \
-        sb.value <= CACHE_REUSE_BYTES and sb.value < sa.value
+    cache while every N tile uses them, B is read once per M group, and the output is written
+    row after row. Sizes are a batch point's (the batch is walked outermost: attention's
+    heads). Worth it when B is small enough to stay in the core's cache over a sweep of N
+    (it fits the biggest L2 a core has, Zen 4's 1 MiB) and either
+
+    - A is too big to stay there over a sweep of M (M fastest re-reads all of A per N tile),
+      passing the smallest L2 a core has (Zen 3's is 512 KiB, and a 112x112 image of 16
+      channels 800 KiB: 1.47 -> 1.23 ms for its 1x1 convolution on AVX2), and bigger than B;
+    - or the output passes that L2: M fastest writes it one column block at a time, a line's
+      halves by tiles a whole sweep apart (Whisper's attention scores, 1500 x 1500 a head from
+      K = 64: 41 -> 30 ms a layer at 1 thread on AVX2)."""
+    points = typical(ex.product([extent(v, out, {}) for v in info["batch"]]), one)
+    if not points.is_const or points.value < 1:
+        return False
+    sa, sb, so = (typical(exact_bytes(x), one) for x in (a, b, out))
+    if not (sa.is_const and sb.is_const and so.is_const):
+        return False
+    sa, sb, so = (x.value // points.value for x in (sa, sb, so))
+    if sb > CACHE_REUSE_BYTES:
+        return False
+    return (sa > SMALL_L2_BYTES and sb < sa) or so > SMALL_L2_BYTES
 
 
 def _gemm_reads(k: Kernel, ra: Expr, b_name: str) -> list[str]:

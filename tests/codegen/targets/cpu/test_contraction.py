@@ -147,10 +147,24 @@ def test_a_dynamic_batch_is_scheduled_as_a_batch_of_one():
         return _gemms(compile_onnx(m), "x86_64-v3")[0]
     # 12544 rows of 16: 800 KiB of A at batch 1, past a small L2, so N is walked fastest
     assert gemm(["N", 12544, 16], 16, 48).n_inner
-    assert not gemm([1, 2048, 16], 16, 48).n_inner
+    assert not gemm([1, 2048, 16], 16, 16).n_inner
     # 7 rows: one group, each weight panel read once and fetched ahead; not so with a sequence
     assert gemm(["N", 7, 320], 320, 256).stream
     assert not gemm(["N", "S", 320], 320, 256).stream
+
+
+def test_a_big_output_is_written_row_after_row():
+    """Attention's scores, per head 1024 x 1024 from K = 64: A (256 KiB a head) and B fit a
+    core's L2, but the output (4 MiB a head) does not, so the units walk N fastest and write
+    it row after row (M fastest wrote it one column block at a time). Sizes are a head's: the
+    heads are walked outermost."""
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["y"])]
+    m = model(nodes, [("q", F, [4, 1024, 64]), ("k", F, [4, 64, 1024])], [])
+    scores = _gemms(compile_onnx(m), "x86_64-v3")[0]
+    assert scores.batch and scores.n_inner
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["y"])]
+    m = model(nodes, [("q", F, [4, 128, 64]), ("k", F, [4, 64, 128])], [])
+    assert not _gemms(compile_onnx(m), "x86_64-v3")[0].n_inner   # 64 KiB of output a head
 
 
 def test_epilogue_flat_binding():
