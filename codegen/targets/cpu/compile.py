@@ -12,8 +12,8 @@ from mlpack.codegen.passes.pipeline import run_passes
 from mlpack.codegen.targets.base import Code
 from mlpack.spec.ir.graph import Graph
 from mlpack.spec.ir.verify import verify
-from mlpack.codegen.targets.cpu import (bf16dot, checks, contraction, derived, layout, narrowconv,
-                                        rows, winograd)
+from mlpack.codegen.targets.cpu import (bf16dot, checks, contraction, derived, gather, layout,
+                                        narrowconv, rows, winograd)
 from mlpack.codegen.targets.cpu.concat import split_concats
 from mlpack.codegen.targets.cpu.gemm import bf16_dot
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
@@ -72,7 +72,8 @@ def target_passes(state: _Rewritten, t=None) -> list:
         return g
 
     passes = [("channels_last", channels), ("rows_first", rows.rows_first),
-              ("split_concats", concatenations), ("winograd", winograd_convolutions)]
+              ("gather_operands", gather.gathered_operands), ("split_concats", concatenations),
+              ("winograd", winograd_convolutions)]
     if t is None or bf16_dot(t):
         passes.append(("bf16_products", bf16_products))
     return passes

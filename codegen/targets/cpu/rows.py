@@ -27,7 +27,7 @@ from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph, TensorType, tensors_read
 
 
-def _operands(op: Comprehension, g: Graph) -> tuple[Expr, Expr] | None:
+def operands(op: Comprehension, g: Graph) -> tuple[Expr, Expr] | None:
     """(the activation's read, the constant's read) of a sum of products of the two, or None.
     A constant read under a widening cast (16-bit weights) counts as the constant."""
     if op.reduce != "sum" or not op.rdims or op.body.op != "mul":
@@ -49,7 +49,7 @@ def _rows_first(op: Comprehension, t: str, g: Graph) -> list[str] | None:
     """``t``'s dims, rows first and K last (module docstring), when ``op`` reads it as the
     activation of a contraction with a constant over two K dims or more and that order is not
     its order already; else None."""
-    hit = _operands(op, g)
+    hit = operands(op, g)
     if hit is None or hit[0].arg[0] != t or hit[0].arg[2] is not None:
         return None
     index = dict(zip(hit[0].arg[1], hit[0].args))
