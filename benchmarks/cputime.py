@@ -2,17 +2,18 @@
 
     python -m benchmarks.cputime int8=r50.mlpack:int8 fp32=r50.mlpack:fp32 \\
         ort=r50_qdq.onnx ort_exact=r50_qdq.onnx:exact
+    python -m benchmarks.cputime before=old.mlpack after=new.mlpack ort=model.onnx --dim sequence=128
 
 Each ``NAME=PATH[:WHAT]`` is a container with the precision to load (``:int8``; none: what
 selection picks) or an ONNX model for ONNX Runtime (``:exact`` sets its
-``session.x64quantprecision``, exact int8 kernels on CPUs without VNNI). All run one thread on
-one seeded random input (a symbolic dim is 1), in blocks of ``--per`` runs, the runtimes'
-order reversed every block, ``--blocks`` blocks; each block's CPU time (``time.process_time``,
-which excludes the time the process waits for a core that other work holds) per run is a
-sample, and the medians are printed with the wall-clock ones and each runtime's CPU time over
-the first's. Where the machine is shared (other builds and tests on the same cores), wall-clock
-medians swing by tens of percent between runs; CPU time moves far less (cache and memory
-contention still reach it).
+``session.x64quantprecision``, exact int8 kernels on CPUs without VNNI). All run one thread
+(``--threads``) on one seeded random input (a symbolic dim is 1, or its ``--dim`` size; token
+ids are 1), in blocks of ``--per`` runs, the runtimes' order reversed every block, ``--blocks``
+blocks; each block's CPU time (``time.process_time``, which excludes the time the process waits
+for a core that other work holds) per run is a sample, and the medians are printed with the
+wall-clock ones and each runtime's CPU time over the first's. Where the machine is shared
+(other builds and tests on the same cores), wall-clock medians swing by tens of percent between
+runs; CPU time moves far less (cache and memory contention still reach it).
 """
 
 from __future__ import annotations
@@ -26,22 +27,32 @@ import warnings
 import numpy as np
 
 
-def _runner(spec: str):
-    path, _, what = spec.partition(":")
+def _feeds(inputs, dims: dict[str, int]) -> dict:
+    """Seeded random inputs: a symbolic dim at its ``--dim`` size (else 1), token ids (integer
+    inputs) all 1."""
     rng = np.random.default_rng(0)
+    feeds = {}
+    for i in inputs:
+        shape = [d if isinstance(d, int) else dims.get(d, 1) for d in i.shape]
+        kind = str(getattr(i, "type", None) or getattr(i, "dtype", ""))
+        feeds[i.name] = (np.ones(shape, np.int64) if "int" in kind
+                         else rng.standard_normal(shape).astype(np.float32))
+    return feeds
+
+
+def _runner(spec: str, dims: dict[str, int], threads: int):
+    path, _, what = spec.partition(":")
     if path.endswith(".onnx"):
         from mlpack.packager.bench import ort_session
         from mlpack.packager.testvectors import EXACT_INT8
-        session = ort_session(path, 1, {EXACT_INT8: "1"} if what == "exact" else None)
-        feeds = {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape])
-                 .astype(np.float32) for i in session.get_inputs()}
+        session = ort_session(path, threads, {EXACT_INT8: "1"} if what == "exact" else None)
+        feeds = _feeds(session.get_inputs(), dims)
         return lambda: session.run(None, feeds)
     import mlpack
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = mlpack.load(path, precision=what or None, threads=1)
-    feeds = {i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape])
-             .astype(np.float32) for i in model.inputs}
+        model = mlpack.load(path, precision=what or None, threads=threads)
+    feeds = _feeds(model.inputs, dims)
     return lambda: model.run(feeds)
 
 
@@ -50,13 +61,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runtimes", nargs="+", metavar="NAME=PATH[:WHAT]")
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--per", type=int, default=3, help="runs per block")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                        help="a symbolic dim's size (repeatable; default 1): sequence=128")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads of every runtime (CPU time then sums the threads')")
     args = parser.parse_args(argv)
+    dims = {}
+    for item in args.dim:
+        name, sep, size = item.partition("=")
+        if not sep or not size.isdigit():
+            parser.error(f"--dim {item!r} is not NAME=SIZE")
+        dims[name] = int(size)
     fns = {}
     for item in args.runtimes:
         name, sep, spec = item.partition("=")
         if not sep:
             parser.error(f"{item!r} is not NAME=PATH[:WHAT]")
-        fns[name] = _runner(spec)
+        fns[name] = _runner(spec, dims, args.threads)
         fns[name]()   # warm up
     cpu = {n: [] for n in fns}
     wall = {n: [] for n in fns}
