@@ -541,9 +541,8 @@ def _group(m_size: Expr, mr: int) -> int:
 def _n_inner(a: Buffer, b: Buffer, out: Buffer, info: dict, one: dict[str, Expr]) -> bool:
     """Whether the units should walk N tiles fastest: each M group's rows of A then stay in
     cache while every N tile uses them, B is read once per M group, and the output is written
-    row after row. Sizes are a batch point's (the batch is walked outermost: attention's
-    heads). Worth it when B is small enough to stay in the core's cache over a sweep of N
-    (it fits the biggest L2 a core has, Zen 4's 1 MiB) and either
+    row after row. Sizes are a batch point's (attention's heads, walked outermost). Worth it
+    when B stays in cache over a sweep of N (it fits Zen 4's L2, 1 MiB) and either
 
     - A is too big to stay there over a sweep of M (M fastest re-reads all of A per N tile),
       passing the smallest L2 a core has (Zen 3's is 512 KiB, and a 112x112 image of 16

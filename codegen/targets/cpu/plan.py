@@ -8,7 +8,9 @@ sizes, no larger size) reuses it. A slot keeps the offset it got, so offsets and
 plain polynomials in the symbols. When every size is constant, the tensors are also packed by
 size (``_pack_by_size``: the largest first, each at the lowest offset clear of every tensor
 live with it), and that placement is kept when its arena is smaller (the capsule layer's EM
-routing: 45.8 -> 30.7 MB; ResNet-50 9.6 -> 8.0 MB).
+routing: 45.8 -> 30.7 MB; ResNet-50 9.6 -> 8.0 MB). Tensors whose sizes are each a constant
+times a product of symbols (a dynamic batch's activations) are packed the same way at a value
+of 1, and their offsets scale with the product (``_pack_by_monomial``).
 """
 
 from __future__ import annotations
