@@ -2,18 +2,19 @@
 
     python -m benchmarks.cputime int8=r50.mlpack:int8 fp32=r50.mlpack:fp32 \\
         ort=r50_qdq.onnx ort_exact=r50_qdq.onnx:exact
-    python -m benchmarks.cputime before=old.mlpack after=new.mlpack ort=model.onnx --dim sequence=128
+    python -m benchmarks.cputime before=old.mlpack after=new.mlpack ort=model.onnx \\
+        --dim sequence=128
 
 Each ``NAME=PATH[:WHAT]`` is a container with the precision to load (``:int8``; none: what
 selection picks) or an ONNX model for ONNX Runtime (``:exact`` sets its
 ``session.x64quantprecision``, exact int8 kernels on CPUs without VNNI). All run one thread
-(``--threads``) on one seeded random input (a symbolic dim is 1, or its ``--dim`` size; token
-ids are 1), in blocks of ``--per`` runs, the runtimes' order reversed every block, ``--blocks``
-blocks; each block's CPU time (``time.process_time``, which excludes the time the process waits
-for a core that other work holds) per run is a sample, and the medians are printed with the
-wall-clock ones and each runtime's CPU time over the first's. Where the machine is shared
-(other builds and tests on the same cores), wall-clock medians swing by tens of percent between
-runs; CPU time moves far less (cache and memory contention still reach it).
+(``--threads``) on one seeded random input (``packager.bench.random_inputs``: a symbolic dim is
+1, or its ``--dim`` size), in blocks of ``--per`` runs, the runtimes' order reversed every
+block, ``--blocks`` blocks; each block's CPU time (``time.process_time``, which excludes the
+time the process waits for a core that other work holds) per run is a sample, and the medians
+are printed with the wall-clock ones and each runtime's CPU time over the first's. Where the
+machine is shared (other builds and tests on the same cores), wall-clock medians swing by tens
+of percent between runs; CPU time moves far less (cache and memory contention still reach it).
 """
 
 from __future__ import annotations
@@ -22,22 +23,9 @@ import argparse
 import statistics
 import sys
 import time
-import warnings
+from types import SimpleNamespace
 
-import numpy as np
-
-
-def _feeds(inputs, dims: dict[str, int]) -> dict:
-    """Seeded random inputs: a symbolic dim at its ``--dim`` size (else 1), token ids (integer
-    inputs) all 1."""
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for i in inputs:
-        shape = [d if isinstance(d, int) else dims.get(d, 1) for d in i.shape]
-        kind = str(getattr(i, "type", None) or getattr(i, "dtype", ""))
-        feeds[i.name] = (np.ones(shape, np.int64) if "int" in kind
-                         else rng.standard_normal(shape).astype(np.float32))
-    return feeds
+from mlpack.packager.bench import load_mlpack, random_inputs
 
 
 def _runner(spec: str, dims: dict[str, int], threads: int):
@@ -46,14 +34,31 @@ def _runner(spec: str, dims: dict[str, int], threads: int):
         from mlpack.packager.bench import ort_session
         from mlpack.packager.testvectors import EXACT_INT8
         session = ort_session(path, threads, {EXACT_INT8: "1"} if what == "exact" else None)
-        feeds = _feeds(session.get_inputs(), dims)
+        feeds = random_inputs(_onnx_inputs(path), dims)
         return lambda: session.run(None, feeds)
-    import mlpack
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = mlpack.load(path, precision=what or None, threads=threads)
-    feeds = _feeds(model.inputs, dims)
+    model = load_mlpack(path, threads, what or None)
+    feeds = random_inputs(model.inputs, dims)
     return lambda: model.run(feeds)
+
+
+def _onnx_inputs(path: str) -> list:
+    """The ONNX model's graph inputs (initializers aside) as (name, IR dtype, shape) records,
+    what ``random_inputs`` takes."""
+    import onnx
+    from onnx import helper
+
+    from mlpack.spec.ir import dtypes as dt
+    m = onnx.load(path, load_external_data=False)
+    inits = {t.name for t in m.graph.initializer}
+    out = []
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim]
+        dtype = dt.from_numpy(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        out.append(SimpleNamespace(name=vi.name, shape=shape, dtype=dtype))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -226,10 +226,7 @@ def model_inputs(model, dims: dict | None = None, seed: int = 0) -> tuple[dict, 
     """Inputs for a loaded mlpack ``model``: ({name: array}, where they came from).
 
     The first test-vector case when the container has one and no ``dims`` are given; otherwise
-    seeded random arrays (floats N(0, 1), integers in [0, 10), booleans fair coins) with every
-    size symbol bound to ``dims`` (default 1)."""
-    from mlpack.packager.testvectors import _random_array
-
+    seeded random arrays (``random_inputs``) with every size symbol bound to ``dims``."""
     if not dims:
         cases = model.test_vectors()
         if cases:
@@ -241,12 +238,21 @@ def model_inputs(model, dims: dict | None = None, seed: int = 0) -> tuple[dict, 
     if unknown:
         raise InputError(f"--dim {unknown[0]}: the model has no size symbol {unknown[0]!r} "
                          f"(its symbols: {', '.join(sorted(symbols)) or 'none'})")
+    return random_inputs(model.inputs, dims, seed), f"seeded random (seed {seed})"
+
+
+def random_inputs(inputs, dims: dict, seed: int = 0) -> dict:
+    """Seeded random arrays for ``inputs`` (each with a name, an IR dtype and a shape of sizes
+    and size symbols), every symbol bound to ``dims`` (default 1): floats N(0, 1), integers in
+    [0, 10), booleans fair coins."""
+    from mlpack.packager.testvectors import _random_array
+
     rng = np.random.default_rng(seed)
     feeds = {}
-    for info in model.inputs:
+    for info in inputs:
         shape = tuple(s if isinstance(s, int) else dims.get(s, 1) for s in info.shape)
         feeds[info.name] = _random_array(rng, info.dtype, shape)
-    return feeds, f"seeded random (seed {seed})"
+    return feeds
 
 
 # ---------------------------------------------------------------- peak and memory
