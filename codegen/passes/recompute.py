@@ -98,15 +98,12 @@ def as_bytes(value) -> int | None:
     return parse_bytes(str(value))
 
 
-def _size(e: Expr) -> int:
-    """A size, its symbols estimated at 1 (both prices scale alike with a batch symbol)."""
-    return ex.value_at_one(e)
-
-
 def _count(dims) -> int:
+    """Elements of ``dims``, their symbols estimated at 1 (both prices scale alike with a batch
+    symbol)."""
     n = 1
     for s in dims.values():
-        n *= _size(s)
+        n *= ex.value_at_one(s)
     return n
 
 

@@ -42,7 +42,7 @@ def _gather(op: Comprehension, g: Graph, taken: set[str]) -> tuple[Comprehension
         return None
     a = hit[0]
     loop = set(op.type.dims) | set(op.rdims)
-    used = set().union(*(ex.free_vars(ix) for ix in a.args)) if a.args else set()
+    used = set().union(*(ex.free_vars(ix) for ix in a.args))
     if not used <= loop or not used & set(op.rdims):
         return None
     if all(affine(ix, loop) is not None for ix in a.args):

@@ -39,10 +39,9 @@ def operands(op: Comprehension, g: Graph) -> tuple[Expr, Expr] | None:
             return None
         reads.append(r)
     consts = [r for r in reads if r.arg[0] in g.constants]
-    if len(consts) != 1 or reads[0].arg[0] == reads[1].arg[0]:
+    if len(consts) != 1:
         return None
-    a = reads[1] if reads[0] is consts[0] else reads[0]
-    return (a, consts[0]) if a.op == "read" and a.arg[0] not in g.constants else None
+    return (reads[1], reads[0]) if reads[0] is consts[0] else (reads[0], reads[1])
 
 
 def _rows_first(op: Comprehension, t: str, g: Graph) -> list[str] | None:
@@ -94,4 +93,4 @@ def rows_first(g: Graph) -> Graph:
     return replace(g, ops=ops, types=types)
 
 
-__all__ = ["rows_first"]
+__all__ = ["operands", "rows_first"]

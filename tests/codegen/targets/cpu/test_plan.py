@@ -15,6 +15,8 @@ from mlpack.codegen.targets.cpu.target import get_target
 from mlpack.spec.ir import parse_graph
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from plan_runner import eval_expr  # noqa: E402  (tests/codegen/targets/plan_runner.py)
 
 
 def capsule_routing():
@@ -56,8 +58,8 @@ def _spans(p, kernels, syms=None):
             e = p["buffers"][b]
             if e["kind"] == "arena":
                 lo, hi = out.get(b, (None, None, i, i))[2:]
-                at = _value(e["offset"], syms or {})
-                out[b] = (at, at + _value(e["size"], syms or {}), min(lo, i), max(hi, i))
+                at = eval_expr(e["offset"], syms or {})
+                out[b] = (at, at + eval_expr(e["size"], syms or {}), min(lo, i), max(hi, i))
     return list(out.values())
 
 
@@ -76,17 +78,6 @@ def test_live_tensors_never_share_bytes_and_the_arena_shrinks(source, monkeypatc
     assert p["arena_size"] <= old["arena_size"]
     if source == "capsule":   # the slots kept a third big slot: 460,800 bytes, packed 313,344
         assert p["arena_size"] < 0.75 * old["arena_size"]
-
-
-def _value(e, syms: dict[str, int]) -> int:
-    """A plan's encoded size expression at the symbols' values."""
-    if isinstance(e, int):
-        return e
-    if isinstance(e, str):
-        return syms[e[1:]]
-    op, *args = e
-    a, b = (_value(x, syms) for x in args)
-    return {"add": a + b, "sub": a - b, "mul": a * b, "floordiv": a // b}[op]
 
 
 # layers of distinct widths, as an image's channels change along a CNN, over a dynamic batch
@@ -118,6 +109,6 @@ def test_a_dynamic_batch_is_packed_as_a_batch_of_one_and_scales(monkeypatch):
             for b in spans:
                 if a is not b and a[2] <= b[3] and b[2] <= a[3]:
                     assert a[1] <= b[0] or b[1] <= a[0], (batch, a, b)
-        size = _value(p["arena_size"], {"batch": batch})
+        size = eval_expr(p["arena_size"], {"batch": batch})
         assert size >= max(s[1] for s in spans)
-        assert size <= 0.8 * _value(slots["arena_size"], {"batch": batch})
+        assert size <= 0.8 * eval_expr(slots["arena_size"], {"batch": batch})
