@@ -29,8 +29,9 @@ class Loops:
     @contextmanager
     def loop(self, start, end, name: str, vectorize: bool = False, unroll: bool | None = None):
         """``unroll=False`` tells LLVM not to unroll the loop (a micro-kernel's K loop, whose
-        body is unrolled already: unrolling it further only costs compile time); None: the
-        default the Loops was made with."""
+        body is unrolled already: unrolling it further only costs compile time), a vectorized
+        one's too; None: the default the Loops was made with."""
+        never = unroll is False
         unroll = self.unroll if unroll is None else unroll
         b = self.b
         pre = b.block
@@ -48,7 +49,7 @@ class Loops:
         nxt = b.add(i, ir.Constant(I64, 1), flags=("nsw",))
         i.add_incoming(nxt, b.block)
         br = b.branch(header)
-        if vectorize:
+        if vectorize and not never:
             self.latches.append(br)
         elif not unroll:
             _disable_unroll(self.module, br)

@@ -21,6 +21,11 @@ however cheap it is to compute and however large it is. This pass prices both ch
   (Whisper's residual stream, four 2.3 MB tensors summed with an exact GELU, recomputed in
   each LayerNorm's mean, variance and output: 3x the layer norms' time, priced as flops alone).
 
+- a tensor with a point span (points.py: every reader reads it, and all between them work,
+  at the same point of some outer dims, as EM routing's per position) is held by the cpu target
+  one point at a time, in cache: materializing it moves nothing through memory, and keeps
+  POINTS_IN_FLIGHT points of it (what the budget counts).
+
 Only what can be recomputed in place is a candidate: a map, or a sum of constant depth at most
 ``MAX_UNROLL``, which is unrolled into a plain expression (the IR has no reduction inside a
 body); read at two places or more (one read is ``fuse``'s and ``sums``'s business), by
@@ -46,11 +51,12 @@ from mlpack.spec.ir import dtypes as dt
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr, substitute, walk
 from mlpack.spec.ir.graph import Comprehension, Graph
+from mlpack.codegen.passes.points import (CACHE_BYTES, MAX_TERMS, POINTS_IN_FLIGHT,
+                                          contraction, point_span)
 from mlpack.codegen.passes.sums import read_counts
 
-MAX_UNROLL = 16            # deepest sum unrolled into a reader (the votes: 4)
+MAX_UNROLL = MAX_TERMS     # deepest sum unrolled into a reader (the votes: 4)
 MAX_FLOPS = 256            # a bigger body stays materialized: every reader would carry it
-CACHE_BYTES = 2 << 20      # a tensor up to this size is read back from cache: nearly free
 FLOPS_PER_BYTE = 4.0       # flops a core does in the time it streams a byte from memory
 _COSTLY = {"exp": 8, "log": 8, "tanh": 8, "sigmoid": 8, "erf": 8, "sqrt": 4, "div": 4,
            "recip": 4, "pow": 16, "sin": 8, "cos": 8}
@@ -144,21 +150,6 @@ def _unroll(p: Comprehension) -> Expr | None:
     return out
 
 
-def _contraction(c: Comprehension) -> bool:
-    """A sum of a product of two plain reads: the cpu target runs it as a GEMM."""
-    if c.reduce != "sum":
-        return False
-    factors, stack = [], [c.body]
-    while stack:
-        n = stack.pop()
-        if n.op == "mul":
-            stack.extend(n.args)
-        else:
-            factors.append(n)
-    reads = [f for f in factors if f.op == "read"]
-    return len(reads) == 2 and all(f.op in ("read", "const") for f in factors)
-
-
 @dataclass
 class Candidate:
     op: Comprehension
@@ -169,10 +160,15 @@ class Candidate:
     materialize: float        # flop-equivalents materializing costs (memory traffic)
     per_read: int             # flops per recomputed element
     reads: int
+    span: object = None       # points.Span: kept one point at a time, never whole
+
+    @property
+    def kept(self) -> int:   # bytes materializing keeps (a span's: what its points take)
+        return self.nbytes if self.span is None else self.span.point_bytes * POINTS_IN_FLIGHT
 
     @property
     def saving(self) -> float:   # what materializing saves over recomputing, per byte kept
-        return (self.recompute - self.materialize) / max(self.nbytes, 1)
+        return (self.recompute - self.materialize) / max(self.kept, 1)
 
 
 def _candidates(g: Graph) -> list[Candidate]:
@@ -187,7 +183,7 @@ def _candidates(g: Graph) -> list[Candidate]:
             if n.op != "read":
                 continue
             t = n.arg[0]
-            if n.arg[2] is not None or _contraction(op):
+            if n.arg[2] is not None or contraction(op):
                 refused.add(t)
             if not any(r is op for r in readers[t]):
                 readers[t].append(op)
@@ -213,8 +209,11 @@ def _candidates(g: Graph) -> list[Candidate]:
         extra = (evaluations - own) * per_read
         extra += (evaluations - own) / max(own, 1) * _streamed(p, g) * FLOPS_PER_BYTE
         traffic = 0.0 if nbytes <= CACHE_BYTES else nbytes * (1 + reads) * FLOPS_PER_BYTE
+        span = point_span(g, p.out) if traffic else None
+        if span is not None:   # held one point at a time, in cache (points.py)
+            traffic = 0.0
         found.append(Candidate(p, inline, readers[p.out], nbytes, float(extra), traffic,
-                               per_read, reads))
+                               per_read, reads, span))
     return found
 
 
@@ -238,9 +237,11 @@ def _inline(e: Expr, name: str, body: Expr) -> Expr:
 
 
 def _describe(c: Candidate) -> str:
+    held = "" if c.span is None else (f", one point of ({', '.join(c.span.dims)}) at a time: "
+                                      f"{_human(c.span.point_bytes, 'B')} each")
     return (f"{c.op.out} ({_human(c.nbytes, 'B')}; {c.per_read} flops per element, read at "
             f"{c.reads} places: recomputing costs {_human(c.recompute, 'flop')}, materializing "
-            f"moves {_human(c.materialize / FLOPS_PER_BYTE, 'B')})")
+            f"moves {_human(c.materialize / FLOPS_PER_BYTE, 'B')}{held})")
 
 
 def _pick(cands: list[Candidate], budget: int | None) -> tuple[Candidate, str] | None:
@@ -249,7 +250,7 @@ def _pick(cands: list[Candidate], budget: int | None) -> tuple[Candidate, str] |
     cheaper = [c for c in cands if c.recompute < c.materialize]
     if cheaper:
         return max(cheaper, key=lambda c: c.materialize - c.recompute), "cheaper"
-    kept = sum(c.nbytes for c in cands)
+    kept = sum(c.kept for c in cands)
     if budget is not None and kept > budget:
         c = min(cands, key=lambda c: c.saving)
         return c, (f"materialized candidates would take {_human(kept, 'B')}, over the memory "

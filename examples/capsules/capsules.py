@@ -6,10 +6,12 @@ P holds a 4x4 pose matrix (i, k) per capsule type ci at each position of the inp
 4x4 transformation per kernel tap (kx, ky), input type ci and output type co. ``capsule_conv``
 is that line; ``votes`` keeps the input capsule (kx, ky, ci) instead of summing it, which is
 what EM routing weighs (``em_routing``: three iterations of the M-step and the E-step, written
-as plain DSL ops). The votes are written as one tensor, but the ``recompute`` pass
-(codegen/passes/recompute.py) finds recomputing each vote where a routing reduction reads it
-(four multiply-adds) cheaper than storing 231 MB and streaming it eight times, so at batch 8 on
-16x16 the routing's reductions run fused with the vote contraction and the votes never exist;
+as plain DSL ops). The votes are written as one tensor, and every step of the routing is
+per output position (n, x, y): the cpu target runs the whole routing one position at a time
+as one kernel (codegen/targets/cpu/tiles.py), so each position's votes (590 KB at 32 capsule
+types) are computed once and re-read while in cache, and the 231 MB of votes at batch 8 never
+exist; where no such tile applies, the ``recompute`` pass (codegen/passes/recompute.py)
+recomputes each vote (four multiply-adds) where a routing reduction reads it.
 ``mlpack build --memory-budget`` caps what it keeps, ``MLPACK_DEBUG=1`` prints its choices.
 
 Importing this module registers ``CapsConv`` and ``EMRouting`` of the ONNX domain

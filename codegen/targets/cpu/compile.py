@@ -13,7 +13,7 @@ from mlpack.codegen.targets.base import Code
 from mlpack.spec.ir.graph import Graph
 from mlpack.spec.ir.verify import verify
 from mlpack.codegen.targets.cpu import (bf16dot, checks, contraction, derived, gather, layout,
-                                        narrowconv, rows, winograd)
+                                        narrowconv, rows, tiles, winograd)
 from mlpack.codegen.targets.cpu.concat import split_concats
 from mlpack.codegen.targets.cpu.gemm import bf16_dot
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
@@ -49,6 +49,7 @@ class _Rewritten:
     winograd: int = 0                             # convolutions on Winograd's algorithm
     bf16_products: int = 0                        # contractions of bf16 pairs (bf16dot.py)
     derived: dict = field(default_factory=dict)   # constants made from the weights (derived.py)
+    tiles: list = field(default_factory=list)     # spans run point by point (tiles.py)
 
 
 def target_passes(state: _Rewritten, t=None) -> list:
@@ -67,13 +68,17 @@ def target_passes(state: _Rewritten, t=None) -> list:
     def channels(g: Graph) -> Graph:
         return layout.channels_last(g, state.derived)
 
+    def point_tiles(g: Graph) -> Graph:
+        state.tiles.clear()
+        return tiles.point_tiles(g, state.tiles)
+
     def bf16_products(g: Graph) -> Graph:
         g, state.bf16_products = bf16dot.round_activations(g, state.parents)
         return g
 
     passes = [("channels_last", channels), ("rows_first", rows.rows_first),
               ("gather_operands", gather.gathered_operands), ("split_concats", concatenations),
-              ("winograd", winograd_convolutions)]
+              ("winograd", winograd_convolutions), ("point_tiles", point_tiles)]
     if t is None or bf16_dot(t):
         passes.append(("bf16_products", bf16_products))
     return passes
@@ -92,12 +97,15 @@ def schedule_kernels(graph: Graph, t, disabled=frozenset()):
                        check=check)
     bufs = tensor_buffers(graph)
     bufs.update(state.parents)
-    kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=state.aliases), bufs, t,
-                                source)
+    points = {t: tile.dims for tile in state.tiles for t in tile.ops}
+    keep = {*state.aliases, *tiles.boundaries(state.tiles, graph)}
+    kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=keep, points=points),
+                                bufs, t, source)
     derived.inline(state.derived, kernels, bufs, source)
     made = derived.kernels(state.derived, graph, bufs, {r for k in kernels for r in k.reads},
                            source)
-    return graph, made + kernels, bufs, state.aliases, state
+    kernels = tiles.group(made + kernels, state.tiles, bufs, {p.name for p in graph.outputs})
+    return graph, kernels, bufs, state.aliases, state
 
 
 def _log_assembly(mod, tm) -> None:

@@ -141,8 +141,8 @@ def classify(k: Kernel, g, bufs: dict[str, Buffer], t: CpuTarget | None = None) 
     no contraction. B is packed at build time when it is a constant of constant extents;
     otherwise it is read at run time: in place when it allows (``_direct``), else through a
     pack kernel. Of the two operands, B is the one that reads better (see ``_runtime``)."""
-    if k.reduce != "sum" or k.acc_dtype not in ("f32", "i32") or k.strategy == "gemm":
-        return None
+    if k.reduce != "sum" or k.acc_dtype not in ("f32", "i32") or k.strategy == "gemm" or k.points:
+        return None   # (a point tile's kernel runs one point at a time: tiles.py)
     body = k.body
     if body.op != "mul":
         return None

@@ -127,7 +127,8 @@ def _factor(e: Expr, bufs, ranges) -> Expr | None:
 
 
 def classify(k: Kernel, bufs: dict[str, Buffer], t: CpuTarget) -> Direct | None:
-    if k.reduce != "sum" or k.acc_dtype != "f32" or k.strategy == "gemm" or k.body.op != "mul":
+    if k.reduce != "sum" or k.acc_dtype != "f32" or k.strategy == "gemm" or k.points \
+            or k.body.op != "mul":
         return None
     out = bufs[k.out]
     outer, row = row_dim(out)

@@ -52,6 +52,8 @@ class Kernel:
     gemm: object = None            # gemm.Contraction or depthwise.Direct when strategy == "gemm"
     window: int = 1                # terms per element of an unrolled window (unroll_window)
     checks: list = field(default_factory=list)   # (tensor, dim) per index check, once lowered
+    # outer dims run one point at a time (tiles.py): never the row, never in ``block``
+    points: tuple[str, ...] = ()
     # run once when the engine opens the artifact (the plan's "prepare"), not on every run: it
     # computes a tensor of the weights alone (a packed B panel, a weight relaid out) into the
     # artifact's packed region (plan.py)
@@ -59,8 +61,10 @@ class Kernel:
 
     @property
     def blocked(self) -> tuple[str, ...]:
-        """``block`` where it applies: a row reduction's (a kernel made a gemm later has none)."""
-        return self.block if self.strategy == "row" else ()
+        """``block`` where it applies: a row reduction's, or any kernel's of a point tile
+        (kernels.point_block); a kernel made a gemm later has none."""
+        return self.block if self.strategy == "row" or (self.points and self.strategy in (
+            "map", "inner")) else ()
 
 
 def exact_bytes(buf: Buffer) -> Expr:

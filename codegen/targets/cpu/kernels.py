@@ -43,6 +43,8 @@ MAX_WINDOW = 16              # window positions a max/min pooling is unrolled ov
 ROW_BIAS = 0.5               # how much the row strategy is preferred at equal scores
 ROW_BLOCK = 4096             # elements of the rows one unit of a blocked row kernel walks
 MIN_UNITS = 64               # units a blocked row kernel leaves to share out at least
+MAX_POINT_TERMS = 4         # terms of a point tile's sum written out as one expression
+POINT_ROW_BLOCK = 512       # elements of the rows one unit of a point tile's kernel walks
 L1_BYTES = 32768             # what a row's operands may touch and still be in L1 for the next
 
 
@@ -164,12 +166,16 @@ def _score(body: Expr, v: str, extent: Expr, buffers) -> float:
     return score
 
 
-def row_dim(buf: Buffer, block=()) -> tuple[list[str], str | None]:
+def row_dim(buf: Buffer, block=(), points=()) -> tuple[list[str], str | None]:
     """(outer dims, row dim) of a kernel writing ``buf``; the outer dims leave out ``block``
-    (``Kernel.block``: walked inside each unit with the row)."""
+    (``Kernel.block``: walked inside each unit with the row). ``points`` (``Kernel.points``)
+    are outer dims whatever their place: a tile's kernel whose dims are all points has no
+    row."""
     dims = [d for d in buf.layout if not is_one(buf.sizes[d])]
     if not dims:
         return [], None
+    if dims[-1] in points:
+        return dims, None
     return [d for d in dims[:-1] if d not in block], dims[-1]
 
 
@@ -179,7 +185,7 @@ def _row_chunks(k: Kernel, out: Buffer) -> int:
     1500] over 384, have one row per batch item). Symbols count as 1 (ex.value_at_one): a
     dynamic batch is cut as a batch of one, and a row of symbolic length is not cut."""
     outer, row = row_dim(out)
-    if row is None:
+    if row is None or k.points:   # (a tile's kernel runs one point at a time: tiles.py)
         return 1
     rows = 1
     for d in outer:
@@ -198,8 +204,9 @@ def schedule(k: Kernel, out: Buffer, buffers: dict[str, Buffer]) -> None:
     k.row_chunks = _row_chunks(k, out)
     if k.reduce is None:
         k.strategy = "map"
+        point_block(k, out)
         return
-    _, row = row_dim(out)
+    _, row = row_dim(out, points=k.points)
     scores = {r: _score(k.body, r, s, buffers) for r, s in k.rdims.items()}
     best = max(reversed(list(k.rdims)), key=lambda r: scores[r]) if k.rdims else None
     # (an f16/bf16 sum or product accumulated in its output row would round every partial
@@ -217,6 +224,25 @@ def schedule(k: Kernel, out: Buffer, buffers: dict[str, Buffer]) -> None:
     k.strategy = "inner"
     if best is not None:
         k.rdims = {**{r: s for r, s in k.rdims.items() if r != best}, best: k.rdims[best]}
+    point_block(k, out)
+
+
+def point_block(k: Kernel, out: Buffer) -> None:
+    """A point tile's kernel (tiles.py) walks all of one point's rows in loops: a unit each
+    would delinearize its index for a row of a few vectors. A ``row`` reduction's rows hold
+    its accumulators, re-read at every step: at most POINT_ROW_BLOCK elements of them."""
+    if not k.points:
+        return
+    dims = [d for d in out.layout if not is_one(out.sizes[d]) and d not in k.points]
+    if len(dims) < 2 or not all(out.sizes[d].is_const for d in dims):
+        return
+    size, block = out.sizes[dims[-1]].value, []
+    for d in reversed(dims[:-1]):
+        if k.strategy == "row" and size * out.sizes[d].value > POINT_ROW_BLOCK:
+            break
+        block.append(d)
+        size *= out.sizes[d].value
+    k.block = tuple(d for d in dims if d in block)
 
 
 def _streams(read: Expr, dims) -> bool:
@@ -246,6 +272,9 @@ def block_rows(k: Kernel, out: Buffer) -> None:
     of a unit are at most ROW_BLOCK elements (their accumulators stay in L1), at least
     MIN_UNITS units are left to share out, and what stays put along a blocked dim touches more
     than L1_BYTES per row (less is read from L1 by the next row anyway)."""
+    if k.points:
+        point_block(k, out)
+        return
     if k.strategy != "row" or k.row_chunks != 1 or not k.rdims:
         return
     dims = [d for d in out.layout if not is_one(out.sizes[d])]
@@ -259,7 +288,7 @@ def block_rows(k: Kernel, out: Buffer) -> None:
     reuse = {d: _footprint([r for r in reads if not _streams(r, [d])], k, out, dims[-1])
              for d in dims[:-1]}
     block: list[str] = []
-    for d in sorted(reversed(dims[:-1]), key=lambda d: -reuse[d]):
+    for d in sorted(reversed(list(reuse)), key=lambda d: -reuse[d]):
         n = out.sizes[d].value
         if reuse[d] <= L1_BYTES:
             break   # what stays put along d is in L1 for the next row anyway
@@ -312,6 +341,26 @@ def unroll_window(k: Kernel) -> None:
     k.window = window
 
 
+def unroll_point_sum(k: Kernel) -> None:
+    """A point tile's sum over at most MAX_POINT_TERMS constant terms (the capsule votes' four
+    products) as a map adding them up: the row strategy would load and store its output row
+    at each term, the map keeps the sum in a register."""
+    if not k.points or k.reduce != "sum" or not k.rdims or k.acc_dtype != "f32":
+        return
+    sizes = list(k.rdims.values())
+    if not all(s.is_const for s in sizes) or math.prod(s.value for s in sizes) > MAX_POINT_TERMS:
+        return
+    names = list(k.rdims)
+    value = None
+    for point in itertools.product(*[range(s.value) for s in sizes]):
+        term = ex.substitute(k.body, {r: ex.const(v) for r, v in zip(names, point)})
+        value = term if value is None else ex.add(value, term)
+    if k.epilogue is not None:
+        value = ex.substitute(k.epilogue, {ACC: value})
+    k.body, k.reduce, k.rdims, k.epilogue = value, None, {}, None
+    k.acc_dtype = value.dtype
+
+
 def _monotone_core(e: Expr, window: set[str]) -> Expr:
     """The part of ``e`` that depends on the window, below a chain of non-decreasing steps
     whose other operands do not (a bias add, a relu: ``max(x[w] + b, 0)`` gives ``x[w]``), or
@@ -334,10 +383,12 @@ def reject_procedures(g: Graph) -> None:
     check_procedures(g)
 
 
-def build_kernels(g: Graph, buffers: dict[str, Buffer], keep=()) -> list[Kernel]:
+def build_kernels(g: Graph, buffers: dict[str, Buffer], keep=(), points=None) -> list[Kernel]:
     """The graph's comprehensions as kernels, in order, with epilogues fused. ``keep``:
     tensors that must be written even if their only reader could take them as an epilogue
-    (a concatenation's part that lies in its slice: concat.py)."""
+    (a concatenation's part that lies in its slice: concat.py). ``points``: op output -> the
+    point dims of the tile it runs in (tiles.py)."""
+    points = points or {}
     reject_procedures(g)
     ops = [op for op in g.ops if not isinstance(op, Procedure)]
     producers = {op.out: op for op in ops}
@@ -373,6 +424,8 @@ def build_kernels(g: Graph, buffers: dict[str, Buffer], keep=()) -> list[Kernel]
         unroll_window(k)
         reads = tensors_read(k.body) + (tensors_read(k.epilogue) if k.epilogue is not None else [])
         k.reads = [t for t in dict.fromkeys(reads) if t != k.out]
+        k.points = points.get(k.out, ())
+        unroll_point_sum(k)
         schedule(k, buffers[k.out], buffers)
         kernels.append(k)
     return kernels

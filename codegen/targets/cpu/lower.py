@@ -100,7 +100,12 @@ class KernelLowering:
         self.b = b
         # a gemm kernel's bodies are unrolled as written (tiles, windows): LLVM's unroller
         # would only multiply its code (objects.py)
-        self.loops = Loops(b, self.module, unroll=self.k.strategy != "gemm")
+        # (a point tile's map walks a point's rows in loops of constant trip counts: unrolled
+        # whole before the vectorizer saw them, SLP packed them across rows, with gathers, and
+        # took LLVM a quarter second a kernel; its row reductions still unroll the row of each
+        # step, which LLVM then vectorizes along it)
+        self.loops = Loops(b, self.module, unroll=self.k.strategy != "gemm" and not (
+            self.k.points and self.k.strategy in ("map", "inner")))
         n = len(self.bound)
         bases = {t: f.args[j] for j, t in enumerate(self.bound)}
         E = ScalarEmitter(b, bases, self.buffers, self.k.name, self.native_f16, target="cpu")
@@ -114,7 +119,7 @@ class KernelLowering:
             self._emit_gemm(wg, count)
             self._finish_checks(err, status)
             return
-        outer, row = row_dim(self.out, self.k.blocked)
+        outer, row = row_dim(self.out, self.k.blocked, self.k.points)
         chunks = ir.Constant(I64, self.k.row_chunks)
         units = chunks
         for d in outer:
@@ -209,16 +214,19 @@ class KernelLowering:
         return E.address(self.out.name, [E.lookup(d) for d in self.out.layout])
 
     @contextmanager
-    def _row_loop(self, row: str | None, vectorize: bool = True, block=None):
+    def _row_loop(self, row: str | None, vectorize: bool = True, block=None, unroll=None):
         """Over the row dim (or just once, for an output with no dim left), inside loops over
-        the kernel's ``block`` dims (the unit's rows: kernels.block_rows)."""
+        the kernel's ``block`` dims (the unit's rows: kernels.block_rows). ``unroll``: as
+        Loops.loop's, for the row loop."""
         block = list(self.k.blocked) if block is None else block
         if block:
             d = block[0]
+            # (a point tile's kernel walks all of a point's rows in these: unrolled, their
+            # constant trip counts multiply its code, and LLVM's time on it, by 5)
             with self.loops.loop(ir.Constant(I64, 0), self.E.sizes[self.out.name][d],
-                                 f"b.{d}") as i:
+                                 f"b.{d}", unroll=False if self.k.points else None) as i:
                 with self.E.scope(**{d: i}):
-                    with self._row_loop(row, vectorize, block[1:]):
+                    with self._row_loop(row, vectorize, block[1:], unroll):
                         yield
             return
         if row is None:
@@ -226,7 +234,7 @@ class KernelLowering:
                 yield
             return
         j0, j1 = self.j_range
-        with self.loops.loop(j0, j1, f"j.{row}", vectorize) as j:
+        with self.loops.loop(j0, j1, f"j.{row}", vectorize, unroll) as j:
             with self.E.scope(**{row: j}):
                 yield
 
@@ -288,11 +296,13 @@ class KernelLowering:
         """Reduction loops outside the row loop; the output row holds the accumulators."""
         k, E = self.k, self.E
         ety = storage_type(self.out.dtype)
-        with self._row_loop(row):
+        # (a point tile's rows, unrolled whole, were packed across rows by SLP: see __init__)
+        once = False if k.points else None
+        with self._row_loop(row, unroll=once):
             self.store(identity(k.reduce, k.acc_dtype))
         self._nest(list(k.rdims), lambda: self._row_step(row, ety))
         if k.epilogue is not None:
-            with self._row_loop(row):
+            with self._row_loop(row, unroll=once):
                 ptr = self._out_ptr()
                 acc = E.load(ety, self.out.dtype, ptr, ir.Constant(I64, 0))
                 self.store(self.finish(acc))
@@ -324,7 +334,8 @@ class KernelLowering:
             return
         d = dims[0]
         vec = vectorize_last and len(dims) == 1
-        with self.loops.loop(ir.Constant(I64, 0), self.extents[d], f"r.{d}", vec) as i:
+        with self.loops.loop(ir.Constant(I64, 0), self.extents[d], f"r.{d}", vec,
+                             unroll=False if self.k.points and len(dims) > 1 else None) as i:
             with self.E.scope(**{d: i}):
                 self._nest(dims[1:], inner, vectorize_last)
 

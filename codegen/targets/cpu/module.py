@@ -25,6 +25,7 @@ from mlpack.codegen.llvm.types import I32, PTR
 from mlpack.codegen.targets.cpu import objects
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
 from mlpack.codegen.targets.cpu.lower import KernelLowering
+from mlpack.codegen.targets.cpu.tiles import TileLowering
 from mlpack.codegen.targets.cpu.procedure import (PROCEDURE, ProcedureLowering, binding_kinds,
                                                    kernel_bindings)
 from mlpack.codegen.targets.cpu.target import CpuTarget
@@ -147,7 +148,8 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     # chain (pow, fmod, f64 casts) into one f64 -> f16 fptrunc, which is a __truncdfhf2 call.
     native_f16 = (t.arch == "arm64" or "f16c" in t.features, t.arch == "arm64")
     # (procedures, sequential code: procedure.py)
-    lowerings = [(ProcedureLowering if k.strategy == PROCEDURE else KernelLowering)(
+    lowering_of = {PROCEDURE: ProcedureLowering, "tile": TileLowering}
+    lowerings = [lowering_of.get(k.strategy, KernelLowering)(
         module, k, buffers, symbols, ids, native_f16) for k in kernels]
     fns = []
     for lowering in lowerings:
@@ -164,10 +166,17 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     before = set(module.globals)
     _table(module, distinct, [k.name for k in kernels], [binding_kinds(k) for k in kernels])
     table = set(module.globals) - before
+    # a point tile's members are functions of their own (tiles.py), dealt into parts as
+    # kernels are: the tile's part declares those another part defines
+    members = {name: lowering.k.name for lowering in lowerings
+               for name in getattr(lowering, "impls", ())}
+    for name in members:
+        printed[name] = str(module.globals[name])
+    split = distinct + [module.globals[name] for name in members]
     if parts is None:
-        parts = _part_count(sum(len(printed[n]) for f in set(distinct)
+        parts = _part_count(sum(len(printed[n]) for f in set(split)
                                 for n in (f.name, f"{f.name}.impl") if n in printed))
-    groups = _split(distinct, printed, parts)
+    groups = _split(split, printed, parts)
     owner = {name: i for i, names in enumerate(groups) for name in names}
     header = [f'; ModuleID = "{module.name}"', f'target triple = "{module.triple}"',
               f'target datalayout = "{module.data_layout}"', ""]
@@ -179,6 +188,15 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
         for name, g in module.globals.items():
             part = owner.get(name)
             if name in table and i != 0:
+                continue
+            if name in members:
+                if part == i:
+                    text = printed[name]
+                    lines.append(text.replace("define internal ", "define hidden ", 1)
+                                 if len(groups) > 1 else text)
+                elif owner.get(members[name]) == i:
+                    lines.append(str(ir.Function(ir.Module(), g.function_type, name)).replace(
+                        "declare ", "declare hidden ", 1))
                 continue
             if part is None or part == i:
                 text = printed.get(name) or str(g)

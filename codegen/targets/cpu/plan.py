@@ -25,7 +25,7 @@ from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Graph, Procedure
 from mlpack.spec.ir.program import encode_expr
 from mlpack.codegen.errors import UnsupportedTargetError
-from mlpack.codegen.targets.cpu import contraction, procedure
+from mlpack.codegen.targets.cpu import contraction, procedure, tiles
 from mlpack.codegen.targets.cpu.concat import root
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, copy_kernel,
@@ -262,14 +262,16 @@ def symbol_sources(g: Graph) -> tuple[list[str], list[dict]]:
     return syms, sources
 
 
-def workgroups(k: Kernel, out: Buffer) -> Expr:
+def workgroups(k: Kernel, out: Buffer, bufs: dict[str, Buffer] | None = None) -> Expr:
     """min(units, clamp(work / WORK_PER_WORKGROUP, 1, MAX_WORKGROUPS)) as an expression,
     where units = rows * row_chunks (what the kernel shares out)."""
     if isinstance(k, procedure.ProcedureKernel):   # sequential code: one workgroup
         return ex.const(1)
     if k.gemm is not None:   # a gemm kernel shares out tiles (contraction.py)
         return contraction.workgroups(k, out)
-    outer, _ = row_dim(out, k.blocked)
+    if isinstance(k, tiles.TileKernel):
+        return tiles.workgroups(k, bufs)
+    outer, _ = row_dim(out, k.blocked, k.points)
     rows = ex.product([*[out.sizes[d] for d in outer], ex.const(k.row_chunks)])
     work = ex.product([*out.sizes.values(), *k.rdims.values(), ex.const(k.window)])
     per = ex.binary("max", ex.const(1), ex.binary(
@@ -342,7 +344,7 @@ def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
         entries.append({"kind": "arena", "offset": encode_expr(off), "size": encode_expr(size)})
 
     def dispatch(i: int, k: Kernel) -> dict:
-        return {"kernel": i, "workgroups": encode_expr(workgroups(k, bufs[k.out])),
+        return {"kernel": i, "workgroups": encode_expr(workgroups(k, bufs[k.out], bufs)),
                 "bindings": [index[t] for t in procedure.kernel_bindings(k)]}
     dispatches = [dispatch(i, k) for i, k in enumerate(kernels) if not k.prepare]
     computed = procedure.computed_sources(g, kernels)

@@ -55,8 +55,10 @@ class ProcedureKernel(Kernel):
 
 
 def kernel_writes(k: Kernel) -> list[str]:
-    """The tensors a kernel writes (its first bindings)."""
-    return list(k.writes) if isinstance(k, ProcedureKernel) else [k.out]
+    """The tensors a kernel writes (its first bindings): a procedure's or a point tile's
+    (tiles.py) ``writes``, else its ``out``."""
+    writes = getattr(k, "writes", None)
+    return [k.out] if writes is None else list(writes)
 
 
 def kernel_bindings(k: Kernel) -> list[str]:

@@ -43,17 +43,25 @@ def example(name: str):
     return sys.modules[key]
 
 
-def em_routing_graph(c: int = 16):
-    """examples/capsules' EM routing (3 iterations) as an optimized graph, small: a 9x9 grid of
-    ``c`` capsule types in and out, 4x4 poses, a 3x3 kernel (the cpu target's tests of row
-    blocks and of the arena use it)."""
+def em_routing_graph(c: int = 16, n: int = 1, tiles: bool = True):
+    """examples/capsules' EM routing (3 iterations) as an optimized graph, small: ``n`` images
+    of a 9x9 grid of ``c`` capsule types in and out, 4x4 poses, a 3x3 kernel (the cpu target's
+    tests of row blocks, of the arena and of point tiles use it). ``tiles=False``: the graph
+    the ``recompute`` pass makes where no point tile can hold the votes (points.py), each
+    vote recomputed in each reader."""
     from mlpack.codegen import dsl
+    from mlpack.codegen.passes import points
 
     caps = example("capsules")
-    return dsl.to_graph(
-        lambda P, A, W, beta_v, beta_a: caps.em_routing(P, A, W, beta_v, beta_a,
-                                                        inverse_temperature=0.01),
-        inputs={"P": dsl.f32(n=1, x=9, y=9, ci=c, i=4, k=4), "A": dsl.f32(n=1, x=9, y=9, ci=c),
-                "W": dsl.f32(kx=3, ky=3, ci=c, k=4, j=4, co=c), "beta_v": dsl.f32(co=c),
-                "beta_a": dsl.f32(co=c)},
-        name="em", layouts={"mu": "n x y i j co", "a": "n x y co"}, optimize=True)
+    held, points.POINT_BYTES = points.POINT_BYTES, points.POINT_BYTES if tiles else 0
+    try:
+        return dsl.to_graph(
+            lambda P, A, W, beta_v, beta_a: caps.em_routing(P, A, W, beta_v, beta_a,
+                                                            inverse_temperature=0.01),
+            inputs={"P": dsl.f32(n=n, x=9, y=9, ci=c, i=4, k=4),
+                    "A": dsl.f32(n=n, x=9, y=9, ci=c),
+                    "W": dsl.f32(kx=3, ky=3, ci=c, k=4, j=4, co=c), "beta_v": dsl.f32(co=c),
+                    "beta_a": dsl.f32(co=c)},
+            name="em", layouts={"mu": "n x y i j co", "a": "n x y co"}, optimize=True)
+    finally:
+        points.POINT_BYTES = held

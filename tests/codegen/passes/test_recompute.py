@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mlpack.codegen import dsl
-from mlpack.codegen.passes import recompute
+from mlpack.codegen.passes import points, recompute
 from mlpack.codegen.passes.pipeline import run_pipeline
 from mlpack.spec.errors import InputError
 from mlpack.spec.ir.graph import Comprehension
@@ -75,9 +75,12 @@ def test_small_votes_stay_materialized_and_a_budget_recomputes_them(feeds):
     _close(run_graph(fused, feeds), feeds)
 
 
-def test_large_votes_are_recomputed_without_a_budget():
-    g = _graph(batch=16)            # 9.4 MB of votes, read at 8 places: streaming costs more
-    assert _votes(g) == []
+def test_large_votes_are_held_one_point_at_a_time_or_recomputed(monkeypatch):
+    g = _graph(batch=16)            # 9.4 MB of votes, read at 8 places: one position's 36.9 KB
+    assert len(_votes(g)) == 1      # at a time (points.py) moves nothing through memory
+    assert _votes(_graph(batch=16, budget=1 << 20)) == []   # 32 positions' would pass 1 MB
+    monkeypatch.setattr(points, "POINT_BYTES", 0)   # no point fits: streaming costs more
+    assert _votes(_graph(batch=16)) == []
     big = _graph(batch=16, budget=1 << 40)   # a budget caps; it never forces materializing
     assert _votes(big) == []
 
@@ -86,9 +89,13 @@ def test_the_debug_log_names_each_choice(monkeypatch, capsys):
     monkeypatch.setenv("MLPACK_DEBUG", "1")
     _graph(batch=16)
     err = capsys.readouterr().err
-    line = next(x for x in err.splitlines() if "recompute sum" in x)
-    assert "read at 8 places" in line and "cheaper" in line and "into " in line
+    line = next(x for x in err.splitlines() if "materialize sum " in x)
+    assert "read at 8 places" in line and "one point of (n, x, y) at a time: 36.9 KB" in line
     assert "materialize mu0" in err
+    monkeypatch.setattr(points, "POINT_BYTES", 0)
+    _graph(batch=16)
+    line = next(x for x in capsys.readouterr().err.splitlines() if "recompute sum" in x)
+    assert "read at 8 places" in line and "cheaper" in line and "into " in line
     monkeypatch.setenv("MLPACK_DISABLE_PASSES", "recompute")
     assert len(_votes(_graph(batch=16))) == 1
     assert "pass recompute: disabled" in capsys.readouterr().err

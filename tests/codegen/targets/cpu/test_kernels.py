@@ -101,7 +101,7 @@ def _routing():
                                     "dsl"))
     from dsl_support import em_routing_graph
     c = 16
-    g = em_routing_graph(c)
+    g = em_routing_graph(c, tiles=False)
     rng = np.random.default_rng(2)
     feeds = {"P": rng.standard_normal((1, 9, 9, c, 4, 4)).astype(np.float32),
              "A": rng.uniform(0.2, 1, (1, 9, 9, c)).astype(np.float32),

@@ -24,7 +24,7 @@ def capsule_routing():
     big tensors, two of them live at a time, with small ones (means, variances) between."""
     sys.path.insert(0, os.path.join(HERE, "..", "..", "dsl"))
     from dsl_support import em_routing_graph
-    return em_routing_graph(16)
+    return em_routing_graph(16, tiles=False)
 
 
 # a softmax-like chain: big rows with small statistics between them

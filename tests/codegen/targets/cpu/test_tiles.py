@@ -1,0 +1,104 @@
+"""tiles.py: EM routing's span runs one output position at a time as one kernel, its votes held
+one position at a time, and the artifact agrees with the float64 NumPy reference (fp32: 1e-5 of
+each output's largest magnitude) with a fixed and with a dynamic batch; no other kind of model
+gets a tile (attention's scores, a sum of 64 terms, stay a GEMM)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from mlpack.codegen.passes import points
+from mlpack.codegen.targets.cpu import compile_cpu, tiles
+from mlpack.codegen.targets.cpu.compile import schedule_kernels
+from mlpack.codegen.targets.cpu.target import get_target
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))                     # plan_runner
+sys.path.insert(0, os.path.join(HERE, "..", "..", "dsl"))     # dsl_support
+from dsl_support import assert_close, em_routing_graph, example  # noqa: E402
+from plan_runner import eval_expr, run_plan  # noqa: E402
+
+C = 16
+TARGET = "x86_64-v2"   # every x86-64 host runs it (run_plan skips elsewhere)
+
+
+def _feeds(n: int) -> dict:
+    rng = np.random.default_rng(3)
+    return {"P": rng.standard_normal((n, 9, 9, C, 4, 4)).astype(np.float32),
+            "A": rng.uniform(0.2, 1, (n, 9, 9, C)).astype(np.float32),
+            "W": (rng.standard_normal((3, 3, C, 4, 4, C)) / 12).astype(np.float32),
+            "beta_v": (0.1 * rng.standard_normal(C)).astype(np.float32),
+            "beta_a": np.zeros(C, np.float32)}
+
+
+def _reference(feeds: dict) -> dict:
+    """mu [n, x, y, i, j, co] and a [n, x, y, co], as the graph lays them out, in float64."""
+    ref = example("reference")
+    W = feeds["W"].transpose(0, 1, 2, 5, 3, 4)   # (kx, ky, ci, k, j, co) -> (.., co, k, j)
+    mu, a = ref.em_routing(feeds["P"], feeds["A"], W, feeds["beta_v"], feeds["beta_a"],
+                           inverse_temperature=0.01)
+    return {"mu": mu.transpose(0, 1, 2, 4, 5, 3), "a": a}
+
+
+@pytest.mark.parametrize("batch", [2, "batch"])
+def test_the_routing_runs_one_position_at_a_time(batch):
+    g = em_routing_graph(C, n=batch)
+    votes = [op.out for op in g.ops if getattr(op, "rdims", None) and set(op.rdims) == {"k"}]
+    assert len(votes) == 1   # kept (recompute.py), not recomputed in each of its 8 readers
+    found = tiles.find_tiles(g)
+    assert len(found) == 1 and found[0].dims[-2:] == ("x", "y") and votes[0] in found[0].ops
+    _, kernels, bufs, _, _ = schedule_kernels(g, get_target(TARGET))
+    (tile,) = [k for k in kernels if isinstance(k, tiles.TileKernel)]
+    assert votes[0] in tile.locals and len(tile.members) > 20
+    # a position's votes (3*3*16*16*4*4 floats) in each of the scratch's slices
+    assert tile.locals[votes[0]][1] == 3 * 3 * C * C * 16 * 4
+    slices = 16 if batch == "batch" else 32   # the positions of a batch of one, or at most 32
+    assert tile.slices == slices
+    assert tile.slice_bytes * slices == 4 * bufs[tile.scratch].sizes["slot"].value
+    for m in tile.members:   # no member's row nor row block runs across positions
+        assert m.points == found[0].dims and not set(m.blocked) & set(m.points)
+    art = compile_cpu(g, TARGET)
+    n = 2
+    feeds = _feeds(n)
+    got = run_plan(art, g, feeds)
+    want = _reference(feeds)
+    for name in want:
+        assert_close(got[name], want[name])
+    whole = compile_cpu(g, TARGET, disabled={"point_tiles"})   # each op over every position
+    if batch == "batch":   # the scratch does not grow with the batch: the votes did
+        syms = {"batch": 64}
+        assert eval_expr(art.plan["arena_size"], syms) < 0.1 * eval_expr(
+            whole.plan["arena_size"], syms)
+    assert len(art.plan["dispatches"]) < len(whole.plan["dispatches"]) // 5
+    plain = run_plan(whole, g, feeds)
+    for name in want:
+        assert_close(plain[name], want[name])
+
+
+def test_no_tile_where_a_point_would_not_fit_or_the_sum_is_long(monkeypatch):
+    g = em_routing_graph(C, n=2)
+    monkeypatch.setattr(points, "POINT_BYTES", 3 * 3 * C * C * 16 * 4 - 1)
+    assert tiles.find_tiles(g) == []
+    monkeypatch.setattr(points, "POINT_BYTES", 1 << 20)
+    monkeypatch.setattr(points, "MAX_TERMS", 3)   # the votes sum 4 products
+    assert tiles.find_tiles(g) == []
+
+
+def test_attention_scores_get_no_tile():
+    """Scores over 64-wide heads, read by a softmax's max, exp and sum: their rows would each
+    be a matrix-vector product in a tile, so they stay a GEMM's."""
+    from mlpack.spec.ir import parse_graph
+
+    g = parse_graph('''graph "attn" {
+  in %q: f32{h=4, s=512, d=64} (h, s, d)
+  in %k: f32{h=4, t=512, d=64} (h, t, d)
+  %qk: f32{h=4, s=512, t=512} = sum{e=64} %q[h=h, s=s, d=e] * %k[h=h, t=t, d=e]
+  %m: f32{h=4, s=512} = max{u=512} %qk[h=h, s=s, t=u]
+  %e: f32{h=4, s=512, t=512} = exp(%qk[h=h, s=s, t=t] - %m[h=h, s=s])
+  out %e (h, s, t)
+}''')
+    assert points.point_span(g, "qk") is None
+    assert tiles.find_tiles(g) == []
