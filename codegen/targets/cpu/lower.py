@@ -335,7 +335,7 @@ class KernelLowering:
         d = dims[0]
         vec = vectorize_last and len(dims) == 1
         with self.loops.loop(ir.Constant(I64, 0), self.extents[d], f"r.{d}", vec,
-                             unroll=False if self.k.points and len(dims) > 1 else None) as i:
+                             unroll=False if self.k.points else None) as i:
             with self.E.scope(**{d: i}):
                 self._nest(dims[1:], inner, vectorize_last)
 
