@@ -18,6 +18,10 @@ of two ways, whichever gives more unit-stride reads in the innermost loop:
 A ``row`` reduction may take a few outer dims into each unit (``block_rows``), walked inside
 each reduction step around the row: an operand that does not move along them is then read once
 for all of the unit's rows.
+
+A kernel of a point tile (tiles.py; ``Kernel.points``) runs one point of its outer dims at a
+time: the points are never its row nor in a block, its other rows are walked in loops
+(``point_block``), and a sum of a few terms is written out as a map (``unroll_point_sum``).
 """
 
 from __future__ import annotations

@@ -81,6 +81,12 @@ def rows_first(g: Graph) -> Graph:
             order = _rows_first(rs[0], op.out, g)
             if order is not None:
                 orders[op.out] = order
+    return reordered(g, orders)
+
+
+def reordered(g: Graph, orders: dict[str, list[str]]) -> Graph:
+    """``g`` with each comprehension's output in ``orders`` laid out in that dim order (a new
+    graph; ``g`` is not changed)."""
     if not orders:
         return g
     ops, types = [], dict(g.types)
@@ -93,4 +99,4 @@ def rows_first(g: Graph) -> Graph:
     return replace(g, ops=ops, types=types)
 
 
-__all__ = ["operands", "rows_first"]
+__all__ = ["operands", "reordered", "rows_first"]

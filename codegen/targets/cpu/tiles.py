@@ -40,9 +40,10 @@ from mlpack.codegen.llvm.scalar import ScalarEmitter
 from mlpack.codegen.llvm.types import I8, I32, I64
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.spec.ir.graph import Comprehension, Graph, TensorType
+from mlpack.spec.ir.graph import Comprehension, Graph
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.lower import KernelLowering
+from mlpack.codegen.targets.cpu.rows import reordered
 
 ALIGN = 64   # each local's slice starts on a cache line
 
@@ -112,14 +113,7 @@ def point_tiles(g: Graph, found: list) -> Graph:
                 orders[t] = order
         debug.log(f"point tiles: {', '.join(tile.ops)} one point of ({', '.join(tile.dims)}) "
                   "at a time")
-    ops, types = [], dict(g.types)
-    for op in g.ops:
-        if isinstance(op, Comprehension) and op.out in orders:
-            op = replace(op, type=TensorType(op.type.dtype,
-                                             {d: op.type.dims[d] for d in orders[op.out]}))
-            types[op.out] = op.type
-        ops.append(op)
-    return replace(g, ops=ops, types=types)
+    return reordered(g, orders)
 
 
 def boundaries(tiles: list[Tile], g: Graph) -> set[str]:
