@@ -43,26 +43,26 @@ def _reference(feeds: dict) -> dict:
     return {"mu": mu.transpose(0, 1, 2, 4, 5, 3), "a": a}
 
 
-@pytest.mark.parametrize("batch", [2, "batch"])
+@pytest.mark.parametrize("batch", [1, 2, "batch"])
 def test_the_routing_runs_one_position_at_a_time(batch):
     g = em_routing_graph(C, n=batch)
     votes = [op.out for op in g.ops if getattr(op, "rdims", None) and set(op.rdims) == {"k"}]
     assert len(votes) == 1   # kept (recompute.py), not recomputed in each of its 8 readers
     found = tiles.find_tiles(g)
-    assert len(found) == 1 and found[0].dims[-2:] == ("x", "y") and votes[0] in found[0].ops
+    assert len(found) == 1 and votes[0] in found[0].ops
+    assert found[0].dims == (("x", "y") if batch == 1 else ("n", "x", "y"))   # (n=1: no dim)
     _, kernels, bufs, _, _ = schedule_kernels(g, get_target(TARGET))
     (tile,) = [k for k in kernels if isinstance(k, tiles.TileKernel)]
     assert votes[0] in tile.locals and len(tile.members) > 20
     # a position's votes (3*3*16*16*4*4 floats) in each of the scratch's slices
     assert tile.locals[votes[0]][1] == 3 * 3 * C * C * 16 * 4
-    slices = 16 if batch == "batch" else 32   # the positions of a batch of one, or at most 32
+    slices = 32 if batch == 2 else 16   # the positions of a batch of one, or at most 32
     assert tile.slices == slices
     assert tile.slice_bytes * slices == 4 * bufs[tile.scratch].sizes["slot"].value
     for m in tile.members:   # no member's row nor row block runs across positions
         assert m.points == found[0].dims and not set(m.blocked) & set(m.points)
     art = compile_cpu(g, TARGET)
-    n = 2
-    feeds = _feeds(n)
+    feeds = _feeds(2 if batch == "batch" else batch)
     got = run_plan(art, g, feeds)
     want = _reference(feeds)
     for name in want:
@@ -102,3 +102,35 @@ def test_attention_scores_get_no_tile():
 }''')
     assert points.point_span(g, "qk") is None
     assert tiles.find_tiles(g) == []
+
+
+def test_the_custom_op_model_builds_its_tile_for_each_cpu_target(monkeypatch, tmp_path):
+    """benchmarks/capsule_routing.py's model (one EMRouting node) at 9x9 with 16 capsule types:
+    its graph gets the tile, and the build validates it on this host's baseline target and,
+    where qemu runs it, on aarch64: the same kernels, another instruction set."""
+    from benchmarks import capsule_routing as cr
+    from support import emulated
+    from mlpack.codegen.compile import compile_onnx
+    from mlpack.packager import customops
+    from mlpack.packager.build import build
+    from mlpack.runtime import detect_host
+
+    for name, value in (("BATCH", 2), ("SIZE", 9), ("C", C), ("OUT", 4)):
+        monkeypatch.setattr(cr, name, value)
+    ops = [os.path.join(cr.CAPS, "capsules.py")]
+    customops.load(ops)
+    assert len(tiles.find_tiles(compile_onnx(cr.custom_model()))) == 1
+    host = {"amd64": "x86_64-v2", "arm64": "aarch64"}.get(detect_host().arch)
+    if host is None:
+        pytest.skip(f"no cpu target for {detect_host().arch}")
+    targets = [host] + (["aarch64"] if host != "aarch64" else [])
+    path = tmp_path / "em.onnx"
+    onnx_model = cr.custom_model()
+    path.write_bytes(onnx_model.SerializeToString())
+    report = build(path, tmp_path / "em.mlpack", targets=targets, inputs=cr.inputs(), ops=ops,
+                   cache=False)
+    by_target = {a.target: a for a in report.artifacts}
+    assert by_target[host].validated and by_target[host].max_error < 1e-4, by_target[host]
+    if host != "aarch64" and emulated("aarch64"):
+        arm = by_target["aarch64"]
+        assert arm.validated and arm.emulator and arm.max_error < 1e-4, arm
