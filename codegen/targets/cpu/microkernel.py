@@ -487,15 +487,58 @@ class GemmEmitter:
                 for d, v in delinearize(b, at, dims, osz).items():
                     E.bind(d, v)
 
+        def element() -> None:
+            p = b.gep(tile, [b.add(b.mul(idx["row"], i64(tile_n)), idx["col"])], inbounds=True)
+            L.store(L.finish(b.load(p, typ=self.ety)))
+
+        # an NCHW output over a dynamic batch: (n, h, w) are not adjacent, (h, w) are
+        split = None if flat else _flat_suffix(L, loops[1][3])
         with L.loops.loop(i64(0), loops[0][1], f"e.{loops[0][0]}") as i, E.scope():
             idx[loops[0][0]] = i
             bind(b.add(loops[0][2], i), loops[0][3], flat_outer)
-            with L.loops.loop(i64(0), loops[1][1], f"e.{loops[1][0]}", vectorize=flat) as j, \
-                    E.scope():
-                idx[loops[1][0]] = j
-                bind(b.add(loops[1][2], j), loops[1][3], flat)
-                p = b.gep(tile, [b.add(b.mul(idx["row"], i64(tile_n)), idx["col"])], inbounds=True)
-                L.store(L.finish(b.load(p, typ=self.ety)))
+            if split is not None:
+                self._segments(loops[1], split, osz, idx, element)
+            else:
+                with L.loops.loop(i64(0), loops[1][1], f"e.{loops[1][0]}", vectorize=flat) \
+                        as j, E.scope():
+                    idx[loops[1][0]] = j
+                    bind(b.add(loops[1][2], j), loops[1][3], flat)
+                    element()
+
+    def _segments(self, loop, split: int, osz, idx, element) -> None:
+        """The epilogue's inner loop over dims whose last ones (from ``split``) can be walked
+        as one flat index but the first cannot: a loop over the runs within one value of the
+        first (an image of an NCHW output), each a flat, vectorizable loop."""
+        b, L, E = self.b, self.L, self.E
+        name, count, first, dims = loop
+        pre, suf = dims[:split], dims[split:]
+        run = self.dims_size(suf, osz)
+        end = b.add(first, count)
+        lo = b.udiv(first, run)
+        hi = b.udiv(b.add(end, b.sub(run, i64(1))), run)
+        with L.loops.loop(lo, hi, f"e.{name}.run") as q, E.scope():
+            for d, v in delinearize(b, q, pre, osz).items():
+                E.bind(d, v)
+            at = b.mul(q, run)
+            start = b.select(b.icmp_unsigned(">", first, at), first, at)
+            stop = self.umin(end, b.add(at, run))
+            with L.loops.loop(b.sub(start, at), b.sub(stop, at), f"e.{name}", vectorize=True) \
+                    as r, E.scope():
+                *outer, last = suf
+                for d in outer:
+                    E.bind(d, i64(0))
+                E.bind(last, r)
+                idx[name] = b.sub(b.add(at, r), first)
+                element()
+
+
+def _flat_suffix(L, dims: list[str]) -> int | None:
+    """Where the longest run of ``dims`` that the epilogue may walk as one flat index starts
+    (flat_bindable), if not at the first dim; None when no run of two dims or more is."""
+    for s in range(1, len(dims) - 1):
+        if flat_bindable(L.k.epilogue, L.out, dims[s:], L.buffers):
+            return s
+    return None
 
 
 def _flat_step(dims: list[str], S: dict, sizes: dict):

@@ -411,3 +411,26 @@ def test_weights_read_once_are_prefetched(target, monkeypatch, capsys):
     assert "@\"llvm.prefetch.p0\"(" in _llvm_ir(fc, target, monkeypatch, capsys)
     conv, _ = conv_case(16, 32, 32, 3)
     assert "llvm.prefetch" not in _llvm_ir(conv, target, monkeypatch, capsys)
+
+
+def conv_pool_case(batch=3):
+    """A 1x1 convolution, Relu, then global average pooling over a dynamic batch (a classifier's
+    last layers: MnasNet, MobileNetV2): the pooling takes the Relu into its body, so the
+    convolution's output stays NCHW, where (n, h, w) are not adjacent."""
+    cin, cout, size = 32, 48, 7
+    w = rand(cout, cin, 1, 1, seed=1, scale=1 / np.sqrt(cin))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["y"])]
+    m = model(nodes, [("x", F, ["N", cin, size, size])], [("w", w), ("b", rand(cout, seed=2))])
+    return m, {"x": rand(batch, cin, size, size)}
+
+
+@pytest.mark.parametrize("target", ["x86_64-v2", "x86_64-v3"])
+def test_an_nchw_epilogue_over_a_dynamic_batch_runs_image_by_image(target, monkeypatch, capsys):
+    """Its epilogue walks each image's pixels as one flat, vectorized loop (a division per
+    image, not two per element: MnasNet's last convolution 0.89 -> 0.67 ms), and matches ONNX
+    Runtime at batch 3, where tiles of rows cross images."""
+    m, feeds = conv_pool_case()
+    assert '"e.row.run.head"' in _llvm_ir(m, target, monkeypatch, capsys)
+    assert_matches_ort(m, feeds, target)
