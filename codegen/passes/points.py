@@ -93,13 +93,11 @@ def point_span(g: Graph, t: str) -> Span | None:
     ttype = g.types[t]
     if _bytes(ttype.dims, ttype.dtype) <= CACHE_BYTES:
         return None
-    readers = [i for i, op in enumerate(g.ops)
-               if isinstance(op, Comprehension) and any(r.arg[0] == t for r in _reads(op))]
-    sites = sum(1 for op in g.ops if isinstance(op, Comprehension)
-                for r in _reads(op) if r.arg[0] == t)
-    if sites < 2:
+    sites = {i: n for i, op in enumerate(g.ops) if isinstance(op, Comprehension)
+             for n in [sum(r.arg[0] == t for r in _reads(op))] if n}
+    if sum(sites.values()) < 2:
         return None
-    span = g.ops[index[t]:max(readers) + 1]
+    span = g.ops[index[t]:max(sites) + 1]
     written = {op.outs[0] for op in span}
     dims = [d for d, s in ttype.dims.items() if not (s.is_const and s.value == 1)]
     keep = set(dims)

@@ -131,9 +131,10 @@ def _streamed(p: Comprehension, g: Graph) -> int:
     return total
 
 
-def _unroll(p: Comprehension) -> Expr | None:
-    """``p``'s body as one expression over its output dims: a map's body, or a shallow sum
-    written out term by term (k = 0, 1, ...)."""
+def written_out(p, limit: int = MAX_UNROLL) -> Expr | None:
+    """``p``'s body as one expression over its output dims: a map's body, or a sum of at most
+    ``limit`` constant terms written out term by term (k = 0, 1, ...). ``p``: a Comprehension,
+    or a cpu Kernel (the same ``body``, ``reduce`` and ``rdims``)."""
     if p.reduce is None:
         return p.body
     if p.reduce != "sum" or not all(s.is_const for s in p.rdims.values()):
@@ -141,7 +142,7 @@ def _unroll(p: Comprehension) -> Expr | None:
     terms = [{}]
     for d, s in p.rdims.items():
         terms = [{**t, d: ex.const(i)} for t in terms for i in range(s.value)]
-    if not 1 <= len(terms) <= MAX_UNROLL:
+    if not 1 <= len(terms) <= limit:
         return None
     out = None
     for t in terms:
@@ -196,7 +197,7 @@ def _candidates(g: Graph) -> list[Candidate]:
         if len(sites[p.out]) < 2 or (p.reduce is None and _flops(p.body) == 0):
             continue   # one read (fuse and sums take those), or a copy or concatenation (its
             # parts are materialized anyway; the cpu target writes them into it in place)
-        inline = _unroll(p)
+        inline = written_out(p)
         if inline is None:
             continue
         nbytes = _count(p.type.dims) * dt.bits(p.type.dtype) // 8

@@ -36,6 +36,7 @@ from mlpack.spec.ir.graph import Comprehension, Graph, Procedure
 from mlpack.spec.ir.graph import tensors_read as op_reads
 from mlpack.codegen.targets.cpu.indexing import coeff, is_one
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
+from mlpack.codegen.passes.recompute import written_out
 from mlpack.codegen.targets.cpu.procedure import check_procedures, procedure_kernel
 
 ACC = "acc"                  # the epilogue's name for the reduction's value
@@ -292,7 +293,7 @@ def block_rows(k: Kernel, out: Buffer) -> None:
     reuse = {d: _footprint([r for r in reads if not _streams(r, [d])], k, out, dims[-1])
              for d in dims[:-1]}
     block: list[str] = []
-    for d in sorted(reversed(list(reuse)), key=lambda d: -reuse[d]):
+    for d in sorted(reversed(dims[:-1]), key=lambda d: -reuse[d]):
         n = out.sizes[d].value
         if reuse[d] <= L1_BYTES:
             break   # what stays put along d is in L1 for the next row anyway
@@ -351,14 +352,9 @@ def unroll_point_sum(k: Kernel) -> None:
     at each term, the map keeps the sum in a register."""
     if not k.points or k.reduce != "sum" or not k.rdims or k.acc_dtype != "f32":
         return
-    sizes = list(k.rdims.values())
-    if not all(s.is_const for s in sizes) or math.prod(s.value for s in sizes) > MAX_POINT_TERMS:
+    value = written_out(k, MAX_POINT_TERMS)
+    if value is None:
         return
-    names = list(k.rdims)
-    value = None
-    for point in itertools.product(*[range(s.value) for s in sizes]):
-        term = ex.substitute(k.body, {r: ex.const(v) for r, v in zip(names, point)})
-        value = term if value is None else ex.add(value, term)
     if k.epilogue is not None:
         value = ex.substitute(k.epilogue, {ACC: value})
     k.body, k.reduce, k.rdims, k.epilogue = value, None, {}, None
