@@ -93,20 +93,25 @@ def run_key(art) -> str:
 # a small network's take seconds there, ResNet-50's a minute, which a build should not wait for
 EMULATION_SECONDS = 10.0
 # What the emulated runs are predicted to take, from the same vectors' native run on this host:
-# a start (qemu, the program, the weights' packing) and a slowdown. Measured with the aarch64
-# and riscv64 runs side by side, as a build runs them, against the fastest x86-64 artifact's
-# vectors (2 cases, 2 threads): 225-275x on SqueezeNet, 365-500x on MobileNetV3 (depthwise
-# convolutions emulate slowest), 0.6 s for a model of a millisecond. A run predicted past the
-# limit is not started: it would most likely be killed there, after the build waited for it.
+# a start (qemu, the program, the weights' packing) and a slowdown per architecture. Measured
+# with the aarch64 and riscv64 runs side by side, as a build runs them, against the fastest
+# x86-64 artifact's vectors (2 cases, 2 threads) on a 2-core AMD EPYC: aarch64 285-1150x
+# (median 466), riscv64 357-960x (median 588) over SqueezeNet, an MLP, MobileNetV2, MobileNetV3,
+# RegNetY-400MF and DistilBERT (GEMMs emulate slowest: qemu runs vector FMAs through helpers).
+# A run predicted past the limit is not started: it would most likely be killed there, after
+# the build waited for it (one slowdown for both, 350x, started RegNetY's two runs and
+# MobileNetV3's riscv64 one, and the build waited the whole 10 s for none of them to finish).
 EMULATION_START_SECONDS = 0.5
-EMULATION_SLOWDOWN = 350.0
+EMULATION_SLOWDOWN = {"arm64": 470.0, "riscv64": 600.0}
 
 
-def predicted_seconds(native_seconds: float | None) -> float | None:
-    """What an emulated run of the vectors that took ``native_seconds`` here should take."""
+def predicted_seconds(native_seconds: float | None, arch: str | None = None) -> float | None:
+    """What an emulated run on OCI architecture ``arch`` of the vectors that took
+    ``native_seconds`` here should take (an architecture not measured: the slowest known)."""
     if native_seconds is None:
         return None
-    return EMULATION_START_SECONDS + EMULATION_SLOWDOWN * native_seconds
+    slowdown = EMULATION_SLOWDOWN.get(arch, max(EMULATION_SLOWDOWN.values()))
+    return EMULATION_START_SECONDS + slowdown * native_seconds
 
 
 def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, runs=None,
@@ -124,7 +129,7 @@ def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, ru
     try:
         result = emulate.validate(path, verdict.artifact, verdict.reason, emu, progress,
                                   timeout=EMULATION_SECONDS, trusted_keys="",   # its own file
-                                  runs=runs, predicted=predicted_seconds(native_seconds))
+                                  runs=runs, predicted=predicted_seconds(native_seconds, emu.arch))
     except emulate.NotEmulated:
         raise
     except Error as e:  # it ran and the engine failed, or the program crashed
