@@ -25,6 +25,7 @@ from mlpack.codegen.llvm.types import I32, PTR
 from mlpack.codegen.targets.cpu import objects
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
 from mlpack.codegen.targets.cpu.lower import KernelLowering
+from mlpack.codegen.targets.cpu.sharing import kernel_key, renamed_checks
 from mlpack.codegen.targets.cpu.tiles import TileLowering
 from mlpack.codegen.targets.cpu.procedure import (PROCEDURE, ProcedureLowering, binding_kinds,
                                                    kernel_bindings)
@@ -87,7 +88,8 @@ def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str]
     differ only by their self-reference), so only the same instructions on the same constants
     and the same loop hints match; LLVM then optimizes each distinct function once.
     ``printed``: each kernel function's text by name (and its ``.impl``'s), filled in here, so
-    the module is printed once."""
+    the module is printed once. (Most repeats never get here: sharing.py finds them before
+    lowering; a function listed twice is listed as it went the first time.)"""
     canon: dict[str, str] = {}
     for md in module.metadata:   # defined before use: operands are canonical already
         body = str(md).split(" = ", 1)[1]
@@ -95,7 +97,11 @@ def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str]
         canon[md.name] = re.sub(r'"LOOPSELF\d+"', '"LOOPSELF"', body)
     first: dict[str, ir.Function] = {}
     out = []
+    shared: dict[int, ir.Function] = {}   # a function already listed (sharing.py): as it went
     for f, name in zip(fns, names):
+        if id(f) in shared:
+            out.append(shared[id(f)])
+            continue
         impl = module.globals.get(f"{name}.impl")
         printed[f.name] = str(f)
         if impl is not None:
@@ -109,6 +115,7 @@ def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str]
             if impl is not None:
                 del module.globals[impl.name]
         out.append(kept)
+        shared[id(f)] = kept
     return out
 
 
@@ -152,8 +159,17 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     lowerings = [lowering_of.get(k.strategy, KernelLowering)(
         module, k, buffers, symbols, ids, native_f16) for k in kernels]
     fns = []
-    for lowering in lowerings:
-        fns.append(lowering.emit())
+    lowered: dict[tuple, tuple[int, list[str]]] = {}   # key -> (kernel, its tensors): sharing.py
+    for i, (k, lowering) in enumerate(zip(kernels, lowerings)):
+        keyed = kernel_key(k, buffers) if type(lowering) is KernelLowering else None
+        if keyed is not None and keyed[0] in lowered:
+            j, tensors = lowered[keyed[0]]
+            fns.append(fns[j])   # the same code under other tensors' names
+            k.checks = renamed_checks(kernels[j].checks, tensors, keyed[1])
+        else:
+            fns.append(lowering.emit())
+            if keyed is not None:
+                lowered[keyed[0]] = (i, keyed[1])
         progress.report("lowering", len(fns), len(lowerings))   # (a build's progress display)
     for k, lowering in zip(kernels, lowerings):
         # the table records what the plan binds (kernel_bindings); the code loads `bound`
