@@ -42,8 +42,10 @@
 #include "engine.h"
 #include "executor.h"
 
-#define MP_RANK 8
-#define MP_LOOP 16
+/* an op's tensors may have more dims than a model's inputs and outputs (8: api_open.c): the
+   capsule layer's routing reads its votes over 9 (n, x, y, kx, ky, ci, co, i, j) */
+#define MP_RANK 16
+#define MP_LOOP (2 * MP_RANK)   /* a comprehension's loops: its output's dims, then its reduction's */
 
 typedef union mp_val { double f; int64_t i; } mp_val;
 
@@ -856,7 +858,7 @@ static int32_t mp_declare(mp_cc *c, const mp_json *j, int kind, const char *name
   if (!name) name = mp_json_get_string(j, "name");
   if (!name || !dims || dims->kind != MP_JSON_ARRAY || mp_dtype_of(c, mp_json_get(j, "dtype"), &dt))
     return mp_cfail(c, "%s: malformed tensor declaration %s", name ? name : "");
-  if (dims->length > MP_RANK) return mp_cfail(c, "%s: tensor %%%s has more than 8 dims", name);
+  if (dims->length > MP_RANK) return mp_cfail(c, "%s: tensor %%%s has more than 16 dims", name);
   int32_t t = mp_add_tensor(c, name, dt, kind);
   for (size_t k = 0; t >= 0 && k < dims->length; k++) {
     const mp_json *d = dims->items[k];
@@ -958,7 +960,7 @@ static mlpack_status mp_compile_comprehension(mp_cc *c, const mp_json *j, mp_pop
   scope->dynamic = 0;
   for (size_t k = 0; k < p->tensors[t].rank; k++) scope->names[scope->n++] = p->tensors[t].dims[k];
   size_t nred = rd && rd->kind == MP_JSON_ARRAY ? rd->length : 0;
-  if (nred > MP_RANK) return mp_fail(c->err, MLPACK_ERR_FORMAT, "%s: %%%s has more than 8 reduction dims", p->what, p->tensors[t].name);
+  if (nred > MP_RANK) return mp_fail(c->err, MLPACK_ERR_FORMAT, "%s: %%%s has more than 16 reduction dims", p->what, p->tensors[t].name);
   if (op->reduce >= R_ARGMAX && nred != 1)
     return mp_fail(c->err, MLPACK_ERR_FORMAT, "%s: %%%s: %s needs exactly one reduction dim", p->what,
                    p->tensors[t].name, mp_reduce_names[op->reduce]);

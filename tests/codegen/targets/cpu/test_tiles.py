@@ -134,3 +134,31 @@ def test_the_custom_op_model_builds_its_tile_for_each_cpu_target(monkeypatch, tm
     if host != "aarch64" and emulated("aarch64"):
         arm = by_target["aarch64"]
         assert arm.validated and arm.emulator and arm.max_error < 1e-4, arm
+
+
+def test_the_custom_op_model_runs_where_no_native_artifact_does(monkeypatch, tmp_path):
+    """Built for another architecture only, the container runs on this host through its
+    portable artifact in the C engine, whose ops' tensors may have more dims than a model's
+    inputs (the routing reads the votes over 9); it failed to open there, and so did the
+    build, which validates that artifact."""
+    from benchmarks import capsule_routing as cr
+    import mlpack
+    from mlpack.packager.build import build
+    from mlpack.runtime import detect_host
+
+    for name, value in (("BATCH", 1), ("SIZE", 9), ("C", C), ("OUT", 4)):
+        monkeypatch.setattr(cr, name, value)
+    monkeypatch.setenv("MLPACK_QEMU", "0")
+    other = "aarch64" if detect_host().arch != "arm64" else "x86_64-v2"
+    path = tmp_path / "em.onnx"
+    path.write_bytes(cr.custom_model().SerializeToString())
+    feeds = cr.inputs()
+    report = build(path, tmp_path / "em.mlpack", targets=[other], inputs=feeds,
+                   ops=[os.path.join(cr.CAPS, "capsules.py")], cache=False)
+    portable = next(a for a in report.artifacts if a.target == "portable")
+    assert portable.validated and portable.max_error < 1e-4, portable
+    with mlpack.load(str(tmp_path / "em.mlpack"), device="portable") as interpreted, \
+            mlpack.load(str(tmp_path / "em.mlpack")) as engine:
+        want, got = interpreted.run(feeds), engine.run(feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
