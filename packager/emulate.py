@@ -205,7 +205,7 @@ def _remove(path: str) -> None:
 
 def validate(path: str, art: Artifact, reason: str, emu: Emulator, progress=None,
              timeout: float | None = None, trusted_keys: str | None = None, runs=None,
-             predicted: float | None = None):
+             predicted: float | None = None, cases: list | None = None):
     """Run ``art``'s test vectors under ``emu`` and judge them as ``Model.validate`` does: a
     ``ValidationResult`` with ``emulator`` set. ``reason`` is this host's verdict on the artifact.
     NotEmulated when it could not be run under qemu at all, or not within ``timeout`` seconds;
@@ -215,12 +215,14 @@ def validate(path: str, art: Artifact, reason: str, emu: Emulator, progress=None
     store of earlier runs' outputs (packager/cache.py's get_outputs/put_outputs), by run_key.
     ``predicted``: the seconds the run is expected to take (packager/validation.py); one
     expected past ``timeout`` is not started (NotEmulated, stored in ``runs`` as a run over the
-    limit is)."""
+    limit is). ``cases``: the artifact's vectors where the caller has read them (else they are
+    read from ``path``: a big model's container takes a second to parse)."""
     from mlpack.runtime.model import judge_vectors, vector_cases
 
     exe = program(emu, progress)
-    with open_container(path, verify=False) as container:  # the caller's open verified it
-        cases = vector_cases(container, art)
+    if cases is None:
+        with open_container(path, verify=False) as container:  # the caller's open verified it
+            cases = vector_cases(container, art)
 
     def run():
         if predicted is not None and timeout is not None and predicted > timeout:

@@ -115,7 +115,7 @@ def predicted_seconds(native_seconds: float | None, arch: str | None = None) -> 
 
 
 def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, runs=None,
-                       native_seconds: float | None = None):
+                       native_seconds: float | None = None, cases: list | None = None):
     """Artifact ``verdict.artifact`` of another architecture under qemu-user
     (packager/emulate.py): its ValidationResult; DeadOnArrivalError as _outputs_of, or
     emulate.NotEmulated where qemu could not run it after all, or is predicted not to within
@@ -129,7 +129,8 @@ def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, ru
     try:
         result = emulate.validate(path, verdict.artifact, verdict.reason, emu, progress,
                                   timeout=EMULATION_SECONDS, trusted_keys="",   # its own file
-                                  runs=runs, predicted=predicted_seconds(native_seconds, emu.arch))
+                                  runs=runs, predicted=predicted_seconds(native_seconds, emu.arch),
+                                  cases=cases)
     except emulate.NotEmulated:
         raise
     except Error as e:  # it ran and the engine failed, or the program crashed
@@ -168,7 +169,7 @@ def validate_container(path: str, pairs, output: str, progress=None,
         for verdict, emu, why in to_emulate:
             emulated[verdict.artifact.index] = (why, pool.submit(
                 _validate_emulated, path, verdict, emu, pairs, output, progress, runs,
-                native_seconds))
+                native_seconds, vector_cases(container, verdict.artifact)))
         to_emulate.clear()
     model = None
     stack = contextlib.ExitStack()
