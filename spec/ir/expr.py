@@ -445,14 +445,27 @@ def is_finite_number(v) -> bool:
 # ---------------------------------------------------------------- sizes
 
 
-def _poly(e: Expr):
-    """``e`` as a polynomial {monomial (sorted sym names): coefficient}, or None."""
+def _poly(e: Expr, memo: dict | None = None):
+    """``e`` as a polynomial {monomial (sorted sym names): coefficient}, or None. ``memo``:
+    the polynomials of subtrees already seen in this walk, by id (the tree keeps them alive),
+    read only by the callers."""
+    if memo is not None:
+        got = memo.get(id(e), memo)
+        if got is not memo:
+            return got
+        out = _poly_of(e, memo)
+        memo[id(e)] = out
+        return out
+    return _poly_of(e, None)
+
+
+def _poly_of(e: Expr, memo):
     if e.op == "const" and isinstance(e.arg, int):
         return {(): e.arg} if e.arg else {}
     if e.op == "sym":
         return {(e.arg,): 1}
     if e.op in ("add", "sub", "mul") and e.dtype == dt.INDEX:
-        a, b = _poly(e.args[0]), _poly(e.args[1])
+        a, b = _poly(e.args[0], memo), _poly(e.args[1], memo)
         if a is None or b is None:
             return None
         if e.op == "mul":
@@ -467,8 +480,9 @@ def _poly(e: Expr):
             for m, c in b.items():
                 out[m] = out.get(m, 0) + s * c
         return {m: c for m, c in out.items() if c}
-    if e.op == "floordiv" and e.dtype == dt.INDEX:
-        a, b = _poly(e.args[0]), _poly(e.args[1])
+    if e.op in ("floordiv", "div") and e.dtype == dt.INDEX:
+        # (an exact quotient, or None: where it is exact, truncating division is floor division)
+        a, b = _poly(e.args[0], memo), _poly(e.args[1], memo)
         if a is None or b is None or len(b) != 1:
             return None
         (mb, cb), = b.items()
@@ -502,9 +516,17 @@ def simplify_size(e) -> Expr:
     e = as_expr(e)
     if e.is_const:
         return e
-    p = _poly(e)
+    return _simplify_size(e, {})
+
+
+def _simplify_size(e: Expr, memo: dict) -> Expr:
+    # (one memo for the whole walk: a subtree's polynomial is found once, not once per level
+    # above it, which made a deep max/min of sizes quadratic)
+    if e.is_const:
+        return e
+    p = _poly(e, memo)
     if p is None:
-        args = tuple(simplify_size(a) if a.dtype == dt.INDEX else a for a in e.args)
+        args = tuple(_simplify_size(a, memo) if a.dtype == dt.INDEX else a for a in e.args)
         return rebuild(e, args) if args else e
     return _from_poly(p)
 

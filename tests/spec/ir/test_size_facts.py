@@ -44,3 +44,37 @@ def test_bounds():
     assert ex.bounds(ex.const(3) - B) == (None, 3)
     assert ex.bounds(ex.mod(ex.var("i"), 8)) == (0, 7)
     assert ex.bounds(ex.var("i")) == (None, None)
+
+
+@pytest.mark.parametrize("size, canonical", [
+    # a Reshape's inferred dim: 64 * batch elements over the other dims' 64, truncated
+    (ex.binary("div", 64 * B, 64), B),
+    (ex.binary("div", 6 * B * S - 12 * S, 3 * S), 2 * B - 4),
+    (ex.floordiv(49 * B * S, 7 * S), 7 * B),
+])
+def test_an_exact_quotient_of_sizes_is_a_polynomial(size, canonical):
+    assert ex.simplify_size(size) == ex.simplify_size(canonical)
+
+
+@pytest.mark.parametrize("size", [
+    ex.binary("div", B, 2), ex.binary("div", 3 * B + 1, 3), ex.binary("div", B * S, B + 1),
+    ex.binary("div", 4 * B, S),
+])
+def test_an_inexact_quotient_stays_a_division(size):
+    simplified = ex.simplify_size(size)
+    assert simplified.op == "div"
+    for b, s in ((1, 1), (3, 2), (7, 5)):   # and means what it meant
+        env = {"batch": b, "seq": s}
+        assert ex.index_value(simplified, env) == ex.index_value(size, env)
+
+
+def test_a_deep_size_keeps_its_value():
+    """A max of sums of quotients, hundreds of levels deep (an arena's running total), walked
+    with one memo of its subtrees' polynomials."""
+    total = ex.const(0)
+    for i in range(300):
+        total = ex.maximum(total, ex.binary("div", 64 * B, 64) * (i + 1) + S)
+    simplified = ex.simplify_size(total)
+    for b, s in ((1, 1), (2, 3)):
+        assert ex.index_value(simplified, {"batch": b, "seq": s}) == \
+            ex.index_value(total, {"batch": b, "seq": s}) == 300 * b + s
