@@ -59,9 +59,9 @@ class _Canon:
             return (type(x).__name__, repr(x))   # 1, 1.0, True and -0.0 apart
         if isinstance(x, (tuple, list)):
             return (type(x).__name__, tuple(self.value(v) for v in x))
-        if isinstance(x, (dict, frozenset, set)) and not isinstance(x, Buffer):
-            if isinstance(x, dict):
-                return ("dict", tuple((self.value(k), self.value(v)) for k, v in x.items()))
+        if isinstance(x, dict):
+            return ("dict", tuple((self.value(k), self.value(v)) for k, v in x.items()))
+        if isinstance(x, (frozenset, set)):   # (in no order: by their forms' spelling)
             return (type(x).__name__, tuple(sorted(map(repr, (self.value(v) for v in x)))))
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
             return (type(x).__qualname__, tuple((f.name, self.value(getattr(x, f.name)))
@@ -77,17 +77,17 @@ def kernel_key(k: Kernel, buffers: dict[str, Buffer]) -> tuple[tuple, list[str]]
     try:
         form = tuple((f.name, c.value(getattr(k, f.name)))
                      for f in dataclasses.fields(k) if f.name not in _NOT_CODE)
-        # the buffers of the tensors met, in key order (their own names left out)
+        # the buffers of the tensors met, in key order (their own names left out); a layout
+        # naming a tensor would add it to the order, so walk until none is new
         lay = []
-        i = 0
-        while i < len(c.order):   # (a buffer's sizes name no tensor, but walk until none new)
-            t = next(t for t, j in c.order.items() if j == i)
-            b = buffers[t]
+        tensors = list(c.order)
+        while len(lay) < len(tensors):
+            b = buffers[tensors[len(lay)]]
             lay.append((c.value(b.layout), c.value(b.sizes), b.dtype, b.packed))
-            i += 1
+            tensors = list(c.order)
     except _Unkeyed:
         return None
-    return (form, tuple(lay)), sorted(c.order, key=c.order.get)
+    return (form, tuple(lay)), list(c.order)
 
 
 def renamed_checks(checks: list, first: list[str], same: list[str]) -> list:
