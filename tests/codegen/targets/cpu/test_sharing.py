@@ -86,7 +86,11 @@ def _two_lookups():
 @pytest.fixture(scope="module")
 def lookups(tmp_path_factory):
     from mlpack.packager.build import build
+    from mlpack.runtime import detect_host
 
+    host = {"amd64": "x86_64-v2", "arm64": "aarch64"}.get(detect_host().arch)
+    if host is None:
+        pytest.skip(f"no cpu target for {detect_host().arch}")
     root = tmp_path_factory.mktemp("sharing")
     src, dst = root / "two_lookups.onnx", root / "two_lookups.mlpack"
     onnx.save(_two_lookups(), str(src))
@@ -95,7 +99,7 @@ def lookups(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(module.KernelLowering, "emit",
                    lambda self: emitted.append(self.k.name) or emit(self))
-        build(str(src), str(dst), targets=["x86_64-v2"], cache=False)
+        build(str(src), str(dst), targets=[host], cache=False)
     return src, dst, emitted
 
 
