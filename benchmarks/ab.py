@@ -5,9 +5,9 @@ to the compiler make the model faster or slower?
 
 A and B are containers of MODEL built before and after a change (``mlpack build MODEL.onnx -o
 A.mlpack -t x86_64-v3``). Each round runs A, B and ONNX Runtime three times each on the same
-random inputs (size symbols: 1, ``sequence`` 128, or ``--dims name=value``), so a noisy host's
-drift reaches all three alike; the medians and the A/B ratio are printed (above 1: B is
-faster). Absolute times are not comparable between runs on a shared host; the ratio is.
+seeded random inputs (``packager.bench.random_inputs``; size symbols 1, ``sequence`` 128, or
+``--dims name=value``), so a noisy host's drift reaches all three alike; the medians and the
+A/B ratio are printed (above 1: B is faster). Absolute times are not comparable between runs on a shared host; the ratio is.
 """
 
 from __future__ import annotations
@@ -17,24 +17,13 @@ import statistics
 import time
 import warnings
 
-import numpy as np
-
-
-def feeds_for(session, dims: dict[str, int]) -> dict:
-    """Random inputs of ONNX Runtime session ``session``'s signature (integer ones all 1)."""
-    rng = np.random.default_rng(0)
-    out = {}
-    for i in session.get_inputs():
-        shape = [d if isinstance(d, int) else dims.get(d, 1) for d in i.shape]
-        out[i.name] = (np.ones(shape, np.int64) if "int" in i.type
-                       else rng.random(shape, dtype=np.float32))
-    return out
 
 
 def main(argv=None) -> None:
     import onnxruntime as ort
 
     import mlpack
+    from mlpack.packager.bench import random_inputs
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
@@ -48,9 +37,9 @@ def main(argv=None) -> None:
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
     session = ort.InferenceSession(args.model, so, providers=["CPUExecutionProvider"])
-    feeds = feeds_for(session, dims)
     warnings.simplefilter("ignore")   # (unsigned containers: the user's own builds)
     a, b = (mlpack.load(p, threads=args.threads) for p in (args.a, args.b))
+    feeds = random_inputs(a.inputs, dims)
     runs = {"A": lambda: a.run(feeds), "B": lambda: b.run(feeds),
             "ORT": lambda: session.run(None, feeds)}
     for run in runs.values():
