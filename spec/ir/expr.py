@@ -447,16 +447,12 @@ def is_finite_number(v) -> bool:
 
 def _poly(e: Expr, memo: dict | None = None):
     """``e`` as a polynomial {monomial (sorted sym names): coefficient}, or None. ``memo``:
-    the polynomials of subtrees already seen in this walk, by id (the tree keeps them alive),
-    read only by the callers."""
-    if memo is not None:
-        got = memo.get(id(e), memo)
-        if got is not memo:
-            return got
-        out = _poly_of(e, memo)
-        memo[id(e)] = out
-        return out
-    return _poly_of(e, None)
+    the polynomials of the subtrees already seen in this walk, by id (the tree keeps them
+    alive); callers only read what it returns."""
+    memo = {} if memo is None else memo
+    if id(e) not in memo:
+        memo[id(e)] = _poly_of(e, memo)
+    return memo[id(e)]
 
 
 def _poly_of(e: Expr, memo):
@@ -513,10 +509,7 @@ def _from_poly(p: dict) -> Expr:
 
 def simplify_size(e) -> Expr:
     """Canonical form of a size expression over symbols (polynomials; exact division)."""
-    e = as_expr(e)
-    if e.is_const:
-        return e
-    return _simplify_size(e, {})
+    return _simplify_size(as_expr(e), {})
 
 
 def _simplify_size(e: Expr, memo: dict) -> Expr:
