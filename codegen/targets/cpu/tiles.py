@@ -44,6 +44,7 @@ from mlpack.spec.ir.graph import Comprehension, Graph
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.lower import KernelLowering
 from mlpack.codegen.targets.cpu.rows import reordered
+from mlpack.codegen.targets.cpu.sharing import kernel_key
 
 ALIGN = 64   # each local's slice starts on a cache line
 
@@ -226,9 +227,16 @@ class TileLowering(KernelLowering):
     def _emit_impl(self, f: ir.Function) -> None:
         k = self.k
         members = []
+        first: dict[tuple, ir.Function] = {}   # a member's key (sharing.py) -> its function
         for m in k.members:
             lowering = KernelLowering(self.module, m, self.buffers, self.symbols, self.loops_md,
                                       self.native_f16)
+            # an iteration repeated (EM routing's second and third) is the same code on other
+            # tensors: called with its own, it is lowered and optimized once
+            keyed = kernel_key(m, self.buffers)
+            if keyed is not None and keyed[0] in first:
+                members.append((lowering, first[keyed[0]]))
+                continue
             impl = lowering._impl_signature()
             # each member is optimized on its own (one function of them all took LLVM 5x
             # the time), its buffers still noalias; a call per member and point costs nothing.
@@ -240,7 +248,9 @@ class TileLowering(KernelLowering):
             if m.checks:
                 raise AssertionError(f"cpu: {m.name} checks indices inside a point tile")
             members.append((lowering, impl))
-        self.impls = [impl.name for _, impl in members]
+            if keyed is not None:
+                first[keyed[0]] = impl
+        self.impls = list(dict.fromkeys(impl.name for _, impl in members))
         b = ir.IRBuilder(f.append_basic_block("entry"))
         self.b = b
         self.loops = Loops(b, self.module, unroll=False)

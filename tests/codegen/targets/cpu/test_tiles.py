@@ -1,7 +1,7 @@
 """tiles.py: EM routing's span runs one output position at a time as one kernel, its votes held
 one position at a time, and the artifact agrees with the float64 NumPy reference (fp32: 1e-5 of
-each output's largest magnitude) with a fixed and with a dynamic batch; no other kind of model
-gets a tile (attention's scores, a sum of 64 terms, stay a GEMM)."""
+each output's largest magnitude) with a fixed and with a dynamic batch; a member repeated (an
+iteration's) is lowered once; no other kind of model gets a tile (attention's scores, a sum of 64 terms, stay a GEMM)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 from mlpack.codegen.passes import points
-from mlpack.codegen.targets.cpu import compile_cpu, tiles
+from mlpack.codegen.targets.cpu import compile_cpu, sharing, tiles
 from mlpack.codegen.targets.cpu.compile import schedule_kernels
 from mlpack.codegen.targets.cpu.target import get_target
 
@@ -76,6 +76,29 @@ def test_the_routing_runs_one_position_at_a_time(batch):
     plain = run_plan(whole, g, feeds)
     for name in want:
         assert_close(plain[name], want[name])
+
+
+def test_a_repeated_routing_iteration_is_lowered_once(monkeypatch):
+    """The second and third EM iterations are the same members on other tensors: each distinct
+    member is one function, which the tile calls with each member's own tensors (the
+    artifact still agrees with the reference)."""
+    g = em_routing_graph(C, n=1)
+    seen = []
+    emit = tiles.TileLowering._emit_impl
+
+    def spy(self, f):
+        emit(self, f)
+        seen.append((self.k.members, self.impls))
+    monkeypatch.setattr(tiles.TileLowering, "_emit_impl", spy)
+    art = compile_cpu(g, TARGET)
+    ((members, impls),) = seen
+    _, _, bufs, _, _ = schedule_kernels(g, get_target(TARGET))
+    keys = {sharing.kernel_key(m, bufs)[0] for m in members}
+    assert len(impls) == len(keys) <= len(members) - 5
+    feeds = _feeds(1)
+    got, want = run_plan(art, g, feeds), _reference(feeds)
+    for name in want:
+        assert_close(got[name], want[name])
 
 
 def test_no_tile_where_a_point_would_not_fit_or_the_sum_is_long(monkeypatch):
