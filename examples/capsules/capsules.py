@@ -77,7 +77,7 @@ def em_routing(P, A, W, beta_v, beta_a, stride=2, iterations=3, inverse_temperat
         log_p = -dsl.sum[i, j](dsl.square(V - mu) * precision) - norm
         logit = (log_p + dsl.log(a).materialize(f"log_a{it}")).materialize(f"logit{it}")
         top = dsl.max[co](logit)
-        e = dsl.exp(logit - top)
+        e = dsl.exp(logit - top).materialize(f"e{it}")
         R = (e / dsl.sum[co](e)).materialize(f"R{it}")
 
 
