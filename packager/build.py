@@ -190,6 +190,19 @@ def _compile(proto):
                          "input shapes only (this one needs an input's value at compile time)") from None
 
 
+def _compile_cached(proto, kernels, budget, custom) -> tuple:
+    """(the compiled graph, the key to store it under or None): from the kernel cache where it
+    holds this model's graph (packager/cache.py, ``graphs/``), else compiled. A model with custom
+    ops is compiled each time (its DSL functions are code the key does not cover)."""
+    if kernels is None or custom:
+        return _compile(proto), None
+    from mlpack.packager.cache import model_key
+
+    k = model_key(proto, budget)
+    graph = kernels.get_graph(k)
+    return (graph, None) if graph is not None else (_compile(proto), k)
+
+
 def _number(value) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None  # JSON has no inf
 
@@ -429,8 +442,9 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     name = _model_name(proto, model, name)
     custom = customops.used(proto)
     baseline = customops.baseline_name(custom)
+    kernels = _kernel_cache(cache)
     with step("compile"), recompute.memory_budget(budget):
-        graph = _compile(proto)
+        graph, graph_entry = _compile_cached(proto, kernels, budget, custom)
         model_signature(graph)  # a size the container cannot state stops the build here
     quantized = quantizes(graph)
     if quantized and not precisions:   # the default is the model's own precision
@@ -441,11 +455,12 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     # as written, the weights are in one place, the model's archive, a file the graph maps
     # (packager/weights.py)
     path = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
-    kernels = _kernel_cache(cache)
     models = _models(graph, {}, kernels, output)
     started = None
     try:
         graph = models.graph("fp32")
+        if graph_entry is not None and models.blob("fp32") is not None:
+            kernels.put_graph(graph_entry, models.base, models.blob("fp32"))
         one = _compile_one   # (looked up now: a test may put another in its place)
         # the targets compile (in workers) while the references run here
         started = compiling.Started(one, models, compiling.early_pairs(pairs), progress, kernels)

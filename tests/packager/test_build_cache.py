@@ -1,6 +1,6 @@
-"""The kernel cache (packager/cache.py): a rebuild reuses each target's compiled code, the
-model's weights archive, its test vectors and the outputs of each artifact's vectors (native,
-portable and emulated runs), the container's bytes are the same either way, and a damaged entry
+"""The kernel cache (packager/cache.py): a rebuild reuses the model's compiled graph, each
+target's compiled code, the model's weights archive, its test vectors and the outputs of each
+artifact's vectors (native, portable and emulated runs), the container's bytes are the same either way, and a damaged entry
 is compiled again, never trusted. The cheapest native target (x86_64-v2, which every x86-64 host
 runs) and the portable one keep it fast; no test depends on the host's vector unit."""
 
@@ -90,6 +90,43 @@ def test_warm_rebuild_runs_no_reference_and_no_artifact(tmp_path, monkeypatch):
     assert _sha(tmp_path / "cold.mlpack") == _sha(tmp_path / "again.mlpack")
 
 
+def test_warm_rebuild_reuses_the_compiled_graph(tmp_path, monkeypatch):
+    """A rebuild of an unchanged model takes its compiled graph from the cache (graphs/): the
+    ONNX import and the graph passes do not run, and the container's bytes are the same. A
+    changed weight, another memory budget or a damaged entry compiles the model again."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    imports, real = [], build_mod._compile
+    monkeypatch.setattr(build_mod, "_compile", lambda proto: imports.append(1) or real(proto))
+    folder = tmp_path / "k"
+    _build(tmp_path / "cold.mlpack", cache=folder)
+    assert len(imports) == 1 and len(list((folder / "graphs").iterdir())) == 1
+    _build(tmp_path / "warm.mlpack", cache=folder)
+    assert len(imports) == 1
+    assert _sha(tmp_path / "cold.mlpack") == _sha(tmp_path / "warm.mlpack")
+    _build(tmp_path / "budget.mlpack", cache=folder, memory_budget="1MB")
+    assert len(imports) == 2
+    model = onnx.load(MLP)   # one weight changed: another graph, another container
+    w = model.graph.initializer[0]
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) + np.float32(1), w.name))
+    changed = tmp_path / "changed.onnx"
+    onnx.save(model, str(changed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build(str(changed), tmp_path / "changed.mlpack", targets=TARGETS, cache=folder)
+    assert len(imports) == 3
+    assert _sha(tmp_path / "changed.mlpack") != _sha(tmp_path / "cold.mlpack")
+    for path in (folder / "graphs").iterdir():   # damaged: dropped, compiled again
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        path.write_bytes(bytes(data))
+    again = _build(tmp_path / "again.mlpack", cache=folder)
+    assert len(imports) == 4 and again.cache["dropped"] == 1
+    assert _sha(tmp_path / "again.mlpack") == _sha(tmp_path / "cold.mlpack")
+
+
 @pytest.mark.parametrize("damage", ["blob", "entry", "truncate"])
 def test_corrupt_entry_is_compiled_again(tmp_path, compiles, damage):
     folder = tmp_path / "k"
@@ -170,6 +207,22 @@ def test_key_covers_what_makes_the_bytes(monkeypatch):
     monkeypatch.setattr(cache_mod, "_SOURCES", "an edited compiler")
     monkeypatch.delenv("MLPACK_DISABLE_PASSES")
     assert cache_mod.key("g", "x86_64-v2", "fp32") != base
+
+
+def test_model_key_covers_the_whole_model(monkeypatch):
+    import onnx
+
+    model = onnx.load(MLP)
+    base = cache_mod.model_key(model, None)
+    assert cache_mod.model_key(onnx.load(MLP), None) == base
+    assert cache_mod.model_key(model, 1 << 20) != base
+    monkeypatch.setenv("MLPACK_DISABLE_PASSES", "cse")
+    assert cache_mod.model_key(model, None) != base
+    monkeypatch.delenv("MLPACK_DISABLE_PASSES")
+    raw = bytearray(model.graph.initializer[0].raw_data)
+    raw[0] ^= 1
+    model.graph.initializer[0].raw_data = bytes(raw)
+    assert cache_mod.model_key(model, None) != base
 
 
 def test_emulated_outputs_round_trip(tmp_path):
