@@ -172,11 +172,19 @@ def model_key(proto, budget: int | None) -> str:
             "env": {n: environment.get(n) for n in ("MLPACK_DISABLE_PASSES",)}}
     h = hashlib.sha256(f"graph {json.dumps(head, sort_keys=True)}".encode())
     g = proto.graph
-    for part in [*g.node, *g.input, *g.output, *g.value_info, *g.initializer,
-                 *g.sparse_initializer, *proto.opset_import, *proto.functions]:
-        data = part.SerializeToString()
+
+    def part(data: bytes) -> None:
         h.update(len(data).to_bytes(8, "little"))   # (parts end where their lengths say)
         h.update(data)
+    for p in [*g.node, *g.input, *g.output, *g.value_info, *g.sparse_initializer,
+              *proto.opset_import, *proto.functions]:
+        part(p.SerializeToString())
+    for t in g.initializer:   # a weight's bytes hashed as they are, not copied into a message
+        if t.raw_data:
+            part(repr((t.name, t.data_type, list(t.dims), t.data_location)).encode())
+            part(t.raw_data)
+        else:
+            part(t.SerializeToString())
     return h.hexdigest()
 
 
