@@ -29,16 +29,17 @@ Layout of the folder (MLPACK_CACHE_DIR, default ``$XDG_CACHE_HOME/mlpack/kernels
 ``~/.cache/mlpack/kernels``): ``entries/<key>.json`` says which blobs make the code and carries
 the sha256 of its own text; ``weights/<key>.json`` names a precision's weights archive;
 ``blobs/<sha256>`` holds the ELFs and archives; ``runs/<key>`` the outputs of an artifact's
-vectors on this host or under qemu (packager/validation.py, emulate.py), ``vectors/<key>``
-a model's test vectors, ``graphs/<key>`` a model's compiled graph (below). A rebuild of an unchanged model also skips the ONNX import and the
-graph passes (Swin-T: 3 of a warm rebuild's 4.5 s): ``graphs/<model_key>`` holds the compiled
-graph, pickled without its constants' data, with its digest and the fp32 weights archive that
-holds them, keyed by the whole ONNX model (every node, port, opset, function and initializer,
-data included), the memory budget, the code and MLPACK_DISABLE_PASSES. It is found only with
-its archive, whole, and read only after its own digest matches (this folder already holds the
-native code a build reuses: it is the user's own). Every file is written to a temporary name
-and renamed, so two builds at once never see half an entry; an entry whose own digest or any
-blob's digest does not match is dropped and compiled again, never trusted.
+vectors on this host or under qemu (packager/validation.py, emulate.py), ``vectors/<key>`` a
+model's test vectors, ``graphs/<key>`` a model's compiled graph (below). A rebuild of an
+unchanged model also skips the ONNX import and the graph passes (Swin-T: 3 of a warm rebuild's
+4.5 s): ``graphs/<model_key>`` holds the compiled graph, pickled without its constants' data,
+with its digest and the fp32 weights archive that holds them, keyed by the whole ONNX model
+(every node, port, opset, function and initializer, data included), the memory budget, the code
+and MLPACK_DISABLE_PASSES. It is found only with its archive, whole, and read only after its
+own digest matches (this folder already holds the native code a build reuses: it is the user's
+own). Every file is written to a temporary name and renamed, so two builds at once never see
+half an entry; an entry whose own digest or any blob's digest does not match is dropped and
+compiled again, never trusted.
 """
 
 from __future__ import annotations
