@@ -76,8 +76,12 @@ def test_live_tensors_never_share_bytes_and_the_arena_shrinks(source, monkeypatc
     with monkeypatch.context() as m:
         old, _ = _arena(g, m, slots_only=True)
     assert p["arena_size"] <= old["arena_size"]
-    if source == "capsule":   # the slots kept a third big slot: 460,800 bytes, packed 313,344
-        assert p["arena_size"] < 0.75 * old["arena_size"]
+    if source == "capsule":
+        # packed, the arena is what is live at the busiest dispatch (no lower bound is lower;
+        # 304,128 bytes), which the slots (314,368) miss
+        busiest = max(sum(s[1] - s[0] for s in spans if s[2] <= i <= s[3])
+                      for i in range(len(p["dispatches"])))
+        assert p["arena_size"] == busiest < old["arena_size"]
 
 
 # layers of distinct widths, as an image's channels change along a CNN, over a dynamic batch
