@@ -153,12 +153,16 @@ def test_ctrl_c_during_parallel_compile_stops_at_once(tmp_path, kill):
     out.mkdir()
     # a session of its own: killpg sends SIGINT to the whole group, as a terminal's Ctrl-C does
     # (--no-cache: with a warm kernel cache, an earlier run's, the workers end within the
-    # half second below and the build finishes before the interrupt)
+    # half second below and the build finishes before the interrupt). SIGINT as a terminal's
+    # shell leaves it: a suite started in the background of a script runs with SIGINT
+    # ignored, which its children inherit, and Python then installs no handler (the build
+    # ignored the Ctrl-C and finished)
     proc = subprocess.Popen([sys.executable, "-m", "mlpack.packager.cli", "build",
                              str(tmp_path / "shufflenet.onnx"), "-o", str(out / "s.mlpack"),
                              "--no-cache"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300  # import, compile and the reference run come first
         while not _compile_workers(proc.pid):
