@@ -24,6 +24,11 @@ import numpy as np
 
 
 
+def size_dims(text: str) -> dict[str, int]:
+    """``--dims``' ``name=value,...``: {size symbol: value}."""
+    return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+
+
 def main(argv=None) -> None:
     import onnxruntime as ort
 
@@ -39,7 +44,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dims", default="sequence=128", help="size symbols, name=value,...")
     ap.add_argument("--inputs", help="an .npz of the inputs, an array per input name")
     args = ap.parse_args(argv)
-    dims = {k: int(v) for k, v in (kv.split("=") for kv in args.dims.split(",") if kv)}
+    dims = size_dims(args.dims)
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
     try:

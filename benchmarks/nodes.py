@@ -106,6 +106,8 @@ def main(argv=None) -> list[tuple[str, float, float]]:
     import mlpack
     from mlpack.packager.bench import random_inputs
 
+    from .ab import size_dims
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("container")
@@ -114,7 +116,7 @@ def main(argv=None) -> list[tuple[str, float, float]]:
     ap.add_argument("--top", type=int, default=30, help="rows printed (0: all)")
     ap.add_argument("--dims", default="sequence=128", help="size symbols, name=value,...")
     args = ap.parse_args(argv)
-    dims = {k: int(v) for k, v in (kv.split("=") for kv in args.dims.split(",") if kv)}
+    dims = size_dims(args.dims)
     warnings.simplefilter("ignore")   # (an unsigned container: the user's own build)
     feeds = random_inputs(mlpack.load(args.container).inputs, dims)
     with tempfile.TemporaryDirectory(prefix="mlpack-nodes-") as tmp:
