@@ -286,10 +286,10 @@ class KernelCache:
         from mlpack.spec.tensorfile import read_header, read_tensors
 
         path = self.folder / "runs" / k
+        body = self._read_checked(path)
+        if body is None:
+            return None
         try:
-            digest, _, body = path.read_bytes().partition(b"\n")
-            if digest.decode() != _sha(body):
-                raise ValueError("entry digest")
             meta = read_header(body)["metadata"]
             if "not_emulated" in meta:
                 return str(meta["not_emulated"])
@@ -298,11 +298,8 @@ class KernelCache:
                 case, _, output = name.partition("/")
                 got[int(case)][output] = array
             return got
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, Error):
-            self._discard(path)
-            self.stats.dropped += 1
+        except (ValueError, KeyError, TypeError, Error):
+            self._drop(path)
             return None
 
     def put_outputs(self, k: str, got) -> None:
@@ -314,10 +311,7 @@ class KernelCache:
         else:
             body = write_tensors({f"{c}/{name}": a for c, case in enumerate(got)
                                   for name, a in case.items()}, {"cases": len(got)})
-        try:
-            self._write(self.folder / "runs" / k, _sha(body).encode() + b"\n" + body)
-        except OSError:
-            pass
+        self._write_checked(self.folder / "runs" / k, body)
 
     # The test vectors (inputs, ONNX Runtime's outputs and the float64 reference's) follow from
     # the model, the inputs and the code that computes them (``vectors_key``): a rebuild reads
@@ -325,24 +319,10 @@ class KernelCache:
 
     def get_vectors(self, k: str) -> bytes | None:
         """The test-vector archive stored under ``k`` (whole, by its digest), or None."""
-        path = self.folder / "vectors" / k
-        try:
-            digest, _, body = path.read_bytes().partition(b"\n")
-            if digest.decode() != _sha(body):
-                raise ValueError("entry digest")
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, UnicodeDecodeError):
-            self._discard(path)
-            self.stats.dropped += 1
-            return None
-        return body
+        return self._read_checked(self.folder / "vectors" / k)
 
     def put_vectors(self, k: str, body: bytes) -> None:
-        try:
-            self._write(self.folder / "vectors" / k, _sha(body).encode() + b"\n" + body)
-        except OSError:
-            pass
+        self._write_checked(self.folder / "vectors" / k, body)
 
     def get_graph(self, k: str):
         """The compiled graph stored under ``k`` (``model_key``), its constants read from their
@@ -353,21 +333,17 @@ class KernelCache:
         from mlpack.packager.weights import attach, found
 
         path = self.folder / "graphs" / k
-        try:
-            digest, _, body = path.read_bytes().partition(b"\n")
-        except OSError:
+        body = self._read_checked(path)
+        if body is None:
             return None
         try:
-            if digest.decode() != _sha(body):
-                raise ValueError("entry digest")
             entry = pickle.loads(body)
             blob = found(self.folder / "blobs", entry["weights"], int(entry["size"]))
             if blob is None:
                 return None
             graph = attach(entry["graph"], blob)
-        except Exception:   # (whatever unpickling a damaged entry raises)
-            self._discard(path)
-            self.stats.dropped += 1
+        except Exception:   # (whatever unpickling an entry of other code raises)
+            self._drop(path)
             return None
         remember_digest(graph, entry["digest"])
         return graph
@@ -382,9 +358,9 @@ class KernelCache:
         try:
             body = pickle.dumps({"graph": detach(graph, blob).graph, "digest": _graph_sha(graph),
                                  "weights": blob.digest, "size": blob.size}, protocol=5)
-            self._write(self.folder / "graphs" / k, _sha(body).encode() + b"\n" + body)
-        except (OSError, pickle.PicklingError, TypeError, AttributeError):
-            pass
+        except (pickle.PicklingError, TypeError, AttributeError):
+            return
+        self._write_checked(self.folder / "graphs" / k, body)
 
     def put(self, k: str, code) -> None:
         """Store ``code`` under ``k``. A cache that cannot be written (a read-only home) costs
@@ -412,6 +388,36 @@ class KernelCache:
         if not whole:
             self._write(path, data)
         return digest
+
+    # A run's outputs, a model's vectors and its graph are each one file: the sha256 of the rest,
+    # a newline, the rest
+
+    def _read_checked(self, path: Path) -> bytes | None:
+        """The body of the file ``path`` written by ``_write_checked``, or None: absent, or
+        damaged (then removed and counted)."""
+        try:
+            digest, _, body = path.read_bytes().partition(b"\n")
+            if digest.decode() != _sha(body):
+                raise ValueError("entry digest")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, UnicodeDecodeError):
+            self._drop(path)
+            return None
+        return body
+
+    def _write_checked(self, path: Path, body: bytes) -> None:
+        """``body`` behind its own sha256 at ``path`` (a cache that cannot be written costs the
+        reuse, never the build)."""
+        try:
+            self._write(path, _sha(body).encode() + b"\n" + body)
+        except OSError:
+            pass
+
+    def _drop(self, path: Path) -> None:
+        """Remove a damaged entry and count it."""
+        self._discard(path)
+        self.stats.dropped += 1
 
     @staticmethod
     def _write(path: Path, data: bytes) -> None:
