@@ -173,6 +173,21 @@ def one_output_model(nodes, inputs, inits=(), opset: int = 17):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
 
 
+def conv_pool_conv_model(rng):
+    """conv 3x3 -> relu -> max pool 3x3 / 2 (padded) -> conv 1x1: a CNN's stem."""
+    from onnx import TensorProto, helper
+
+    w1 = (rng.standard_normal((32, 8, 3, 3)) / 8).astype(np.float32)
+    w2 = (rng.standard_normal((16, 32, 1, 1)) / 6).astype(np.float32)
+    return one_output_model(
+        [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                          pads=[1, 1, 1, 1]),
+         helper.make_node("Conv", ["p", "w2"], ["y"])],
+        [("x", TensorProto.FLOAT, [1, 8, 12, 12])], [("w1", w1), ("w2", w2)])
+
+
 def parse_ir(text: str):
     """An IR graph from its (indented) text form."""
     import textwrap

@@ -17,7 +17,9 @@ shape the integer dot-product instructions take) becomes:
 Elementwise fusion then runs again, so the dequantization joins the maps that read ``y``
 (bias, activation: the contraction's epilogue on the cpu target) and the quantization of the
 next layer's input joins the map that produced it: a convolution's epilogue writes the next
-one's u8 input. Contractions that are too shallow (depthwise convolutions, a first convolution
+one's u8 input. A max pooling between the two is quantized before it (``_max_pools``: the
+byte of the max is the max of the bytes), so the contraction before it writes bytes and the
+pooling takes their max. Contractions that are too shallow (depthwise convolutions, a first convolution
 over the model's input) or read no weight (attention's products) stay f32. So does a
 contraction over a model input whose K would have to grow to whole quads: the first
 convolution over an image's three channels (the random-weight resnet50 of the benchmark set
@@ -51,7 +53,7 @@ from mlpack.codegen.precisions.qlinear import has_integer_sums, integer_sums
 from mlpack.codegen.precisions.weights16 import weights
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.spec.ir.graph import Comprehension, Graph, TensorType
+from mlpack.spec.ir.graph import Comprehension, Graph, TensorType, tensors_read
 
 NAME = "int8"
 SUMMARY = "weights int8 per output channel, activations uint8 per tensor (calibrated), sums int32"
@@ -230,6 +232,7 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
     quantized: dict[str, tuple[str, float, int]] = {}   # x -> (its u8 tensor, scale, zero)
     changed: dict[int, list] = {}
     placed: dict[str, Comprehension] = {}   # x -> its quantization, right after x's producer
+    pools = _max_pools(g)
     for op, x, w in found:
         xname = x.arg[0]
         if xname not in calibration:
@@ -237,7 +240,18 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
         if xname not in quantized:
             sx, zx = quantize_params(*calibration[xname])
             q = fresh(f"{xname}#u8", rw.taken)
-            placed[xname] = _quantize_map(xname, q, dict(rw.types[xname].dims), sx, zx)
+            pool = pools.get(xname)
+            if pool is None:
+                placed[xname] = _quantize_map(xname, q, dict(rw.types[xname].dims), sx, zx)
+            else:   # quantized before the pooling, which then takes the max of bytes
+                src = pool.body.arg[0]
+                qsrc = fresh(f"{src}#u8", rw.taken)
+                placed[src] = _quantize_map(src, qsrc, dict(rw.types[src].dims), sx, zx)
+                rw.types[qsrc] = placed[src].type
+                pad = None if pool.body.arg[2] is None else 0
+                placed[xname] = replace(pool, out=q, type=TensorType("u8", dict(pool.type.dims)),
+                                        body=Expr("read", pool.body.args,
+                                                  (qsrc, pool.body.arg[1], pad), "u8"))
             rw.types[q] = placed[xname].type
             quantized[xname] = (q, sx, zx)
         changed[id(op)] = rw.contraction(op, x, w, *quantized[xname])
@@ -249,7 +263,32 @@ def rewrite(g: Graph, calibration: dict | None = None) -> Graph:
         ops.extend(placed[name] for name in getattr(op, "outs", ()) if name in placed)
     _share_quantized(ops, quantized, {p.name for p in g.outputs})
     out = replace(g, ops=ops, constants=rw.constants, types=rw.types)
-    return eliminate_dead_code(fuse_elementwise(out))
+    # (dead code first: a pooling whose bytes replace it must not keep its input from fusing)
+    return eliminate_dead_code(fuse_elementwise(eliminate_dead_code(out)))
+
+
+def _max_pools(g: Graph) -> dict[str, Comprehension]:
+    """{x: its producer} for each x that is a max over a window of one f32 tensor (a max
+    pooling, padded with -inf or not) that nothing else reads and that is no graph output or
+    input: quantization is non-decreasing, so quantizing that tensor and pooling its bytes
+    gives x's bytes exactly, and the contraction before the pooling then writes them in its
+    epilogue, a quarter of the f32 values (conv, relu, max pool, conv: the stem of most CNNs).
+    The f32 pooling stays in the graph for any other reader of x (dead code otherwise)."""
+    readers: dict[str, int] = {}
+    for op in g.ops:
+        for name in tensors_read(op):
+            readers[name] = readers.get(name, 0) + 1
+    ends = {p.name for p in g.outputs} | {p.name for p in g.inputs}
+    out = {}
+    for op in g.ops:
+        if not (isinstance(op, Comprehension) and op.reduce == "max" and op.rdims
+                and op.type.dtype == "f32" and op.body.op == "read" and op.body.dtype == "f32"):
+            continue
+        src, pad = op.body.arg[0], op.body.arg[2]
+        if (pad is None or pad == -np.inf) and src not in g.constants and src not in ends \
+                and op.out not in ends and readers.get(src) == 1:
+            out[op.out] = op
+    return out
 
 
 def _scales_folded(g: Graph) -> Graph:

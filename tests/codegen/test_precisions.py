@@ -13,6 +13,7 @@ from mlpack.codegen import precisions
 from mlpack.codegen.errors import UnsupportedTargetError
 from mlpack.codegen.targets import registry
 from mlpack.spec import media
+import support
 from support import parse_ir
 
 GRAPH = """graph "g" {
@@ -173,3 +174,26 @@ def test_int8_leaves_shallow_and_weightless_contractions_in_f32():
 }}""")
     assert int8.contractions(g) == []   # a depth of 8: below MIN_DEPTH
     assert precisions.apply("int8", g, {}) is g
+
+
+def test_int8_pools_the_bytes_of_a_max_pooling_it_quantizes(monkeypatch):
+    """The input of a contraction that a max pooling computes is quantized before the pooling
+    (quantization does not decrease, so the max of the bytes is the byte of the max): the
+    pooling takes the max of u8 values and the f32 one is gone; the outputs are the very same
+    numbers as with the pooling's output quantized."""
+    import mlpack
+    from mlpack.codegen.precisions import int8
+    from mlpack.spec.ir.interp import run_graph
+
+    rng = np.random.default_rng(4)
+    g = mlpack.compile_onnx(support.conv_pool_conv_model(rng))
+    feeds = [{"x": rng.standard_normal((1, 8, 12, 12)).astype(np.float32)} for _ in range(4)]
+    calib = precisions.calibrate("int8", g, feeds)
+    q = precisions.apply("int8", g, calib)
+    pools = [op for op in q.ops if getattr(op, "reduce", None) == "max"]
+    assert [op.type.dtype for op in pools] == ["u8"]
+    monkeypatch.setattr(int8, "_max_pools", lambda graph: {})
+    plain = precisions.apply("int8", g, calib)
+    assert [op.type.dtype for op in plain.ops if getattr(op, "reduce", None) == "max"] == ["f32"]
+    x = rng.standard_normal((1, 8, 12, 12)).astype(np.float32) * 2
+    np.testing.assert_array_equal(run_graph(q, {"x": x})["y"], run_graph(plain, {"x": x})["y"])

@@ -166,7 +166,8 @@ def test_a_model_of_integer_operators_builds_int8_and_computes_onnxs_integers(tm
 def test_an_int8_artifact_that_misses_keeps_its_most_sensitive_activations_in_f32(tmp_path):
     """A hidden layer whose one channel sits at 1000 (a bias) leaves 8 bits no steps for the
     others, which the next layer reads: quantizing it misses int8's tolerance. The build keeps
-    that activation in f32, found by measuring each one's effect, and the artifact validates."""
+    that activation in f32, found by measuring each one's effect, and the artifact validates;
+    so does a rebuild whose int8 code comes from the kernel cache."""
     from onnx import TensorProto, helper
 
     rng = np.random.default_rng(3)
@@ -181,10 +182,28 @@ def test_an_int8_artifact_that_misses_keeps_its_most_sensitive_activations_in_f3
         [("x", TensorProto.FLOAT, ["n", 64])], [("w1", w1), ("b1", b1), ("w2", w2)])
     path = tmp_path / "outlier.onnx"
     path.write_bytes(model.SerializeToString())
-    lines = []
-    report = build(str(path), tmp_path / "o.mlpack", targets=["x86_64-v2"], precisions=["int8"],
-                   progress=lines.append)
-    [art] = [a for a in report.artifacts if a.precision == "int8"]
-    assert art.f32_activations == 1 and art.validated, art
-    assert any("most sensitive of 2 quantized activations in f32" in line for line in lines)
-    assert art.max_error <= accuracy.TOLERANCES["int8"].allowed(art.baseline_max_error)
+    for run in ("cold", "warm"):   # warm: the retry's code from the kernel cache, its f32
+        # contraction's weights still in the archive
+        lines = []
+        report = build(str(path), tmp_path / "o.mlpack", targets=["x86_64-v2"],
+                       precisions=["int8"], progress=lines.append, cache=tmp_path / "kernels")
+        [art] = [a for a in report.artifacts if a.precision == "int8"]
+        assert art.f32_activations == 1 and art.validated, (run, art)
+        assert any("most sensitive of 2 quantized activations in f32" in line for line in lines)
+        assert art.max_error <= accuracy.TOLERANCES["int8"].allowed(art.baseline_max_error)
+    assert report.cache["hits"] > 0
+
+
+def test_a_max_pooling_of_bytes_builds_for_x86_and_aarch64(tmp_path):
+    """A convolution, a max pooling and a convolution: int8 quantizes before the pooling, so the
+    cpu kernels take the max of u8 values over a padded window; validated where they run."""
+    path = tmp_path / "stem.onnx"
+    path.write_bytes(support.conv_pool_conv_model(np.random.default_rng(4)).SerializeToString())
+    targets = ["x86_64-v2", "x86_64-v3", "aarch64-dotprod"]
+    report = build(str(path), tmp_path / "s.mlpack", targets=targets, precisions=["int8"])
+    arts = [a for a in report.artifacts if a.precision == "int8"]
+    assert [a.target for a in arts] == targets
+    for a in arts:
+        if _runs_here(a.target) or emulated(a.target):
+            assert a.validated and a.f32_activations == 0, a
+            assert a.max_error <= accuracy.TOLERANCES["int8"].allowed(a.baseline_max_error)

@@ -313,8 +313,8 @@ def unroll_window(k: Kernel) -> None:
     would read and write the output row once per window position, the map keeps the running
     value in a register and is one vector loop. A select whose condition holds for the whole
     window (a concatenation inlined into the pooling) is kept outside, for hoist.py."""
-    if k.reduce not in ("max", "min") or k.acc_dtype != "f32" or not k.rdims:
-        return
+    if k.reduce not in ("max", "min") or k.acc_dtype not in ("f32", "u8", "i8") or not k.rdims:
+        return   # (8-bit: a pooling of int8's bytes, codegen/precisions/int8.py)
     sizes = list(k.rdims.values())
     if not all(s.is_const for s in sizes):
         return
@@ -322,7 +322,8 @@ def unroll_window(k: Kernel) -> None:
     if window > MAX_WINDOW:
         return
     names = list(k.rdims)
-    start = ex.const(dt.lowest("f32") if k.reduce == "max" else dt.highest("f32"), "f32")
+    acc = k.acc_dtype
+    start = ex.const(dt.lowest(acc) if k.reduce == "max" else dt.highest(acc), acc)
 
     def unroll(body: Expr) -> Expr:
         if body.op == "select":
