@@ -123,8 +123,10 @@ def test_bf16_products_match_the_rounded_computation_and_onnxruntime(case):
     # activations in bf16, Winograd's Wt too), whose products of bf16 values are exact in f32
     rewritten = schedule_kernels(g, get_target(TARGET))[0]
     exact = run_graph(rewritten, feeds)[g.outputs[0].name]
-    scale = np.abs(exact).max()   # (f32 sums in another order; Winograd's transforms amplify it)
-    assert np.abs(got - exact).max() / scale < 1e-4
+    scale = np.abs(exact).max()   # (f32 sums in another order, and vdpbf16ps rounds its pair
+    # of products as the CPU's maker defines; Winograd's transforms amplify both: 1.05e-4 of the
+    # scale on the conv 3x3 on an AMD Zen 4, still far below bf16's own rounding, asserted next)
+    assert np.abs(got - exact).max() / scale < 4e-4
     want = oracle_outputs(m, feeds)[0]
     err = np.abs(got - want).max() / np.abs(want).max()
     assert 1e-4 < err < 2 ** -5   # bf16's rounding of both operands shows (two layers), no more
