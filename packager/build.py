@@ -90,6 +90,9 @@ class ArtifactReport:
     dropped_passes: tuple[str, ...] = ()
     # int8: the activations kept in f32 after quantizing them all missed the tolerance
     f32_activations: int = 0
+    # int8: the contractions that sum 8-bit integers (0: none of the model's takes them, so the
+    # artifact computes in f32); None for other precisions
+    integer_sums: int | None = None
 
 
 @dataclass
@@ -503,6 +506,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         with step("write"):
             artifacts = lower(checks, compiled)
             write_container(output, name, artifacts)
+        sums = {p: _integer_sums(models.graph(p[1])) for p in pairs if p[1] == "int8"}
     finally:
         if started is not None:   # (the build failed before it collected the compile)
             started.cancel()
@@ -512,6 +516,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     for report, pair in zip(reports, pairs):
         report.dropped_passes = compiled[pair].dropped
         report.f32_activations = compiled[pair].f32_activations
+        report.integer_sums = sums.get(pair)
     report = BuildReport(output, name, os.path.getsize(output), baseline, len(feeds),
                          reports, _layer_sizes(artifacts), step.timings, seconds, skipped, blind)
     if kernels is not None:
@@ -599,6 +604,13 @@ def _reports(pairs, artifacts: list[ArtifactSpec], checks: dict, passed_over: di
             report.baseline_max_error, report.top1 = acc.get("baseline_max_error"), acc.get("top1")
         out.append(report)
     return out
+
+
+def _integer_sums(graph) -> int:
+    """How many contractions of ``graph`` sum in 32-bit integers (int8's, or a quantized
+    model's own)."""
+    return sum(1 for op in graph.ops if getattr(op, "reduce", None) == "sum"
+               and op.type.dtype == "i32")
 
 
 def _remove(path: str) -> None:

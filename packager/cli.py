@@ -466,8 +466,11 @@ def _artifact_state(a, baseline: str = "ONNX Runtime") -> str:
 
 
 def _dropped(a) -> str:
-    """The clause for an artifact compiled again without its inexact passes or with some int8
-    activations kept in f32, or ""."""
+    """The clause for an int8 artifact that quantized nothing, or one compiled again without
+    its inexact passes or with some int8 activations kept in f32, or ""."""
+    if a.integer_sums == 0:
+        return (" (nothing quantized: no contraction of this model is one int8 takes, deep "
+                "enough and reading a weight, so it computes in f32)")
     if a.f32_activations:
         return (f" ({a.f32_activations} activation{'s' * (a.f32_activations != 1)} kept in f32: "
                 f"with all quantized the artifact missed the {a.precision} tolerance)")

@@ -40,6 +40,7 @@ def test_int8_builds_for_every_cpu_target_and_validates_where_it_can(mlp8):
     for a in report.artifacts:
         if a.precision != "int8":
             continue
+        assert a.integer_sums == 3, a   # the MLP's three layers sum bytes
         if _runs_here(a.target) or emulated(a.target):
             assert a.validated, f"{a.target}: {a.reason}"
         if a.validated:
@@ -116,7 +117,26 @@ def test_cli_builds_int8_with_a_calibration_directory(tmp_path):
     r = support.cli("build", MLP, "-o", out, "-t", "x86_64-v2", "-p", "int8",
                     "--calibration", folder)
     assert r.exit_code == 0, r.stdout
-    assert "x86_64-v2 int8" in r.stdout
+    assert "x86_64-v2 int8" in r.stdout and "nothing quantized" not in r.stdout
+
+
+def test_an_int8_artifact_that_quantizes_nothing_says_so(tmp_path):
+    """A model whose one contraction is too shallow for 8-bit sums (K = 8): its int8 artifact
+    computes in f32, which the report counts and the CLI says."""
+    from onnx import TensorProto, helper
+
+    w = np.random.default_rng(5).standard_normal((8, 16)).astype(np.float32)
+    path = tmp_path / "shallow.onnx"
+    path.write_bytes(support.one_output_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", TensorProto.FLOAT, ["n", 8])],
+        [("w", w)]).SerializeToString())
+    report = build(str(path), tmp_path / "s.mlpack", targets=["x86_64-v2"], precisions=["int8"])
+    [art] = [a for a in report.artifacts if a.precision == "int8"]
+    assert art.integer_sums == 0 and art.validated
+    assert [a.integer_sums for a in report.artifacts if a.precision != "int8"] == [None]
+    r = support.cli("build", path, "-o", tmp_path / "c.mlpack", "-t", "x86_64-v2", "-p", "int8")
+    assert r.exit_code == 0, r.stdout
+    assert "x86_64-v2 int8" in r.stdout and "nothing quantized" in r.stdout
 
 
 def test_a_quantized_model_builds_int8_by_default_and_runs_its_own_integers(tmp_path):
