@@ -62,6 +62,7 @@ MIN_NARROW_MR = 3            # ... and at least this many, else the default tili
 L1_PANEL_BYTES = 24 << 10    # a K chunk's slice of the packed B panel stays in L1
 GROUP_ROWS = 48              # rows of M (over several tiles) that share one K chunk
 MAX_GROUP_ROWS = 96          # ... or all of M, up to this many rows
+BALANCE_THREADS = (2, 4)     # thread counts a dispatch of few units is balanced for
 CACHE_REUSE_BYTES = 1 << 20  # an operand this small stays in L2 while the other streams
 SMALL_L2_BYTES = 1 << 18     # ... or in the smallest L2 of a core that runs it (256 KiB)
 LINE_BYTES = 64              # a cache line
@@ -90,12 +91,21 @@ def _narrow(t: CpuTarget, info: dict) -> int:
     return need if need < default and rows >= MIN_NARROW_MR else 0
 
 
+def _balance(units: int) -> float:
+    """The share of the threads busy when ``units`` equal units are shared out, the mean over
+    BALANCE_THREADS: three units on two threads keep them 75% busy, four 100%."""
+    return sum(units / (n * -(-units // n)) for n in BALANCE_THREADS) / len(BALANCE_THREADS)
+
+
 def _tile_shape(t: CpuTarget, blocks: int, pairs: bool = False,
-                nvec: int = 0) -> tuple[int, int, int]:
+                nvec: int = 0, balance: bool = False) -> tuple[int, int, int]:
     """(vl, tb, mr): vector lanes, PACK blocks per tile and rows per tile for ``t``.
     ``pairs``: a step holds both pairs' B vectors (pmaddwd's, gemm.PAIR_PRODUCTS) beside a
     broadcast and a product; ``nvec``: vectors per row of a narrow N (``_narrow``), which leaves
-    registers for more rows."""
+    registers for more rows; ``balance``: the N tiles are the dispatch's only units (a batch
+    of one whose M is one group, ``_group``), so a tile width that shares them evenly among a
+    few threads is worth some FMAs per load (a late 1x1 convolution of 7x7 pixels and 160
+    channels on AVX-512: four blocks a tile make three units, three make four)."""
     vl = max(4, t.vector_bits // 32)
     per_block = PACK // vl
     if nvec:
@@ -110,7 +120,8 @@ def _tile_shape(t: CpuTarget, blocks: int, pairs: bool = False,
         nv = tb * per_block
         mr = max(1, min(MAX_MR, (t.vector_registers - live(nv)) // nv))
         fill = blocks / (-(-blocks // tb) * tb)        # padding columns are wasted work
-        return fill * (mr * nv) / (mr + nv), mr        # FMAs per load, times that
+        busy = _balance(-(-blocks // tb)) if balance else 1.0
+        return busy * fill * (mr * nv) / (mr + nv), mr        # FMAs per load, times those
     tbs = [tb for tb in range(1, 5) if live(tb * per_block) + tb * per_block <= t.vector_registers]
     tb = max(tbs or [1], key=lambda x: shape(x)[0])
     mr = shape(tb)[1]
@@ -409,11 +420,14 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             init = packs[("init",) + key]
         blocks = ex.simplify_size(ex.ceildiv(info["n_size"], ex.const(PACK)))
         nvec = _narrow(t, info) if k.acc_dtype == "f32" else 0
+        m_size = typical(info["m_size"], one)
+        points = typical(ex.product([extent(v, ob, {}) for v in info["batch"]]), one)
         vl, tb, mr = _tile_shape(t, blocks.value if blocks.is_const else 64,
-                                 dot in PAIR_PRODUCTS, nvec)
+                                 dot in PAIR_PRODUCTS, nvec,
+                                 m_size.is_const and m_size.value <= MAX_GROUP_ROWS
+                                 and points.is_const and points.value == 1)
         plain = k.acc_dtype == "f32" and info.get("pair") is None
         k_runs = _k_runs(ra, bufs, info, k.rdims, direct) if plain else ()
-        m_size = typical(info["m_size"], one)
         group = _group(m_size, mr)
         # (B's data is the AMX tiles' alone, _amx_gemm: every other panel is packed at load)
         k.gemm = Contraction(ra, name, None, info["batch"], info["m"], info["n"], info["k"],

@@ -153,6 +153,21 @@ def test_a_dynamic_batch_is_scheduled_as_a_batch_of_one():
     assert not gemm(["N", "S", 320], 320, 256).stream
 
 
+
+def test_few_units_are_tiled_to_share_evenly():
+    """A late 1x1 convolution at batch 1, 7x7 pixels (M = 49, one group of rows) and 160 output
+    channels: on AVX-512 four PACK blocks a tile would make three units, which two threads
+    share 2:1, so the tiles take three blocks (four units); a taller M keeps four. On AVX2 the
+    tiles are one block wide either way."""
+    def gemm(m, n, target):
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+        mm = model(nodes, [("x", F, ["N", m, 960])], [("w", rand(960, n, seed=1))])
+        return _gemms(compile_onnx(mm), target)[0]
+    late = gemm(49, 160, "x86_64-v4")
+    assert (late.tb, -(-late.blocks.value // late.tb)) == (3, 4)
+    assert gemm(784, 160, "x86_64-v4").tb == 4
+    assert gemm(49, 160, "x86_64-v3").tb == gemm(784, 160, "x86_64-v3").tb == 1
+
 def test_a_big_output_is_written_row_after_row():
     """Attention's scores, per head 1024 x 1024 from K = 64: A (256 KiB a head) and B fit a
     core's L2, but the output (4 MiB a head) does not, so the units walk N fastest and write
