@@ -50,19 +50,16 @@ from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, fresh_name,
                                                 schedule)
 from mlpack.codegen.targets.cpu.target import CpuTarget
+from mlpack.codegen.targets.cpu.tileshape import narrow, tile_shape
 
 MIN_M = 4                    # a run-time B needs rows enough to repay its pack (or strided loads)
 # workgroups as for the other kernels (kernels.py): small-M layers are memory bound and want
 # every thread, and a tile group's setup is small next to its K loop
 GEMM_WORK_PER_WORKGROUP = WORK_PER_WORKGROUP
 GEMM_MAX_WORKGROUPS = MAX_WORKGROUPS
-MAX_MR = 12                  # rows per tile: each row keeps an A pointer in a general register
-NARROW_MR = 8                # ... of a narrow N (_narrow): one accumulator per FMA in flight
-MIN_NARROW_MR = 3            # ... and at least this many, else the default tiling
 L1_PANEL_BYTES = 24 << 10    # a K chunk's slice of the packed B panel stays in L1
 GROUP_ROWS = 48              # rows of M (over several tiles) that share one K chunk
 MAX_GROUP_ROWS = 96          # ... or all of M, up to this many rows
-BALANCE_THREADS = (2, 4)     # thread counts a dispatch of few units is balanced for
 CACHE_REUSE_BYTES = 1 << 20  # an operand this small stays in L2 while the other streams
 SMALL_L2_BYTES = 1 << 18     # ... or in the smallest L2 of a core that runs it (256 KiB)
 LINE_BYTES = 64              # a cache line
@@ -73,59 +70,6 @@ ALIAS_PAD = 16               # floats (a cache line) added to such a copy's rows
 
 
 # ---------------------------------------------------------------- classification
-
-
-def _narrow(t: CpuTarget, info: dict) -> int:
-    """Vectors per tile row of an f32 GEMM whose N fits one tile of fewer vectors than the
-    default tiling computes (0: the default), so no zero column is multiplied: a grouped
-    convolution's 8 channels per group on AVX2 (one vector, not a block of two), or 24 output
-    channels (one tile of three vectors, not two tiles of two)."""
-    vl, ns = max(4, t.vector_bits // 32), info["n_size"]
-    if info.get("pair") is not None or info["b"].dtype != "f32" or not ns.is_const:
-        return 0
-    need = -(-ns.value // vl)
-    blocks = -(-ns.value // PACK)
-    tb = _tile_shape(t, blocks)[1]
-    default = -(-blocks // tb) * tb * (PACK // vl)
-    rows = (t.vector_registers - need - 2) // need
-    return need if need < default and rows >= MIN_NARROW_MR else 0
-
-
-def _balance(units: int) -> float:
-    """The share of the threads busy when ``units`` equal units are shared out, the mean over
-    BALANCE_THREADS: three units on two threads keep them 75% busy, four 100%."""
-    return sum(units / (n * -(-units // n)) for n in BALANCE_THREADS) / len(BALANCE_THREADS)
-
-
-def _tile_shape(t: CpuTarget, blocks: int, pairs: bool = False,
-                nvec: int = 0, balance: bool = False) -> tuple[int, int, int]:
-    """(vl, tb, mr): vector lanes, PACK blocks per tile and rows per tile for ``t``.
-    ``pairs``: a step holds both pairs' B vectors (pmaddwd's, gemm.PAIR_PRODUCTS) beside a
-    broadcast and a product; ``nvec``: vectors per row of a narrow N (``_narrow``), which leaves
-    registers for more rows; ``balance``: the N tiles are the dispatch's only units (a batch
-    of one whose M is one group, ``_group``), so a tile width that shares them evenly among a
-    few threads is worth some FMAs per load (a late 1x1 convolution of 7x7 pixels and 160
-    channels on AVX-512: four blocks a tile make three units, three make four)."""
-    vl = max(4, t.vector_bits // 32)
-    per_block = PACK // vl
-    if nvec:
-        return vl, -(-nvec // per_block), max(
-            1, min(NARROW_MR, (t.vector_registers - nvec - 2) // nvec))
-
-    def live(nv):   # registers a step needs besides the accumulators
-        return 2 * nv + 2 if pairs else nv + 2
-
-    def shape(tb):
-        # accumulators, plus the step's B vectors and its temporaries, fit the registers
-        nv = tb * per_block
-        mr = max(1, min(MAX_MR, (t.vector_registers - live(nv)) // nv))
-        fill = blocks / (-(-blocks // tb) * tb)        # padding columns are wasted work
-        busy = _balance(-(-blocks // tb)) if balance else 1.0
-        return busy * fill * (mr * nv) / (mr + nv), mr        # FMAs per load, times those
-    tbs = [tb for tb in range(1, 5) if live(tb * per_block) + tb * per_block <= t.vector_registers]
-    tb = max(tbs or [1], key=lambda x: shape(x)[0])
-    mr = shape(tb)[1]
-    return vl, tb, mr
 
 
 def _direct(info: dict, bufs: dict[str, Buffer], masks: bool = False) -> bool:
@@ -419,10 +363,10 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                 pre.append(correction)
             init = packs[("init",) + key]
         blocks = ex.simplify_size(ex.ceildiv(info["n_size"], ex.const(PACK)))
-        nvec = _narrow(t, info) if k.acc_dtype == "f32" else 0
+        nvec = narrow(t, info) if k.acc_dtype == "f32" else 0
         m_size = typical(info["m_size"], one)
         points = typical(ex.product([extent(v, ob, {}) for v in info["batch"]]), one)
-        vl, tb, mr = _tile_shape(t, blocks.value if blocks.is_const else 64,
+        vl, tb, mr = tile_shape(t, blocks.value if blocks.is_const else 64,
                                  dot in PAIR_PRODUCTS, nvec,
                                  m_size.is_const and m_size.value <= MAX_GROUP_ROWS
                                  and points.is_const and points.value == 1)

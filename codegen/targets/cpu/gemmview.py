@@ -15,7 +15,7 @@ from mlpack.codegen.targets.cpu.target import CpuTarget
 
 MIN_N = 8                    # fewer columns than this waste most of a block: leave the kernel
 # ... unless batched: a grouped convolution of 4 channels per group (ResNeXt's first stage)
-# channels last is a GEMM per group (a vector of 8 half used on AVX2, contraction._narrow),
+# channels last is a GEMM per group (a vector of 8 half used on AVX2, tileshape.narrow),
 # not a scalar row loop
 MIN_BATCHED_N = 4
 NARROW_B = ("bf16", "f16")   # 16-bit constants a build-time B panel may keep (precisions/)
