@@ -33,6 +33,7 @@ register-blocked micro-kernel, amx.py and amxkernel.py the AMX form.
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import numpy as np
@@ -58,6 +59,7 @@ MIN_M = 4                    # a run-time B needs rows enough to repay its pack 
 GEMM_WORK_PER_WORKGROUP = WORK_PER_WORKGROUP
 GEMM_MAX_WORKGROUPS = MAX_WORKGROUPS
 L1_PANEL_BYTES = 24 << 10    # a K chunk's slice of the packed B panel stays in L1
+L1_SETS, L1_WAYS = 64, 8     # a 32 KiB L1 data cache of 64-byte lines (Zen; Intel's has more ways)
 GROUP_ROWS = 48              # rows of M (over several tiles) that share one K chunk
 MAX_GROUP_ROWS = 96          # ... or all of M, up to this many rows
 CACHE_REUSE_BYTES = 1 << 20  # an operand this small stays in L2 while the other streams
@@ -132,19 +134,33 @@ def _b_step(info: dict, bufs, v: str) -> Expr:
     return read_step(info["aff_b"], bufs[info["b"].arg[0]], v)
 
 
-def _in_place_mode(info: dict, bufs) -> str:
+def _in_place_mode(info: dict, bufs, sets: bool = False) -> str:
     """How to read a B that could be read in place: ``direct``, unless a step of K moves B by
     a whole number of floats that is no multiple of a cache line (an NCHW 1x1 convolution on
     55x55) and M has rows enough to repay a pack: every vector load of B would then
-    straddle two lines, and a packed copy is aligned."""
+    straddle two lines, and a packed copy is aligned. ``sets``: also pack a B whose rows share
+    too few L1 sets (``_set_bound``; asked for a B computed by the model, as attention's V,
+    not for an NCHW convolution's input read as B, where it was not measured)."""
     ms = info["m_size"]
     if not (ms.is_const and ms.value >= PACK_MIN_M):
         return "direct"
     for v in info["k"]:
         step = _b_step(info, bufs, v)
-        if step.is_const and (step.value * 4) % LINE_BYTES:
+        if step.is_const and ((step.value * 4) % LINE_BYTES
+                              or (sets and _set_bound(step.value * 4))):
             return "pack"
     return "direct"
+
+
+def _set_bound(stride: int) -> bool:
+    """Whether B rows ``stride`` bytes apart, a tile's four PACK blocks of each (the widest
+    tile), would not stay in L1 over a K chunk (L1_PANEL_BYTES of them): rows a multiple of
+    many lines apart start in few of its L1_SETS sets and evict each other (attention's P.V
+    reads V in place, a head's 64 columns of a row 6 * 64 floats long: its rows start in 8
+    sets, 32 sets for 384 lines)."""
+    lines = 4 * PACK * 4 // LINE_BYTES
+    starts = L1_SETS // math.gcd(stride // LINE_BYTES, L1_SETS)
+    return L1_PANEL_BYTES // LINE_BYTES > min(L1_SETS, starts * lines) * L1_WAYS
 
 
 def _swapped(k: Kernel, out: Buffer, info: dict, bufs, t) -> dict | None:
@@ -179,7 +195,7 @@ def _runtime(k: Kernel, out: Buffer, r1: Expr, r2: Expr, bufs, t=None) -> dict |
         if (ns.is_const and ns.value < MIN_N) or (ms.is_const and ms.value < MIN_M):
             continue
         in_place = _direct(info, bufs, _masks(t))
-        info["mode"] = _in_place_mode(info, bufs) if in_place else "pack"
+        info["mode"] = _in_place_mode(info, bufs, sets=True) if in_place else "pack"
         # readable in place beats a pack; then output columns at unit stride (the epilogue's
         # stores); then the wider N (symbolic counts as wide)
         score = (in_place, out.contiguous_dim() in info["n"],

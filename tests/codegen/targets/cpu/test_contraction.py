@@ -168,6 +168,21 @@ def test_few_units_are_tiled_to_share_evenly():
     assert gemm(784, 160, "x86_64-v4").tb == 4
     assert gemm(49, 160, "x86_64-v3").tb == gemm(784, 160, "x86_64-v3").tb == 1
 
+
+def test_a_b_whose_rows_share_few_l1_sets_is_packed():
+    """Attention's P.V reads a head's 64 columns of V in place, its rows 6 heads * 64 floats
+    (1536 bytes) apart: a K chunk's rows start in 8 of L1's 64 sets and evict each other, so
+    B is packed first; one head's rows (256 bytes apart) are read in place."""
+    from mlpack.codegen.targets.cpu.contraction import _set_bound
+
+    assert _set_bound(6 * 64 * 4) and _set_bound(12 * 64 * 4) and not _set_bound(64 * 4)
+    for heads, packed in ((6, True), (1, False)):
+        nodes = [helper.make_node("Transpose", ["v"], ["vt"], perm=[1, 0, 2]),
+                 helper.make_node("MatMul", ["p", "vt"], ["y"])]
+        m = model(nodes, [("p", F, [heads, 256, 192]), ("v", F, [192, heads, 64])], [])
+        [pv] = _gemms(compile_onnx(m), "x86_64-v4")
+        assert (pv.packed != "v") == packed, heads
+
 def test_a_big_output_is_written_row_after_row():
     """Attention's scores, per head 1024 x 1024 from K = 64: A (256 KiB a head) and B fit a
     core's L2, but the output (4 MiB a head) does not, so the units walk N fastest and write
