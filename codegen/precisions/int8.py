@@ -19,8 +19,8 @@ Elementwise fusion then runs again, so the dequantization joins the maps that re
 next layer's input joins the map that produced it: a convolution's epilogue writes the next
 one's u8 input. A max pooling between the two is quantized before it (``_max_pools``: the
 byte of the max is the max of the bytes), so the contraction before it writes bytes and the
-pooling takes their max. Contractions that are too shallow (depthwise convolutions, a first convolution
-over the model's input) or read no weight (attention's products) stay f32. So does a
+pooling takes their max. Contractions that are too shallow (depthwise convolutions, a first
+convolution over the model's input) or read no weight (attention's products) stay f32. So does a
 contraction over a model input whose K would have to grow to whole quads: the first
 convolution over an image's three channels (the random-weight resnet50 of the benchmark set
 doubles its error, 0.27 to 0.50, when it reads 8-bit pixels; a K dim of an activation computed

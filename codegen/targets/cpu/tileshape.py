@@ -43,9 +43,10 @@ def tile_shape(t: CpuTarget, blocks: int, pairs: bool = False,
     ``pairs``: a step holds both pairs' B vectors (pmaddwd's, gemm.PAIR_PRODUCTS) beside a
     broadcast and a product; ``nvec``: vectors per row of a narrow N (``narrow``), which leaves
     registers for more rows; ``balance``: the N tiles are the dispatch's only units (a batch
-    of one whose M is one group, contraction.py's ``_group``), so a tile width that shares them evenly among a
-    few threads is worth some FMAs per load (a late 1x1 convolution of 7x7 pixels and 160
-    channels on AVX-512: four blocks a tile make three units, three make four)."""
+    of one whose M is one group, contraction.py's ``_group``), so a tile width that shares
+    them evenly among a few threads is worth some FMAs per load (a late 1x1 convolution of
+    7x7 pixels and 160 channels on AVX-512: four blocks a tile make three units, three make
+    four)."""
     vl = max(4, t.vector_bits // 32)
     per_block = PACK // vl
     if nvec:
