@@ -9,9 +9,9 @@ the same seeded inputs) sleeps that long, then its first run and the mean of the
 are timed, ``--rounds`` times (medians printed), beside its steady latency (runs back to back).
 mlpack is measured first, then ONNX Runtime, whose threads spin on after its runs (a pause
 comes before every timed run, so neither's threads are busy when the other's are timed). A
-runtime whose threads sleep soon after a job
-wakes them for every dispatch of the next run; on a virtual machine a core that has idled
-wakes slowly for a while (runtime/c/src/pool.c's polling, RESULTS.md).
+runtime whose threads sleep soon after a job wakes them for every dispatch of the next run;
+on a virtual machine a core that has idled wakes slowly for a while (runtime/c/src/pool.c's
+polling, RESULTS.md).
 """
 
 from __future__ import annotations

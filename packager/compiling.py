@@ -68,10 +68,9 @@ class Models:
     def blob(self, precision: str) -> FileBlob | None:
         """The precision's weights archive (None where some constant's dtype has no archive
         spelling: then each artifact stores its own)."""
-        made = self._graphs.get(precision)
-        if made is not None and made[0] is not self.calibrations.get(precision):
-            # (int8 again with fewer activations, its code from the kernel cache: nothing
-            # compiled asked for the new graph, whose f32 contractions need their f32 weights)
+        if precision in self._graphs:   # made anew if its calibration changed (int8 again
+            # with fewer activations, its code from the kernel cache: nothing compiled asked
+            # for the new graph, whose f32 contractions need their f32 weights)
             self.graph(precision)
         if precision not in self._blobs:
             self._blobs[precision] = None   # (graph() asks while making it)

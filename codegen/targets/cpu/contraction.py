@@ -381,11 +381,10 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         blocks = ex.simplify_size(ex.ceildiv(info["n_size"], ex.const(PACK)))
         nvec = narrow(t, info) if k.acc_dtype == "f32" else 0
         m_size = typical(info["m_size"], one)
-        points = typical(ex.product([extent(v, ob, {}) for v in info["batch"]]), one)
+        points = _batch_points(ob, info, one)
         vl, tb, mr = tile_shape(t, blocks.value if blocks.is_const else 64,
-                                 dot in PAIR_PRODUCTS, nvec,
-                                 m_size.is_const and m_size.value <= MAX_GROUP_ROWS
-                                 and points.is_const and points.value == 1)
+                                dot in PAIR_PRODUCTS, nvec,
+                                _one_group(m_size) and points.is_const and points.value == 1)
         plain = k.acc_dtype == "f32" and info.get("pair") is None
         k_runs = _k_runs(ra, bufs, info, k.rdims, direct) if plain else ()
         group = _group(m_size, mr)
@@ -507,9 +506,20 @@ def _group(m_size: Expr, mr: int) -> int:
     7x7 = 49 rows would otherwise be 48 + 1, and the 1-row group would stream the whole panel
     again (resnet50's 3x3 512-channel convolution on 7x7: 0.87 -> 0.95 of ONNX Runtime)."""
     tiles = max(1, GROUP_ROWS // mr)
-    if m_size.is_const and m_size.value <= MAX_GROUP_ROWS:
+    if _one_group(m_size):
         tiles = max(tiles, -(-m_size.value // mr))
     return tiles
+
+
+def _one_group(m_size: Expr) -> bool:
+    """Whether all of M is one group of rows (``_group``)."""
+    return m_size.is_const and m_size.value <= MAX_GROUP_ROWS
+
+
+def _batch_points(out: Buffer, info: dict, one: dict[str, Expr]) -> Expr:
+    """How many batch points (the output dims walked outside the GEMM) there are at a batch
+    of one."""
+    return typical(ex.product([extent(v, out, {}) for v in info["batch"]]), one)
 
 
 def _n_inner(a: Buffer, b: Buffer, out: Buffer, info: dict, one: dict[str, Expr]) -> bool:
@@ -524,7 +534,7 @@ def _n_inner(a: Buffer, b: Buffer, out: Buffer, info: dict, one: dict[str, Expr]
     - or the output passes that L2: M fastest writes it one column block at a time, a line's
       halves by tiles a whole sweep apart (Whisper's attention scores, 1500 x 1500 a head from
       K = 64: 41 -> 30 ms a layer at 1 thread on AVX2)."""
-    points = typical(ex.product([extent(v, out, {}) for v in info["batch"]]), one)
+    points = _batch_points(out, info, one)
     if not points.is_const or points.value < 1:
         return False
     sa, sb, so = (typical(exact_bytes(x), one) for x in (a, b, out))
