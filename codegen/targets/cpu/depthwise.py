@@ -24,6 +24,11 @@ Laid out channels last (layout.py), a depthwise convolution's row is the channel
 both X and W move with: W is then one vector load per reduction point and accumulator vector
 (``w_vector``) instead of a broadcast, X needs no shuffles (step 1) and its masks drop only the
 lanes past the last channel, and the rows a unit holds are output columns sharing W's vectors.
+Neighbouring columns read the same input columns at neighbouring points of the window, so the
+rows are consecutive (the last unit starts early rather than clamping its rows) and LLVM loads
+each input vector once for all of them; the tile's shape counts those loads' registers. A unit
+whose window stays inside X skips the bounds checks (only the last vector's lanes are masked
+where the channels are not whole vectors).
 
 Indices other than ``w`` may be anything the expression emitter evaluates (a channel shuffle
 absorbed into the read, for instance): they are evaluated once per row and reduction point.
@@ -48,6 +53,10 @@ from mlpack.codegen.targets.cpu.target import CpuTarget
 MAX_POINTS = 64       # reduction points unrolled per tile (3x3, 5x5, 7x7 windows fit)
 MAX_VECTORS = 4       # accumulator vectors per tile
 MIN_ROW = 4           # shorter output rows waste most of a vector
+# x_vectors' and w_vector's ``checked`` for a unit inside X: no bounds checks on X's other dims,
+# only the lanes past the row's end masked off
+LANES = "lanes"
+RESERVED = 4          # vector registers a channels-last unit leaves to its masks and spare
 MAX_ACCS = 12         # accumulator vectors per unit (rows x vectors), with room for loads
 
 
@@ -198,20 +207,36 @@ def classify(k: Kernel, bufs: dict[str, Buffer], t: CpuTarget) -> Direct | None:
     # vectors and the X loads LLVM shares between rows take the rest: 12 on AVX2 spilled),
     # and the channels split into tiles of whole vectors where they can (no lane masks)
     budget = MAX_ACCS
+    most_rows = {n: max(1, budget // n) for n in range(1, MAX_VECTORS + 1)}
     if w_vector and size.is_const:
         budget = min(MAX_ACCS, t.vector_registers // 2)
+        # the rows of a unit are output columns side by side, so at one point of the window
+        # row r reads the input column that row r + 1 read ``stride`` points before: LLVM
+        # keeps those loads for the points after, about stride * rows vectors beside the
+        # accumulators and W's (per vector of the tile: (1 + stride) * rows + 2 registers)
+        stride = _column_stride(x, outer[-1] if outer else None)
+        free = t.vector_registers - RESERVED
+        most_rows = {n: max(1, min(budget // n, (free // n - 2) // (1 + stride)))
+                     for n in range(1, MAX_VECTORS + 1)}
         nvec = max(range(1, MAX_VECTORS + 1),
-                   key=lambda n: (-(-per // n) * n == per, budget // n * n, n))
+                   key=lambda n: (-(-per // n) * n == per, most_rows[n] * n, n))
     # short rows: several rows of the last outer dim per unit share the broadcasts of W and
     # the lane masks, and the loop overhead (a 7x7 plane is one unit)
     rows = 1
     if outer and not any(outer[-1] in ex.free_vars(ix) for ix in w.args):
         hs = out.sizes[outer[-1]]
-        most = max(1, budget // nvec)
+        most = most_rows[nvec]
         if hs.is_const:
             rows = -(-hs.value // -(-hs.value // most))
     return Direct(x, w, row, outer, inner, step, points, vl, nvec, t.fma, rows, loop,
                   w_vector=w_vector)
+
+
+def _column_stride(x: Expr, col: str | None) -> int:
+    """How far X's index moves per output column ``col`` (a convolution's stride; 1 when
+    no index of X moves with it as a constant step)."""
+    steps = [coeff(ix, col) for ix in x.args if col is not None and col in ex.free_vars(ix)]
+    return steps[0] if len(steps) == 1 and isinstance(steps[0], int) and steps[0] > 0 else 1
 
 
 def _channel_vector(reads: list[Expr], row: str, bufs, rdims) -> Expr | None:
@@ -295,8 +320,9 @@ def emit_direct(L, wg, count) -> None:
     def x_vectors(i, checked=True):
         """X's vector for accumulator i at the bound point and row: ``step`` masked loads
         (lanes outside X's row, or a row out of bounds, load nothing and read 0); unless not
-        ``checked`` (a unit inside X, whole vectors of channels): one plain load."""
-        if not checked:
+        ``checked`` (a unit inside X, whole vectors of channels): one plain load; LANES (a
+        unit inside X, the channels not whole vectors): the lanes' masks alone."""
+        if checked is False:
             idx = [E.cast(E(xindex[dim]), xindex[dim].dtype, "i64") for dim in xbuf.layout]
             ptr = b.gep(E.bases[x.arg[0]], [b.add(E.flat_offset(x.arg[0], idx), i64(i * d.vl))],
                         inbounds=True, source_etype=F32)
@@ -305,7 +331,7 @@ def emit_direct(L, wg, count) -> None:
         for dim in xbuf.layout:
             v = E.cast(E(xindex[dim]), xindex[dim].dtype, "i64")
             idx.append(v)
-            if dim != d.xdim and x.arg[2] is not None:
+            if dim != d.xdim and x.arg[2] is not None and checked != LANES:
                 inb = b.icmp_unsigned("<", v, xsizes[dim])
                 ok = inb if ok is None else b.and_(ok, inb)
         pos = idx[list(xbuf.layout).index(d.xdim)]   # X's index of the tile's first lane
@@ -353,7 +379,7 @@ def emit_direct(L, wg, count) -> None:
         idx = [E.cast(E(windex[dim]), windex[dim].dtype, "i64") for dim in wbuf.layout]
         ptr = b.gep(E.bases[w.arg[0]], [b.add(E.flat_offset(w.arg[0], idx), i64(i * d.vl))],
                     source_etype=F32)
-        if not checked:
+        if checked is False:
             return b.load(ptr, typ=vty, align=4)
         first = b.add(E.lookup(d.row), i64(i * d.vl))
         lane = b.add(splat(b, first, ity), lane_ix[0])
@@ -378,31 +404,34 @@ def emit_direct(L, wg, count) -> None:
 
     with L.loops.loop(start, end, "unit") as u, E.scope():
         L.bind_unit(u, d.outer, sizes)
-        h0 = None
+        h0 = first = None
         if d.rows > 1:
+            # the last unit, when the rows do not divide the dim, starts early enough to end
+            # at its end: the rows it shares with the unit before are computed again and not
+            # stored. Every row is then ``first`` plus a constant, so the rows' X loads at one
+            # input column are one load LLVM shares (rows clamped to the last one each were
+            # separate addresses: twice the loads, and their addresses spilled)
             h0 = b.mul(E.lookup(hdim), i64(d.rows))
-            last = b.sub(osz[hdim], i64(1))
-        hs = []
-        for r in range(d.rows):   # rows past the end repeat the last one (not stored)
-            if h0 is None:
-                hs.append(None)
-            else:
-                h = b.add(h0, i64(r))
-                hs.append(b.select(b.icmp_unsigned("<", h, last), h, last))
+            top = b.sub(osz[hdim], i64(d.rows))
+            first = b.select(b.icmp_unsigned("<", h0, top), h0, top)
+        hs = [None if first is None else b.add(first, i64(r), flags=("nsw",))
+              for r in range(d.rows)]
         with L.loops.loop(i64(0), ntiles, "tile") as ti, E.scope():
             w0 = b.mul(ti, i64(tile))
             E.bind(d.row, w0)
             for row in accs:
                 for a in row:
                     b.store(zero, a)
-            inside = _inside(L, d, hs) if d.w_vector and _whole_vectors(d, osz) else None
+            inside = _inside(L, d, hs) if d.w_vector and d.step == 1 else None
             if inside is None:
                 accumulate()
-            else:   # a unit whose every point lies inside X: plain loads, no masks
+            else:   # a unit whose every point lies inside X: no bounds checks, and no masks
+                # either where the channels are whole vectors (else the last vector's lanes)
                 fn = b.block.function
                 fast, slow, done = (fn.append_basic_block(n) for n in ("in", "edge", "summed"))
                 b.cbranch(inside, fast, slow)
-                for block, checked in ((fast, False), (slow, True)):
+                interior = False if _whole_vectors(d, osz) else LANES
+                for block, checked in ((fast, interior), (slow, True)):
                     b.position_at_end(block)
                     accumulate(checked)
                     b.branch(done)
@@ -414,7 +443,7 @@ def emit_direct(L, wg, count) -> None:
                 if h is not None:
                     fn = b.block.function
                     body, after = fn.append_basic_block("row.st"), fn.append_basic_block("row.next")
-                    b.cbranch(b.icmp_unsigned("<", b.add(h0, i64(r)), osz[hdim]), body, after)
+                    b.cbranch(b.icmp_unsigned(">=", h, h0), body, after)
                     b.position_at_end(body)
                 for i, a in enumerate(accs[r]):
                     ptr = b.gep(buf, [i64(0), i64(i * d.vl)], inbounds=True)

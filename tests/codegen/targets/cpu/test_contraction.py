@@ -402,6 +402,41 @@ def test_direct_matches_ort(case, target):
     np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=RTOL, atol=ATOL)
 
 
+def inverted_residual_case(c=20, hidden=20, size=13, k=3):
+    """1x1 expansion, a k x k depthwise convolution and a 1x1 projection with the residual:
+    laid out channels last, the depthwise kernel holds several output columns per unit."""
+    rw = [rand(hidden, c, 1, 1, seed=1, scale=0.3), rand(hidden, 1, k, k, seed=2, scale=0.3),
+          rand(c, hidden, 1, 1, seed=3, scale=0.3)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["e"]), helper.make_node("Relu", ["e"], ["r"]),
+             helper.make_node("Conv", ["r", "w1", "b1"], ["d"], pads=[k // 2] * 4, group=hidden),
+             helper.make_node("Relu", ["d"], ["dr"]), helper.make_node("Conv", ["dr", "w2"], ["p"]),
+             helper.make_node("Add", ["p", "x"], ["y"])]
+    m = model(nodes, [("x", F, [1, c, size, size])],
+              [("w0", rw[0]), ("w1", rw[1]), ("b1", rand(hidden, seed=4)), ("w2", rw[2])])
+    return m, {"x": rand(1, c, size, size)}
+
+
+@pytest.mark.parametrize("target", HOST_TARGETS)
+@pytest.mark.parametrize("size,k", [(13, 3), (11, 5), (17, 3)])
+def test_a_channels_last_depthwise_unit_of_several_columns_matches_ort(target, size, k):
+    """The depthwise kernel's unit holds several output columns; where they do not divide the
+    row, the last unit starts early and stores only its own columns, and channels that are not
+    whole vectors mask the last vector's lanes inside the image as on its border."""
+    from mlpack.codegen.targets.cpu.compile import schedule_kernels
+    from mlpack.codegen.targets.cpu.depthwise import Direct
+    from mlpack.codegen.targets.cpu.target import get_target
+    m, feeds = inverted_residual_case(size=size, k=k)
+    g = compile_onnx(m)
+    _, kernels, _, _, _ = schedule_kernels(g, get_target(target))
+    direct = [k.gemm for k in kernels if isinstance(k.gemm, Direct)]
+    assert len(direct) == 1 and direct[0].w_vector and direct[0].rows > 1, direct
+    assert size % direct[0].rows != 0   # (the last unit overlaps the one before)
+    art = compile_cpu(g, target)
+    want = oracle_outputs(m, feeds)
+    got = run_plan(art, g, feeds)
+    np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=RTOL, atol=ATOL)
+
+
 def _gemms(g, target, prepared: set | None = None) -> list:
     """The gemm records of ``g``'s kernels for ``target``; ``prepared`` gets the tensors of the
     kernels that run once, at open."""
