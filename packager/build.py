@@ -468,8 +468,11 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         # the targets compile (in workers) while the references run here
         started = compiling.Started(one, models, compiling.early_pairs(pairs), progress, kernels)
         with step("reference", f"outputs (float64; {baseline})"):
-            feeds, expected, references, vectors = _vectors(proto, graph, inputs, dims, seed,
-                                                            cases, custom, path, kernels)
+            # (the compiled graph as the kernel cache keys it: its digest is taken once; the
+            # fp32 graph, its constants mapped from the archive, is another object, and
+            # hashing a 500 MB model's weights again took a third of a second)
+            feeds, expected, references, vectors = _vectors(
+                proto, models.base, inputs, dims, seed, cases, custom, path, kernels)
             if path is not None:
                 _drop_weights(proto)
             check_references(expected, references, quantized)
