@@ -21,8 +21,8 @@ from mlpack.codegen.compile import compile_onnx
 from mlpack.codegen.targets.cpu import compile_cpu
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
-from support import (MODELS_DIR, best_host_target, load_models_module, one_output_model,
-                     oracle_outputs)
+from support import (MODELS_DIR, best_host_target, host_lacks, load_models_module,
+                     one_output_model, oracle_outputs)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # tests/codegen/targets/plan_runner.py
@@ -435,6 +435,18 @@ def test_a_channels_last_depthwise_unit_of_several_columns_matches_ort(target, s
     want = oracle_outputs(m, feeds)
     got = run_plan(art, g, feeds)
     np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_rows_of_a_small_image_split_evenly_into_tiles(target):
+    """A 7x7 image's 49 rows (M, all of it one group) are tiles of even height, not full
+    tiles and a last one of a row or two (whose step loads B's vectors for one FMA)."""
+    m, feeds = conv_case(64, 32, 7, 1)
+    [c] = _gemms(compile_onnx(m), target)
+    tiles = -(-49 // c.mr)
+    assert tiles * c.mr - 49 < tiles, c.mr
+    if host_lacks(target) is None:
+        assert_matches_ort(m, feeds, target)
 
 
 def _gemms(g, target, prepared: set | None = None) -> list:
