@@ -385,9 +385,11 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         vl, tb, mr = tile_shape(t, blocks.value if blocks.is_const else 64,
                                 dot in PAIR_PRODUCTS, nvec,
                                 _one_group(m_size) and points.is_const and points.value == 1)
-        if _one_group(m_size):
+        if _one_group(m_size) and m_size.value > mr:
             # M's rows split evenly into the tiles they need: a 7x7 image's 49 rows as 5 tiles
             # of 10 and 9, not 4 of 12 and one row, whose step loads B's vectors for one FMA
+            # (an M of one tile keeps its height: seen at a batch of one, a layer of one row
+            # would otherwise have tiles of one row at every batch)
             mr = -(-m_size.value // -(-m_size.value // mr))
         plain = k.acc_dtype == "f32" and info.get("pair") is None
         k_runs = _k_runs(ra, bufs, info, k.rdims, direct) if plain else ()

@@ -437,14 +437,19 @@ def test_a_channels_last_depthwise_unit_of_several_columns_matches_ort(target, s
     np.testing.assert_allclose(got[g.outputs[0].name], want[0], rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("dyn", [False, True])
 @pytest.mark.parametrize("target", TARGETS)
-def test_the_rows_of_a_small_image_split_evenly_into_tiles(target):
-    """A 7x7 image's 49 rows (M, all of it one group) are tiles of even height, not full
-    tiles and a last one of a row or two (whose step loads B's vectors for one FMA)."""
-    m, feeds = conv_case(64, 32, 7, 1)
+def test_the_rows_of_a_small_image_split_evenly_into_tiles(target, dyn):
+    """A 7x7 image's 49 rows (M, all of it one group at a batch of one) are tiles of even
+    height, not full tiles and a last one of a row or two (whose step loads B's vectors for
+    one FMA); a fully connected layer's one row keeps the full height, which a dynamic batch
+    fills."""
+    m, feeds = conv_case(64, 32, 7, 1, dyn=dyn)
     [c] = _gemms(compile_onnx(m), target)
     tiles = -(-49 // c.mr)
     assert tiles * c.mr - 49 < tiles, c.mr
+    [fc] = _gemms(compile_onnx(matmul_case(1, 64, 32)[0]), target)
+    assert fc.mr > 1
     if host_lacks(target) is None:
         assert_matches_ort(m, feeds, target)
 
