@@ -193,17 +193,32 @@ def _compile(proto):
                          "input shapes only (this one needs an input's value at compile time)") from None
 
 
-def _compile_cached(proto, kernels, budget, custom) -> tuple:
-    """(the compiled graph, the key to store it under or None): from the kernel cache where it
-    holds this model's graph (packager/cache.py, ``graphs/``), else compiled. A model with custom
-    ops is compiled each time (its DSL functions are code the key does not cover)."""
-    if kernels is None or custom:
-        return _compile(proto), None
-    from mlpack.packager.cache import model_key
+def _cached_file_graph(source, kernels):
+    """The compiled graph the kernel cache holds under the model file's digest (packager/
+    source.py: stored only for a file without external data, with no custom op), or None. Not
+    while a DSL op is registered: a node of its domain would import through it now."""
+    if kernels is None or source.file_key is None or customops.registered():
+        return None
+    return kernels.get_graph(source.file_key)
 
-    k = model_key(proto, budget)
+
+def _compile_cached(source, kernels, found) -> tuple:
+    """(the compiled graph, the key to store it under or None, the model's custom ops, its key
+    or None): ``found`` (``_cached_file_graph``), else from the kernel cache where it holds
+    this model's graph (packager/cache.py, ``graphs/``), else compiled. A model with custom ops
+    is compiled each time (its DSL functions are code the key does not cover). No key without
+    a cache."""
+    if found is not None:
+        return found, None, [], source.file_key
+    proto = source.proto()
+    custom = customops.used(proto)
+    if kernels is None:
+        return _compile(proto), None, custom, None
+    k = source.key()
+    if custom:
+        return _compile(proto), None, custom, k
     graph = kernels.get_graph(k)
-    return (graph, None) if graph is not None else (_compile(proto), k)
+    return (graph, None, custom, k) if graph is not None else (_compile(proto), k, custom, k)
 
 
 def _number(value) -> float | None:
@@ -317,14 +332,16 @@ def _drop_weights(proto) -> None:
             t.ClearField(f)
 
 
-def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=(), path=None,
-             cache=None):
+def _vectors(source, graph, inputs, dims, seed: int, cases: int, custom=(), cache=None,
+             key: str | None = None):
     """(inputs, the baseline's outputs, float64 reference outputs, the test-vector archive),
-    one dict per case; the baseline is ONNX Runtime (on the file ``path`` where the model is
-    one), or with DSL custom ops (``custom``) the fp32 interpreter (packager/customops.py).
-    The interpreter evaluates the model as imported, before any pass (``reference.as_written``):
+    one dict per case; the baseline is ONNX Runtime (on the model's file where it is one),
+    or with DSL custom ops (``custom``) the fp32 interpreter (packager/customops.py). The
+    interpreter evaluates the model as imported, before any pass (``reference.as_written``):
     what the artifacts are judged against owes nothing to the compiler's rewrites.
-    ``cache``: the KernelCache that keeps the archive of the same model and inputs."""
+    ``source``: the model (packager/source.py; parsed only if the vectors are computed);
+    ``cache``: the KernelCache that keeps the archive of the same model (``key``: its key)
+    and inputs."""
     from mlpack.packager.cache import vectors_key
     from mlpack.packager.reference import as_written, float64_outputs
 
@@ -336,15 +353,16 @@ def _vectors(proto, graph, inputs, dims, seed: int, cases: int, custom=(), path=
                  (tv.user_case(one, graph, "inputs") if isinstance(one, dict)
                   else tv.load_npz(one, graph))]
     baseline = customops.baseline_name(custom)
-    key = vectors_key(graph, proto, feeds, baseline) if cache is not None else None
+    key = vectors_key(graph, key, feeds, baseline) if cache is not None and key else None
     stored = cache.get_vectors(key) if key is not None else None
     if stored is not None:
         _, outputs, references = tv.unpack(stored)
         return feeds, outputs, references, stored
-    source = as_written(proto)
-    outputs = customops.baseline_outputs(proto, source, feeds, custom, path)
-    references = float64_outputs(source, feeds)
-    del source
+    proto = source.proto()
+    written = as_written(proto)
+    outputs = customops.baseline_outputs(proto, written, feeds, custom, source.path)
+    references = float64_outputs(written, feeds)
+    del written
     vectors = tv.pack(feeds, outputs, baseline, references)
     if key is not None:
         cache.put_vectors(key, vectors)
@@ -427,7 +445,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     recompute instead (codegen/passes/recompute.py; default: no cap, its cost model decides).
     Raises an ``mlpack.Error`` and writes nothing if any step fails.
     """
-    from mlpack.codegen.onnx.importer import load_model
+    from mlpack.packager.source import ModelSource
 
     output = os.fspath(output)
     budget = recompute.as_bytes(memory_budget)
@@ -440,15 +458,19 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     customops.load(ops)
     check_output_path(output)
     step = _Steps(progress)
-    with step("import"):
-        proto = load_model(model)
-    name = _model_name(proto, model, name)
-    custom = customops.used(proto)
-    baseline = customops.baseline_name(custom)
     kernels = _kernel_cache(cache)
+    with step("import"):
+        # (a rebuild of an unchanged file finds its graph by the file's digest: not parsed)
+        source = ModelSource(model, budget, kernels is not None)
+        found = _cached_file_graph(source, kernels)
+        if found is not None:
+            source.release()
+        proto = source.proto() if found is None else None
+    name = _model_name(proto, model, name)
     with step("compile"), recompute.memory_budget(budget):
-        graph, graph_entry = _compile_cached(proto, kernels, budget, custom)
+        graph, graph_entry, custom, model_key = _compile_cached(source, kernels, found)
         model_signature(graph)  # a size the container cannot state stops the build here
+    baseline = customops.baseline_name(custom)
     quantized = quantizes(graph)
     if quantized and not precisions:   # the default is the model's own precision
         pairs = plan_artifacts(targets, ["int8"])
@@ -457,7 +479,6 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     # ONNX Runtime reads a model file itself: once the references are computed from the model
     # as written, the weights are in one place, the model's archive, a file the graph maps
     # (packager/weights.py)
-    path = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     models = _models(graph, {}, kernels, output)
     started = None
     try:
@@ -472,9 +493,9 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
             # fp32 graph, its constants mapped from the archive, is another object, and
             # hashing a 500 MB model's weights again took a third of a second)
             feeds, expected, references, vectors = _vectors(
-                proto, models.base, inputs, dims, seed, cases, custom, path, kernels)
-            if path is not None:
-                _drop_weights(proto)
+                source, models.base, inputs, dims, seed, cases, custom, kernels, model_key)
+            if source.path is not None and source.parsed():
+                _drop_weights(source.proto())
             check_references(expected, references, quantized)
         blind = accuracy.blind_spots(references)
         _warn(BlindVectorsWarning, blind, progress)

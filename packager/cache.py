@@ -32,9 +32,10 @@ the sha256 of its own text; ``weights/<key>.json`` names a precision's weights a
 vectors on this host or under qemu (packager/validation.py, emulate.py), ``vectors/<key>`` a
 model's test vectors, ``graphs/<key>`` a model's compiled graph (below). A rebuild of an
 unchanged model also skips the ONNX import and the graph passes (Swin-T: 3 of a warm rebuild's
-4.5 s): ``graphs/<model_key>`` holds the compiled graph, pickled without its constants' data,
+4.5 s): ``graphs/<key>`` holds the compiled graph, pickled without its constants' data,
 with its digest and the fp32 weights archive that holds them, keyed by the whole ONNX model
-(every node, port, opset, function and initializer, data included), the memory budget, the code
+(a model file's bytes, packager/source.py's ``file_key``, else every node, port, opset, function
+and initializer of the parsed model, data included: ``model_key``), the memory budget, the code
 and MLPACK_DISABLE_PASSES. It is found only with its archive, whole, and read only after its
 own digest matches (this folder already holds the native code a build reuses: it is the user's
 own). Every file is written to a temporary name and renamed, so two builds at once never see
@@ -147,16 +148,12 @@ def key(graph_sha: str, target: str, precision: str, disabled=frozenset(), calib
     return _sha(json.dumps(parts, sort_keys=True).encode())
 
 
-def vectors_key(graph, proto, feeds: list[dict], baseline: str) -> str:
+def vectors_key(graph, model: str, feeds: list[dict], baseline: str) -> str:
     """The key of a model's test vectors: the compiled graph (its weights by digest), the ONNX
-    model's nodes, ports and opsets (what ONNX Runtime runs; its weights are the graph's), the
-    inputs, the baseline (ONNX Runtime's version) and the code."""
-    h = hashlib.sha256(f"vectors {code_digest()} {_graph_sha(graph)} {baseline}".encode())
-    g = proto.graph
-    for part in [*g.node, *g.input, *g.output, *proto.opset_import]:
-        h.update(part.SerializeToString())
-    for t in g.initializer:
-        h.update(f"{t.name} {t.data_type} {list(t.dims)}".encode())
+    model (``model``: the key of its compiled graph, packager/source.py, which covers what ONNX
+    Runtime runs), the inputs, the baseline (ONNX Runtime's version) and the code."""
+    h = hashlib.sha256(f"vectors {code_digest()} {_graph_sha(graph)} {model} "
+                       f"{baseline}".encode())
     for case in feeds:
         for name, a in sorted(case.items()):
             a = np.ascontiguousarray(a)

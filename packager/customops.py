@@ -37,6 +37,14 @@ def used(proto) -> list:
     return used_by(proto)
 
 
+def registered() -> bool:
+    """Whether any DSL op is registered (then a model's nodes may import through one, and its
+    compiled graph is not looked up by its file's digest alone: packager/build.py)."""
+    from mlpack.codegen.dsl.registry import any_registered
+
+    return any_registered()
+
+
 def baseline_name(custom) -> str:
     if not custom:
         return tv.reference_name()

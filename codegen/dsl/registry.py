@@ -108,6 +108,11 @@ def registered(domain: str, op_type: str) -> CustomOp | None:
     return _OPS.get((_domain(domain), op_type))
 
 
+def any_registered() -> bool:
+    """Whether some custom op is registered (a model of a domain may then import otherwise)."""
+    return bool(_OPS)
+
+
 def unregister(domain: str, op_type: str) -> None:
     _OPS.pop((_domain(domain), op_type), None)
 

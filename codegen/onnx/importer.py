@@ -81,6 +81,39 @@ def load_model(model: Any) -> onnx.ModelProto:
         raise
     except Exception as e:  # protobuf decode errors, truncated files, missing external data
         raise ModelError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    return _checked(m, where)
+
+
+def load_file_bytes(path: str, data: bytes) -> tuple[onnx.ModelProto, bool]:
+    """(the model of the file ``path`` whose bytes ``data`` were read already, whether some
+    tensor's data is in an external file): as ``load_model(path)``, the external data loaded
+    from the file's folder."""
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+    try:
+        m = onnx.load_model_from_string(data)
+        external = any(uses_external_data(t) for t in _all_tensors(m.graph))
+        if external:
+            load_external_data_for_model(m, os.path.dirname(os.path.abspath(path)))
+    except Exception as e:  # protobuf decode errors, truncated files, missing external data
+        raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    return _checked(m, path), external
+
+
+def _all_tensors(graph):
+    """Every TensorProto of ``graph``: initializers and node attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _all_tensors(g)
+
+
+def _checked(m: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """``m`` once it is seen to be a whole model (checks.py's ``check_model`` too)."""
     if not m.graph.node and not m.graph.output:
         raise ModelError(f"{where}: not an ONNX model (the graph is empty; is the file truncated?)")
     if m.graph.node and not m.opset_import and m.ir_version >= 3:
