@@ -37,8 +37,7 @@ class ModelSource:
     def __init__(self, model, budget: int | None, keyed: bool):
         self.model, self.budget = model, budget
         self.path = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
-        self._proto = None if self.path is not None or isinstance(model, (bytes, bytearray)) \
-            else model
+        self._proto = None   # (a ModelProto given is checked by load_model too)
         self._data = None
         self.file_key = None   # the file's digest (``file_key``), where one keys it
         self.external = False  # whether some tensor's data is in another file
