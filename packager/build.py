@@ -485,6 +485,8 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         graph = models.graph("fp32")
         if graph_entry is not None and models.blob("fp32") is not None:
             kernels.put_graph(graph_entry, models.base, models.blob("fp32"))
+        # (the import's copy of every weight freed: the archive's mapped file has them)
+        models.rebase()
         one = _compile_one   # (looked up now: a test may put another in its place)
         # the targets compile (in workers) while the references run here
         started = compiling.Started(one, models, compiling.early_pairs(pairs), progress, kernels)

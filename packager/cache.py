@@ -186,6 +186,11 @@ def model_key(proto, budget: int | None) -> str:
     return h.hexdigest()
 
 
+def graph_digest_of(graph) -> str:
+    """``graph_digest`` of ``graph``, taken once per graph."""
+    return _graph_sha(graph)
+
+
 def remember_digest(graph, digest: str) -> None:
     """Take ``digest`` as ``graph``'s (``graph_digest``), as a cached graph's entry stored it."""
     _LAST[:] = [(weakref.ref(graph), digest)]

@@ -65,6 +65,16 @@ class Models:
                 self._graphs[precision] = (calibration, weights_files.attach(g, self._blobs[precision]))
         return self._graphs[precision][1]
 
+    def rebase(self) -> None:
+        """Take the fp32 graph, its constants mapped from its archive, as the base: the
+        compiled graph's own arrays (a copy of every weight, from the import) are then freed."""
+        from mlpack.packager.cache import graph_digest_of, remember_digest
+
+        if self.blob("fp32") is not None:
+            digest = graph_digest_of(self.base)
+            self.base = self.graph("fp32")
+            remember_digest(self.base, digest)
+
     def blob(self, precision: str) -> FileBlob | None:
         """The precision's weights archive (None where some constant's dtype has no archive
         spelling: then each artifact stores its own)."""
