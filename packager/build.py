@@ -196,10 +196,14 @@ def _compile(proto):
 def _cached_file_graph(source, kernels):
     """The compiled graph the kernel cache holds under the model file's digest (packager/
     source.py: stored only for a file without external data, with no custom op), or None. Not
-    while a DSL op is registered: a node of its domain would import through it now."""
+    while a DSL op is registered: a node of its domain would import through it now. Once it is
+    found, the file's bytes are let go (nothing parses them)."""
     if kernels is None or source.file_key is None or customops.registered():
         return None
-    return kernels.get_graph(source.file_key)
+    graph = kernels.get_graph(source.file_key)
+    if graph is not None:
+        source.release()
+    return graph
 
 
 def _compile_cached(source, kernels, found) -> tuple:
@@ -463,8 +467,6 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         # (a rebuild of an unchanged file finds its graph by the file's digest: not parsed)
         source = ModelSource(model, budget, kernels is not None)
         found = _cached_file_graph(source, kernels)
-        if found is not None:
-            source.release()
         proto = source.proto() if found is None else None
     name = _model_name(proto, model, name)
     with step("compile"), recompute.memory_budget(budget):

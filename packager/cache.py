@@ -186,9 +186,10 @@ def model_key(proto, budget: int | None) -> str:
     return h.hexdigest()
 
 
-def graph_digest_of(graph) -> str:
-    """``graph_digest`` of ``graph``, taken once per graph."""
-    return _graph_sha(graph)
+def carry_digest(graph, same) -> None:
+    """Take ``graph``'s digest as ``same``'s: the same graph by content (its constants read
+    from another place), whose weights need not be hashed again."""
+    remember_digest(same, _graph_sha(graph))
 
 
 def remember_digest(graph, digest: str) -> None:

@@ -68,12 +68,12 @@ class Models:
     def rebase(self) -> None:
         """Take the fp32 graph, its constants mapped from its archive, as the base: the
         compiled graph's own arrays (a copy of every weight, from the import) are then freed."""
-        from mlpack.packager.cache import graph_digest_of, remember_digest
+        from mlpack.packager.cache import carry_digest
 
         if self.blob("fp32") is not None:
-            digest = graph_digest_of(self.base)
-            self.base = self.graph("fp32")
-            remember_digest(self.base, digest)
+            mapped = self.graph("fp32")
+            carry_digest(self.base, mapped)
+            self.base = mapped
 
     def blob(self, precision: str) -> FileBlob | None:
         """The precision's weights archive (None where some constant's dtype has no archive
