@@ -148,6 +148,7 @@ def load_ops(spec: str) -> str:
 def used_by(model) -> list[CustomOp]:
     """The registered custom ops the nodes of an ONNX ModelProto use (its local functions'
     nodes and its subgraphs' included), once each, in order of first use."""
+    from mlpack.codegen.onnx.checks import subgraphs
     from mlpack.codegen.onnx.registry import lookup
 
     found: dict[tuple[str, str], CustomOp] = {}
@@ -158,7 +159,7 @@ def used_by(model) -> list[CustomOp]:
             if c is not None and lookup(n.domain, n.op_type) is None:  # a built-in importer wins
                 found.setdefault((c.domain, c.op_type), c)
             for a in n.attribute:
-                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                for g in subgraphs(a):
                     walk(g.node)
 
     walk(model.graph.node)

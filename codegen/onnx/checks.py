@@ -76,8 +76,13 @@ def _check_graph(graph: onnx.GraphProto, where: str, scope: str) -> None:
                                  f"{defined[name]} already defines; ONNX names are unique")
             defined[name] = label
         for a in node.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for sub in subgraphs(a):
                 _check_graph(sub, where, f" of subgraph {sub.name or a.name!r} ({label})")
+
+
+def subgraphs(a: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    """The graphs attribute ``a`` holds: its one graph (If's branches, Loop's body) and its list."""
+    return ([a.g] if a.HasField("g") else []) + list(a.graphs)
 
 
 def _check_dims(dims: list[int | None], elem_type: int, where: str, what: str) -> None:

@@ -24,7 +24,7 @@ from mlpack.spec.ir.graph import Graph, Port, TensorType
 from mlpack.codegen.passes.rename import rename_in_graph
 from mlpack.codegen.onnx import ops as _ops  # noqa: F401  (registers the importers)
 from mlpack.codegen.onnx.builder import Builder, NeedsValue, Node, _ident
-from mlpack.codegen.onnx.checks import check_model
+from mlpack.codegen.onnx.checks import check_model, subgraphs
 from mlpack.codegen.onnx.registry import lookup
 # custom ops users write in the DSL and register (mlpack.codegen.dsl.register, build --ops)
 from mlpack.codegen.dsl.onnx_bridge import importer as custom_importer
@@ -108,7 +108,7 @@ def _all_tensors(graph):
             if a.HasField("t"):
                 yield a.t
             yield from a.tensors
-            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for g in subgraphs(a):
                 yield from _all_tensors(g)
 
 
@@ -364,11 +364,11 @@ class _Importer:
 def _rename_captured(a: onnx.AttributeProto, rename) -> onnx.AttributeProto:
     """A copy of attribute ``a`` whose subgraphs read outer values under their new names
     (a function body's values are renamed when it is expanded; its subgraphs must follow)."""
-    if not a.HasField("g") and not a.graphs:
+    if not subgraphs(a):
         return a
     a2 = onnx.AttributeProto()
     a2.CopyFrom(a)
-    for g in ([a2.g] if a2.HasField("g") else []) + list(a2.graphs):
+    for g in subgraphs(a2):
         _rename_outer_refs(g, rename, set())
     return a2
 
@@ -379,7 +379,7 @@ def _rename_outer_refs(g: onnx.GraphProto, rename, local: set[str]) -> None:
     for n in g.node:
         n.input[:] = [rename(x) if x and x not in local else x for x in n.input]
         for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for sub in subgraphs(a):
                 _rename_outer_refs(sub, rename, local)
     for o in g.output:
         if o.name not in local:
