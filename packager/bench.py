@@ -414,11 +414,13 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
         variant_rtol = _variant_rtol(first)
         out_names = [o.name for o in first.outputs]
     flops = None
+    full_feeds = _ort_feeds(proto, feeds) if proto is not None else feeds
     if proto is not None:
         from mlpack.packager.flops import count_flops
 
-        flops = count_flops(proto, {k: v.shape for k, v in feeds.items()}).total or None
-    full_feeds = _ort_feeds(proto, feeds) if proto is not None else feeds
+        count = count_flops(proto, feeds=full_feeds)
+        # a partial count would understate every GFLOP/s figure: none rather than a wrong one
+        flops = count.total if count.total and not count.unknown else None
     result = {"model": name or os.path.splitext(os.path.basename(container))[0],
               "container": container, "onnx": os.fspath(onnx_path) if onnx_path else None,
               "artifact": artifact, "input_source": source,

@@ -9,8 +9,11 @@ MatMul (batch x M N K, with broadcasting) and Einsum (the product of every index
 naive evaluation's MACs; ellipsis dims included). Elementwise ops, pooling, normalisation and
 Softmax are left out: they are memory-bound and small next to the contractions, and a count that
 includes them would flatter any runtime. Shapes come from ONNX shape inference after the inputs'
-symbolic dims are pinned to the given shapes; a counted op whose shapes inference leaves unknown
-is listed in ``unknown`` and contributes nothing.
+symbolic dims are pinned to the given shapes. Inference does not follow shapes computed at run
+time (Shape -> Gather -> Concat -> Reshape, as every transformer exported from PyTorch has): given
+the inputs themselves (``feeds``), the shapes it leaves unknown are read from one ONNX Runtime run
+of the model with those values added as outputs. A counted op whose shapes stay unknown is listed
+in ``unknown`` and contributes nothing.
 """
 
 from __future__ import annotations
@@ -156,12 +159,46 @@ def _einsum_macs(equation, shapes) -> int | None:
     return _prod(sizes.values()) * _prod(ellipsis)
 
 
-def count_flops(model, shapes: dict | None = None) -> FlopCount:
+def _counted(model) -> list:
+    return [n for n in model.graph.node
+            if n.op_type in COUNTED and n.domain in ("", "ai.onnx")]
+
+
+def _run_shapes(model, feeds: dict, names: list[str]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the values ``names`` in one ONNX Runtime run of ``model`` on ``feeds``
+    ({} where ONNX Runtime is missing or refuses the model: the count then says unknown)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return {}
+    from onnx import helper
+
+    types = {vi.name: vi.type for vi in list(model.graph.value_info) + list(model.graph.input)}
+    have = {o.name for o in model.graph.output}
+    for name in names:
+        if name not in have and name in types:
+            model.graph.output.append(helper.make_value_info(name, types[name]))
+    wanted = [o.name for o in model.graph.output if o.name in set(names)]
+    try:
+        session = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        got = session.run(wanted, {k: v for k, v in feeds.items()
+                                   if k in {i.name for i in session.get_inputs()}})
+    except Exception:   # (ONNX Runtime's own errors have no common base class)
+        return {}
+    return {name: tuple(value.shape) for name, value in zip(wanted, got)}
+
+
+def count_flops(model, shapes: dict | None = None, feeds: dict | None = None) -> FlopCount:
     """FLOPs of one run of ``model`` (a ModelProto, bytes or a path) on inputs of ``shapes``
-    ({name: shape}; default: the shapes the model declares). See the module docstring."""
+    ({name: shape}; default: the shapes the model declares, or those of ``feeds``, the inputs
+    themselves, {name: array}, which also settle what shape inference cannot). See the module
+    docstring."""
     import onnx
 
     model = _load(model)
+    if feeds and not shapes:
+        shapes = {k: v.shape for k, v in feeds.items()}
     if shapes:
         _pin_inputs(model, shapes)
     try:
@@ -169,10 +206,13 @@ def count_flops(model, shapes: dict | None = None) -> FlopCount:
     except Exception:  # inference refuses some models; count what the declared shapes give
         pass
     known = _known_shapes(model)
+    if feeds:
+        missing = [x for node in _counted(model) if _macs(node, known) is None
+                   for x in list(node.input) + list(node.output[:1]) if x and x not in known]
+        if missing:
+            known.update(_run_shapes(model, feeds, list(dict.fromkeys(missing))))
     count = FlopCount()
-    for node in model.graph.node:
-        if node.op_type not in COUNTED or node.domain not in ("", "ai.onnx"):
-            continue
+    for node in _counted(model):
         macs = _macs(node, known)
         if macs is None:
             count.unknown.append(node.name or f"{node.op_type}:{node.output[0]}")
