@@ -84,6 +84,7 @@ LAYERS = {
     "conv3x3_256to384_12": lambda: conv(256, 384, 12, 3),
     "conv1x1_512to1000_13": lambda: conv(512, 1000, 13, 1),
     "conv3x3_3to64_224_s2": lambda: conv(3, 64, 224, 3, stride=2),
+    "conv3x3_3to32_224_s2": lambda: conv(3, 32, 224, 3, stride=2),   # a mobile net's stem
     "conv7x7_3to64_224_s2": lambda: conv(3, 64, 224, 7, stride=2),
     "conv1x1_16to64_55": lambda: conv(16, 64, 55, 1),
     "conv1x1_64to256_56": lambda: conv(64, 256, 56, 1),
