@@ -51,7 +51,7 @@ from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, fresh_name,
                                                 schedule)
 from mlpack.codegen.targets.cpu.target import CpuTarget
-from mlpack.codegen.targets.cpu.tileshape import narrow, tile_shape
+from mlpack.codegen.targets.cpu.tileshape import narrow, row_runs, tile_shape
 
 MIN_M = 4                    # a run-time B needs rows enough to repay its pack (or strided loads)
 # workgroups as for the other kernels (kernels.py): small-M layers are memory bound and want
@@ -391,6 +391,8 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             # (an M of one tile keeps its height: seen at a batch of one, a layer of one row
             # would otherwise have tiles of one row at every batch)
             mr = -(-m_size.value // -(-m_size.value // mr))
+        if info["m"]:
+            mr = row_runs(mr, [k.rdims[r] for r in info["k"]], ob.sizes[info["m"][-1]])
         plain = k.acc_dtype == "f32" and info.get("pair") is None
         k_runs = _k_runs(ra, bufs, info, k.rdims, direct) if plain else ()
         group = _group(m_size, mr)

@@ -183,6 +183,11 @@ class GemmEmitter:
         k0 = self.kext[self._key(self.loops[0])]
         nchunks = b.udiv(self.add(k0, i64(c.kc - 1)), i64(c.kc))
         panel_size = self.mul(k_size, i64(PACK))
+        # no tile straddles two runs of M's fastest dim of a multiple of its height: its rows
+        # are its first plus constant steps (tileshape.row_runs)
+        run = osz[c.m[-1]] if c.m else None
+        run_step = S.get(c.m[-1], i64(0)) if isinstance(run, ir.Constant) and \
+            run.constant % c.mr == 0 else None
 
         def cvec(g, r, q):
             p = b.gep(cbuf, [i64(0), self.add(b.mul(g, i64(c.mr * tile_n)), i64(r * tile_n + q * c.vl))],
@@ -242,11 +247,11 @@ class GemmEmitter:
                 hi = self.umin(b.add(lo, i64(c.kc)), k0)
                 with L.loops.loop(i64(0), ng, "mtile") as g:
                     m0 = b.mul(b.add(t0, g), i64(c.mr))
-                    rows = []
-                    for r in range(c.mr):
-                        m = self.umin(self.add(m0, i64(r)), last)
-                        rows.append(b.gep(A, [self.row_offset(base, m, S, osz)], inbounds=True,
-                                          source_etype=self.aety))
+                    at = self.row_offset(base, m0, S, osz) if run_step is not None else None
+                    offs = [self.add(at, self.mul(run_step, i64(r))) if at is not None else
+                            self.row_offset(base, self.umin(self.add(m0, i64(r)), last), S, osz)
+                            for r in range(c.mr)]
+                    rows = [b.gep(A, [o], inbounds=True, source_etype=self.aety) for o in offs]
                     for r in range(c.mr):
                         for q in range(nv):
                             b.store(starts[q] if single else b.load(cvec(g, r, q), align=4),

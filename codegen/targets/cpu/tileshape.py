@@ -6,6 +6,9 @@ evenly a few threads share them.
 
 from __future__ import annotations
 
+import math
+
+from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.targets.cpu.gemm import PACK
 from mlpack.codegen.targets.cpu.target import CpuTarget
 
@@ -67,3 +70,22 @@ def tile_shape(t: CpuTarget, blocks: int, pairs: bool = False,
     tb = max(tbs or [1], key=lambda x: shape(x)[0])
     mr = shape(tb)[1]
     return vl, tb, mr
+
+
+# A K of at most this many steps over two dims or more (a stem convolution: 3 colours x 3 x 3)
+SHORT_K = 32
+
+
+def row_runs(mr: int, k_sizes: list[Expr], run: Expr) -> int:
+    """The tile height for a contraction whose K is a few scattered steps (``k_sizes``: its K
+    dims' extents), so that tiles never straddle two runs of the output's fastest M dim
+    (``run``: its extent): the highest divisor of the run from ``mr`` down to ``mr // 2``, else
+    ``mr``. A tile's rows are then one pointer plus constant steps (microkernel.py). Over such
+    a K the rows' own pointers are most of the work: a 3 -> 32 stem had twelve, spilled around
+    27 multiply-adds per row."""
+    dims = [n for n in k_sizes if not (n.is_const and n.value == 1)]
+    if len(dims) < 2 or not all(n.is_const for n in dims) or not run.is_const:
+        return mr
+    if math.prod(n.value for n in dims) > SHORT_K:
+        return mr
+    return next((h for h in range(mr, mr // 2 - 1, -1) if h and run.value % h == 0), mr)

@@ -454,6 +454,19 @@ def test_the_rows_of_a_small_image_split_evenly_into_tiles(target, dyn):
         assert_matches_ort(m, feeds, target)
 
 
+@pytest.mark.parametrize("dyn", [False, True])
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_stems_tiles_stay_within_one_row_of_the_image(target, dyn):
+    """A stem convolution (3 channels x a 3x3 window, stride 2, over an NCHW image) has a K of
+    27 scattered steps: its tile height divides the output row (16 columns), so each tile's
+    rows are one pointer plus constant steps; the outputs still match, two images at once."""
+    m, feeds = conv_case(3, 16, 32, 3, stride=2, batch=2, dyn=dyn)
+    [c] = _gemms(compile_onnx(m), target)
+    assert 16 % c.mr == 0, c.mr
+    if host_lacks(target) is None:
+        assert_matches_ort(m, feeds, target)
+
+
 def _gemms(g, target, prepared: set | None = None) -> list:
     """The gemm records of ``g``'s kernels for ``target``; ``prepared`` gets the tensors of the
     kernels that run once, at open."""
