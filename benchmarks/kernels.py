@@ -32,17 +32,19 @@ def _model(nodes, inputs, inits) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
-def conv(cin, cout, size, k, stride=1, batch=1):
-    """Conv(k x k, pad k//2) + bias + relu: (model, feeds, multiply-adds)."""
+def conv(cin, cout, size, k, stride=1, batch=1, groups=1):
+    """Conv(k x k, pad k//2, ``groups``) + bias + relu: (model, feeds, multiply-adds)."""
     rng = np.random.default_rng(0)
-    w = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2 / (cin * k * k))).astype(np.float32)
+    per = cin // groups
+    w = (rng.standard_normal((cout, per, k, k)) * np.sqrt(2 / (per * k * k))).astype(np.float32)
     b = (rng.standard_normal(cout) * 0.1).astype(np.float32)
     p = k // 2
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[p] * 4, strides=[stride] * 2),
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[p] * 4, strides=[stride] * 2,
+                              group=groups),
              helper.make_node("Relu", ["c"], ["y"])]
     x = rng.standard_normal((batch, cin, size, size)).astype(np.float32)
     out = (size + 2 * p - k) // stride + 1
-    return _model(nodes, [("x", x.shape)], {"w": w, "b": b}), {"x": x}, batch * cout * out * out * cin * k * k
+    return _model(nodes, [("x", x.shape)], {"w": w, "b": b}), {"x": x}, batch * cout * out * out * per * k * k
 
 
 def matmul(m, k, n):
@@ -92,6 +94,11 @@ LAYERS = {
     "conv1x1_440_7": lambda: conv(440, 440, 7, 1),           # RegNetY-400MF's last stage
     "conv1x1_32to48_112": lambda: conv(32, 48, 112, 1),      # its first block's
     "conv1x1_208_14": lambda: conv(208, 208, 14, 1),
+    # grouped 3x3 convolutions of 4 and 8 channels a group (ResNeXt-50's first stages, RegNetY)
+    "gconv3x3_128_g32_56": lambda: conv(128, 128, 56, 3, groups=32),
+    "gconv3x3_256_g32_28": lambda: conv(256, 256, 28, 3, groups=32),
+    "gconv3x3_104_g13_28": lambda: conv(104, 104, 28, 3, groups=13),
+    "gconv3x3_208_g26_14": lambda: conv(208, 208, 14, 3, groups=26),
     "matmul_64x784x1024": lambda: matmul(64, 784, 1024),
     "fc_1x2048x1000": lambda: matmul(1, 2048, 1000),
     "capsule_einsum": lambda: capsule(),
