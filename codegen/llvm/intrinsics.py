@@ -42,3 +42,12 @@ def splat(b: ir.IRBuilder, value, vty: ir.VectorType):
     undef = ir.Constant(vty, ir.Undefined)
     lanes = ir.Constant(ir.VectorType(I32, vty.count), [0] * vty.count)
     return b.shuffle_vector(b.insert_element(undef, value, ir.Constant(I32, 0)), undef, lanes)
+
+
+def line_alloca(b: ir.IRBuilder, typ: ir.Type, name: str) -> ir.AllocaInstr:
+    """A stack buffer that whole vectors are stored to and loaded from, on a 64-byte boundary
+    (a cache line): a 512-bit access to it never splits two lines. (A cpu kernel's frame is
+    realigned so that this holds whatever the caller's stack: cpu/module.py.)"""
+    slot = b.alloca(typ, name=name)
+    slot.align = 64
+    return slot

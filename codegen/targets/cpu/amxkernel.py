@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from mlpack.codegen.llvm.intrinsics import declare
+from mlpack.codegen.llvm.intrinsics import declare, line_alloca
 from mlpack.codegen.llvm.types import F32, I8, I16, I32, I64, i64
 from mlpack.codegen.targets.cpu.amx import (A_TILES, B_TILES, BLOCK_ROWS, PARTS, PRODUCTS, RUN,
                                             TILE_BYTES, TILE_K, TILE_ROWS)
@@ -63,7 +63,7 @@ class AmxGemm(GemmEmitter):
         per_blk = steps * PARTS * BLOCK_ROWS * TILE_K   # one block's parts, in bf16
         scratch = b.alloca(ir.ArrayType(I16, nblk * per_blk), name="aparts")
         scratch.align = 64
-        cbuf = b.alloca(ir.ArrayType(F32, rows * tile_n), name="cbuf")
+        cbuf = line_alloca(b, ir.ArrayType(F32, rows * tile_n), "cbuf")
         cbuf.align = 64
         b.call(self._intr("ldtilecfg", ir.PointerType()), [_tile_config(b.module)])
         m_size = self.dims_size(c.m, osz)

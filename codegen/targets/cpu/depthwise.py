@@ -43,7 +43,7 @@ from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.llvm.intrinsics import intrinsic, masked_load, splat
+from mlpack.codegen.llvm.intrinsics import intrinsic, line_alloca, masked_load, splat
 from mlpack.codegen.llvm.types import F32, I1, I32, I64, i64
 from mlpack.codegen.targets.cpu.indexing import coeff
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
@@ -295,7 +295,7 @@ def emit_direct(L, wg, count) -> None:
     zero = ir.Constant(vty, [0.0] * d.vl)
     tile = d.nvec * d.vl
     accs = [[b.alloca(vty, name=f"acc{r}.{i}") for i in range(d.nvec)] for r in range(d.rows)]
-    buf = b.alloca(ir.ArrayType(F32, tile), name="tile")
+    buf = line_alloca(b, ir.ArrayType(F32, tile), "tile")
     x = d.x
     xbuf = L.buffers[x.arg[0]]
     xsizes = E.sizes[x.arg[0]]

@@ -19,7 +19,7 @@ from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.llvm.intrinsics import declare, intrinsic, masked_load, splat
+from mlpack.codegen.llvm.intrinsics import declare, intrinsic, line_alloca, masked_load, splat
 from mlpack.codegen.llvm.loops import delinearize
 from mlpack.codegen.llvm import halfconv
 from mlpack.codegen.llvm.types import BF16, F32, I8, I16, I32, I64, i64
@@ -167,7 +167,7 @@ class GemmEmitter:
         accs = [b.alloca(self.vty, name=f"acc{i}") for i in range(c.mr * nv)]
         tile_n = c.tb * PACK
         # the group's outputs between K chunks (and for the epilogue): [G][MR][tile_n]
-        cbuf = b.alloca(ir.ArrayType(self.ety, c.group * c.mr * tile_n), name="cbuf")
+        cbuf = line_alloca(b, ir.ArrayType(self.ety, c.group * c.mr * tile_n), "cbuf")
         m_size = self.dims_size(c.m, osz)
         # one M group: each B panel is read once per run, from memory (a fully connected
         # layer at batch 1, a late convolution's 7x7 image): the hardware prefetcher alone

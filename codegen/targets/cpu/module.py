@@ -233,9 +233,15 @@ def _finish(text: str, once=frozenset()) -> str:
     the artifact: a weight packed) optimized for size, which takes LLVM a quarter of the time
     (vgg19's 19 panels: 1.9 -> 0.5 s) for a copy that runs once per open."""
     text = LoopIds.finalize(text)
+    # x86-64: every function realigns its frame to a cache line, whatever the stack of the
+    # thread that runs it (the ABI promises 16 bytes): 256- and 512-bit spills and the tile
+    # buffers (line_alloca) then never split two lines (GoogLeNet's v4 artifact ran 20-60%
+    # slower on the threads whose stacks fell off a 64-byte boundary)
+    realign = ' "stackrealign"' if 'target triple = "x86_64' in text else ""
 
     def attrs(m) -> str:
         name = re.search(r'@"?([^"(]+)"?\(', m.group(1))
         small = name is not None and name.group(1).removesuffix(".impl") in once
-        return f'{m.group(1)}{m.group(2) or ""} "no-builtins"{" minsize optsize" if small else ""}\n{{'
+        return (f'{m.group(1)}{m.group(2) or ""} "no-builtins"{realign}'
+                f'{" minsize optsize" if small else ""}\n{{')
     return re.sub(r"^(define .*\))( [^\n{]*)?\n\{", attrs, text, flags=re.M)
