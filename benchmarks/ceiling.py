@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import math
 import sys
@@ -41,8 +42,10 @@ def _vector_lanes(features: str) -> int:
     return 4   # SSE without FMA still multiplies and adds; NEON has FMA at 4 lanes
 
 
+@functools.lru_cache(maxsize=None)
 def _kernel():
-    """(the JIT-compiled loop as a ctypes function of the trip count, lanes, the engine)."""
+    """(the JIT-compiled loop as a ctypes function of the trip count, lanes, the engine): made
+    once per process, for every thread count measured."""
     import llvmlite.binding as llvm
     import llvmlite.ir as ir
 

@@ -162,13 +162,19 @@ def vectors_key(graph, model: str, feeds: list[dict], baseline: str) -> str:
     return h.hexdigest()
 
 
+def graph_key_head(budget: int | None, **more) -> str:
+    """What every key of a compiled graph covers besides the model (``model_key``, and
+    packager/source.py's ``file_key``): the cache's format, the code, the memory budget the
+    ``recompute`` pass had and the passes left out; ``more``: the key's own fields."""
+    head = {"format": FORMAT, "code": code_digest(), "budget": budget, **more,
+            "env": {n: environment.get(n) for n in ("MLPACK_DISABLE_PASSES",)}}
+    return json.dumps(head, sort_keys=True)
+
+
 def model_key(proto, budget: int | None) -> str:
     """The key of ``proto``'s compiled graph: the ONNX model whole (its weights' bytes too), the
     memory budget the ``recompute`` pass had, the code and the passes left out."""
-    head = {"format": FORMAT, "code": code_digest(), "budget": budget,
-            "ir_version": proto.ir_version,
-            "env": {n: environment.get(n) for n in ("MLPACK_DISABLE_PASSES",)}}
-    h = hashlib.sha256(f"graph {json.dumps(head, sort_keys=True)}".encode())
+    h = hashlib.sha256(f"graph {graph_key_head(budget, ir_version=proto.ir_version)}".encode())
     g = proto.graph
 
     def part(data: bytes) -> None:

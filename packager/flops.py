@@ -182,8 +182,8 @@ def _run_shapes(model, feeds: dict, names: list[str]) -> dict[str, tuple[int, ..
     try:
         session = ort.InferenceSession(model.SerializeToString(),
                                        providers=["CPUExecutionProvider"])
-        got = session.run(wanted, {k: v for k, v in feeds.items()
-                                   if k in {i.name for i in session.get_inputs()}})
+        names_in = {i.name for i in session.get_inputs()}
+        got = session.run(wanted, {k: v for k, v in feeds.items() if k in names_in})
     except Exception:   # (ONNX Runtime's own errors have no common base class)
         return {}
     return {name: tuple(value.shape) for name, value in zip(wanted, got)}

@@ -12,19 +12,15 @@ included), and so is one given as bytes or as a ModelProto.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 
-from mlpack.packager.cache import FORMAT, code_digest, model_key
-from mlpack.spec import environment
+from mlpack.packager.cache import graph_key_head, model_key
 
 
 def file_key(data: bytes, budget: int | None) -> str:
     """The key of a model file's compiled graph: its bytes whole, the memory budget the
     ``recompute`` pass had, the code and the passes left out (as ``model_key``'s)."""
-    head = {"format": FORMAT, "code": code_digest(), "budget": budget,
-            "env": {n: environment.get(n) for n in ("MLPACK_DISABLE_PASSES",)}}
-    h = hashlib.sha256(f"file {json.dumps(head, sort_keys=True)}".encode())
+    h = hashlib.sha256(f"file {graph_key_head(budget)}".encode())
     h.update(data)
     return h.hexdigest()
 

@@ -61,10 +61,8 @@ class AmxGemm(GemmEmitter):
         nblk = c.group * c.mr // BLOCK_ROWS   # 32-row blocks per unit
         rows = nblk * BLOCK_ROWS
         per_blk = steps * PARTS * BLOCK_ROWS * TILE_K   # one block's parts, in bf16
-        scratch = b.alloca(ir.ArrayType(I16, nblk * per_blk), name="aparts")
-        scratch.align = 64
+        scratch = line_alloca(b, ir.ArrayType(I16, nblk * per_blk), "aparts")
         cbuf = line_alloca(b, ir.ArrayType(F32, rows * tile_n), "cbuf")
-        cbuf.align = 64
         b.call(self._intr("ldtilecfg", ir.PointerType()), [_tile_config(b.module)])
         m_size = self.dims_size(c.m, osz)
         mgroups = b.udiv(self.add(m_size, i64(rows - 1)), i64(rows))

@@ -10,6 +10,7 @@ import math
 
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.targets.cpu.gemm import PACK
+from mlpack.codegen.targets.cpu.indexing import is_one
 from mlpack.codegen.targets.cpu.target import CpuTarget
 
 MAX_MR = 12                  # rows per tile: each row keeps an A pointer in a general register
@@ -83,7 +84,7 @@ def row_runs(mr: int, k_sizes: list[Expr], run: Expr) -> int:
     ``mr``. A tile's rows are then one pointer plus constant steps (microkernel.py). Over such
     a K the rows' own pointers are most of the work: a 3 -> 32 stem had twelve, spilled around
     27 multiply-adds per row."""
-    dims = [n for n in k_sizes if not (n.is_const and n.value == 1)]
+    dims = [n for n in k_sizes if not is_one(n)]
     if len(dims) < 2 or not all(n.is_const for n in dims) or not run.is_const:
         return mr
     if math.prod(n.value for n in dims) > SHORT_K:
