@@ -226,8 +226,8 @@ def validate(path: str, art: Artifact, reason: str, emu: Emulator, progress=None
 
     def run():
         if predicted is not None and timeout is not None and predicted > timeout:
-            raise NotEmulated(f"its {len(cases)} test cases would take about {predicted:.0f} s "
-                              f"under {emu.qemu} (from their run on this host), over a build's "
+            raise NotEmulated(f"its {_count(cases)} would take about {predicted:.0f} s "
+                              f"under {emu.qemu} (from a run on this host), over a build's "
                               f"limit of {timeout:g} s; mlpack validate runs them")
         return _run(exe, path, art, cases, emu, timeout, trusted_keys)
 
@@ -236,7 +236,7 @@ def validate(path: str, art: Artifact, reason: str, emu: Emulator, progress=None
     elif runs is None:
         got = run()
     else:
-        key = run_key(exe, art, emu, timeout, trusted_keys)
+        key = run_key(exe, art, emu, timeout, trusted_keys, len(cases))
         got = runs.get_outputs(key)
         if isinstance(got, str):
             raise NotEmulated(got)
@@ -250,10 +250,16 @@ def validate(path: str, art: Artifact, reason: str, emu: Emulator, progress=None
     return judge_vectors(art, cases, got, reason, emu.qemu)
 
 
-def run_key(exe: Path, art: Artifact, emu: Emulator, timeout, trusted_keys) -> str:
+def _count(cases: list) -> str:
+    return "test case" if len(cases) == 1 else f"{len(cases)} test cases"
+
+
+def run_key(exe: Path, art: Artifact, emu: Emulator, timeout, trusted_keys,
+            cases: int | None = None) -> str:
     """What an emulated run's outputs follow from: the program (its folder is named by a hash
     of libmlpack's sources and compiler), the qemu command and its binary, the artifact's
-    manifest digest (config, code, weights and vectors), the time limit and trust policy."""
+    manifest digest (config, code, weights and vectors), the time limit and trust policy, and
+    how many of its cases it runs (a build runs the first that fit its limit)."""
     qemu = find_qemu(emu.qemu) or emu.qemu
     try:
         st = os.stat(qemu)
@@ -261,7 +267,7 @@ def run_key(exe: Path, art: Artifact, emu: Emulator, timeout, trusted_keys) -> s
     except OSError:
         pass
     parts = [str(exe), *emu.command(exe), qemu, art.descriptor.get("digest", ""), str(timeout),
-             _absolute_keys(trusted_keys)]
+             _absolute_keys(trusted_keys), str(cases)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 

@@ -508,14 +508,21 @@ class Model:
         finally:
             executor.close()
 
-    def vector_outputs(self, artifact=None) -> list[dict]:
+    def vector_outputs(self, artifact=None, seconds: list | None = None) -> list[dict]:
         """The outputs of ``artifact`` (as ``validate`` names it) on each bundled test case,
-        unjudged: what ``validate`` judges (``judge_vectors``)."""
-        return self._on(artifact, self._outputs)
+        unjudged: what ``validate`` judges (``judge_vectors``). ``seconds``, a list, gets each
+        case's run time appended (a build predicts its emulated runs from them)."""
+        return self._on(artifact, lambda art, executor: self._outputs(art, executor, seconds))
 
-    def _outputs(self, art: Artifact, executor) -> list[dict]:
-        return [executor.run(check_feeds(self.inputs, feeds, self.path))
-                for feeds, _, _ in vector_cases(self._container, art)]
+    def _outputs(self, art: Artifact, executor, seconds: list | None = None) -> list[dict]:
+        out = []
+        for feeds, _, _ in vector_cases(self._container, art):
+            feeds = check_feeds(self.inputs, feeds, self.path)
+            t0 = time.perf_counter()
+            out.append(executor.run(feeds))
+            if seconds is not None:
+                seconds.append(time.perf_counter() - t0)
+        return out
 
     def _validate(self, art: Artifact, executor) -> ValidationResult:
         cases = vector_cases(self._container, art)

@@ -245,6 +245,48 @@ def test_a_run_over_the_build_limit_is_skipped_with_the_reason(mlp, tmp_path, mo
     assert report.artifacts[X86].validated
 
 
+def test_an_emulated_run_takes_the_first_cases_that_fit_the_limit(monkeypatch):
+    """A build predicts each emulated run from the native run's load and per-case times and
+    runs the first cases predicted to fit its limit (case 0 first); where not even case 0 fits,
+    one case with its prediction, which the run then refuses."""
+    monkeypatch.setattr(validation, "EMULATION_SECONDS", 5.0)
+    monkeypatch.setattr(validation, "EMULATION_START_SECONDS", 0.5)
+    monkeypatch.setattr(validation, "EMULATION_SLOWDOWN", {"arm64": 100.0})
+    run = validation.NativeRun(0.05, (0.01, 0.03))   # a load of 0.01 s, a batch-1 and -2 case
+    assert run.first(2) == pytest.approx(0.05) and run.first(1) == pytest.approx(0.02)
+    k, predicted = validation.emulated_cases(run, "arm64", 2)   # 5.5 s for both, 2.5 for case 0
+    assert k == 1 and predicted == pytest.approx(2.5)
+    assert validation.emulated_cases(validation.NativeRun(0.02, (0.005, 0.01)), "arm64", 2) \
+        == (2, pytest.approx(2.5))
+    k, predicted = validation.emulated_cases(validation.NativeRun(0.5, (0.2, 0.2)), "arm64", 2)
+    assert k == 1 and predicted > validation.EMULATION_SECONDS
+    assert validation.emulated_cases(None, "arm64", 2) == (2, None)
+
+
+@needs_qemu
+def test_a_build_validates_the_cases_that_fit_under_qemu(mlp, tmp_path, monkeypatch):
+    """The build's emulated run takes the cases ``emulated_cases`` picks (here, a limit that
+    fits one), judges those, and says so: "validated under qemu-aarch64 on 1 of 2 cases"; the
+    native artifacts run every case, their per-case times measured."""
+    from mlpack.packager.cli import _artifact_state
+    from mlpack.runtime import load
+
+    with load(str(mlp[0])) as model:
+        seconds = []
+        assert len(model.vector_outputs(X86, seconds)) == len(seconds) == 2
+    assert all(t > 0 for t in seconds)
+    monkeypatch.setattr(validation, "emulated_cases", lambda native, arch, count: (1, 0.1))
+    lines = []
+    report = b.build(MLP, tmp_path / "m.mlpack", targets=TARGETS, progress=lines.append)
+    x86, arm = report.artifacts[X86], report.artifacts[AARCH64]
+    assert (arm.validated, arm.emulator, arm.cases, x86.cases, report.cases) == \
+        (True, "qemu-aarch64", 1, 2, 2)
+    assert "  validate aarch64 fp32 under qemu-aarch64 (case 0 of 2)" in lines
+    assert "validated under qemu-aarch64 on 1 of 2 cases against float64" in _artifact_state(arm,
+                                                                                       cases=2)
+    assert "validated on 2 cases" in _artifact_state(x86, cases=2)
+
+
 @needs_qemu
 def test_a_run_predicted_over_the_limit_is_not_started(mlp, monkeypatch):
     """The emulated run's time is predicted from the same vectors' native run; one predicted

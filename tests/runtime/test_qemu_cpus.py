@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from test_example_c import (
     EXAMPLE,
     MODELS,
     assert_matches,
+    input_args,
     make_container,
     make_example,
     reference,
@@ -110,3 +112,26 @@ def test_portable_interpreter_under_qemu_matches_onnxruntime(qemu_example, tmp_p
     run = run_example(exe, path, feeds, tmp_path, "-d", "portable")
     assert run.chosen["device"] == "portable", run.stdout
     assert_matches(run.outputs, reference(model, feeds))
+
+
+def test_a_flipped_weight_bit_is_refused_under_qemu(qemu_example, tmp_path):
+    """The engine hashes what it loads on that CPU too (on aarch64 through the ARMv8 SHA-256
+    instructions where the CPU has them, as qemu's does; on riscv64 through the plain function):
+    the container as made runs, and one weight bit flipped is refused, naming the digest."""
+    from mlpack.spec import media
+    from mlpack.spec.container import open_container
+
+    target, exe = qemu_example
+    model, feeds = _mlp()
+    path = make_container(model, tmp_path / "mlp.mlpack", [target])
+    with open_container(path) as box:
+        weights = box.artifacts[1].layer(media.WEIGHTS)
+    data = bytearray(path.read_bytes())
+    data[weights.offset + weights.size // 2] ^= 0x01
+    flipped = tmp_path / "flipped.mlpack"
+    flipped.write_bytes(bytes(data))
+    proc = subprocess.run([*exe, "-S", "-o", str(tmp_path / "out_"), str(flipped),
+                           *input_args(feeds, tmp_path)], capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode != 0 and "digest" in proc.stdout + proc.stderr, proc.stderr
+    run_example(exe, path, feeds, tmp_path, "-S")   # (Run asserts it succeeded)
