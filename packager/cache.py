@@ -292,34 +292,43 @@ class KernelCache:
     def get_outputs(self, k: str):
         """The outputs per case ([{output name: array}]) stored under ``k``, the message of a
         run that could not be emulated (a str), or None."""
+        return self.get_run(k)[0]
+
+    def get_run(self, k: str) -> tuple:
+        """(``get_outputs(k)``, the seconds stored with them, a tuple, or None)."""
         from mlpack.spec.tensorfile import read_header, read_tensors
 
         path = self.folder / "runs" / k
         body = self._read_checked(path)
         if body is None:
-            return None
+            return None, None
         try:
             meta = read_header(body)["metadata"]
             if "not_emulated" in meta:
-                return str(meta["not_emulated"])
+                return str(meta["not_emulated"]), None
             got = [{} for _ in range(int(meta["cases"]))]
             for name, array in read_tensors(body).items():
                 case, _, output = name.partition("/")
                 got[int(case)][output] = array
-            return got
+            seconds = meta.get("seconds")
+            return got, tuple(float(t) for t in seconds) if seconds is not None else None
         except (ValueError, KeyError, TypeError, Error):
             self._drop(path)
-            return None
+            return None, None
 
-    def put_outputs(self, k: str, got) -> None:
-        """Store the outputs of one emulated run (or the str saying why it could not run)."""
+    def put_outputs(self, k: str, got, seconds: tuple | None = None) -> None:
+        """Store the outputs of one run (or the str saying why it could not be emulated), and
+        the ``seconds`` it took (a native run's: they predict a rebuild's emulated ones)."""
         from mlpack.spec.tensorfile import write_tensors
 
         if isinstance(got, str):
             body = write_tensors({}, {"not_emulated": got})
         else:
+            meta = {"cases": len(got)}
+            if seconds is not None:
+                meta["seconds"] = list(seconds)
             body = write_tensors({f"{c}/{name}": a for c, case in enumerate(got)
-                                  for name, a in case.items()}, {"cases": len(got)})
+                                  for name, a in case.items()}, meta)
         self._write_checked(self.folder / "runs" / k, body)
 
     # The test vectors (inputs, ONNX Runtime's outputs and the float64 reference's) follow from

@@ -234,6 +234,9 @@ def test_emulated_outputs_round_trip(tmp_path):
     back = store.get_outputs("k1")
     assert [list(c) for c in back] == [["y"], ["y"]]
     assert np.array_equal(back[0]["y"], got[0]["y"]) and back[1]["y"].shape == (3,)
+    assert store.get_run("k1")[1] is None
+    store.put_outputs("k3", got, (0.25, 0.05, 0.125))   # a native run's: all, then per case
+    assert store.get_run("k3")[1] == (0.25, 0.05, 0.125)
     store.put_outputs("k2", "its vectors ran over 10 s under qemu-riscv64")
     assert store.get_outputs("k2") == "its vectors ran over 10 s under qemu-riscv64"
     path = tmp_path / "runs" / "k1"

@@ -288,6 +288,25 @@ def test_a_build_validates_the_cases_that_fit_under_qemu(mlp, tmp_path, monkeypa
 
 
 @needs_qemu
+def test_a_rebuild_reads_the_emulated_run_it_stored(tmp_path, monkeypatch):
+    """A warm rebuild runs no native artifact, and predicts its emulated runs from the native
+    times the first build stored with their outputs: the same cases, so the run it stored is
+    the one it reads (without those times it asked for both cases and ran qemu again)."""
+    monkeypatch.setenv("MLPACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(validation, "emulated_cases",
+                        lambda native, arch, count: (1 if native else count, 0.1))
+    cold = b.build(MLP, tmp_path / "cold.mlpack", targets=TARGETS)
+    assert cold.artifacts[AARCH64].cases == 1
+
+    def never(*args, **kw):
+        raise AssertionError("ran under qemu again")
+    monkeypatch.setattr(emulate, "_run", never)
+    warm = b.build(MLP, tmp_path / "warm.mlpack", targets=TARGETS)
+    assert (warm.artifacts[AARCH64].validated, warm.artifacts[AARCH64].cases) == (True, 1)
+    assert warm.artifacts[AARCH64].max_error == cold.artifacts[AARCH64].max_error
+
+
+@needs_qemu
 def test_a_run_predicted_over_the_limit_is_not_started(mlp, monkeypatch):
     """The emulated run's time is predicted from the same vectors' native run; one predicted
     past the limit is not started, and the reason is stored with the runs as a run over the
