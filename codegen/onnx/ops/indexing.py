@@ -8,6 +8,8 @@ data-dependent output size, so it is a procedure that sets that size.
 
 from __future__ import annotations
 
+import numpy as np
+
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.graph import For, If, Let, SetSize, Store, TensorType
 from mlpack.spec.ir.origins import Origin, is_wrapped
@@ -222,6 +224,9 @@ def scatter_nd(b, n):
     if not k.is_const:
         raise n.fail("the last dim of indices must be static")
     k = k.value
+    folded = _scatter_nd_of_constants(b, n, data, ind, upd, k) if reduction == "none" else None
+    if folded is not None:
+        return [folded]
     name, ty, dims = result(b, n.output_names[0] or "scatter", data.dtype, data.names, data.shape)
     outer = list(ind.shape[:-1])
 
@@ -235,6 +240,26 @@ def scatter_nd(b, n):
     body = copy_into(name, dims, data) + loops(outer + list(data.shape[k:]), "u", update)
     b.procedure({name: ty}, body)
     return [tensor_value(name, data.dtype, dims)]
+
+
+def _scatter_nd_of_constants(b, n, data, ind, upd, k: int):
+    """A ScatterND whose data, indices and updates are all constants (Swin-T's shifted-window
+    masks: 45 of them) computed here with NumPy, each index row in turn as the procedure would
+    store it, into a constant; None where something is not a constant, the result is over
+    FOLD_LIMIT, or an index is out of range (the procedure then says which)."""
+    from mlpack.codegen.onnx.builder import FOLD_LIMIT
+
+    if any(v.data is None for v in (data, ind, upd)) or data.data.size > FOLD_LIMIT:
+        return None
+    out = np.array(data.data, copy=True)
+    rows = np.asarray(ind.data, dtype=np.int64).reshape(-1, k)
+    rows = np.where(rows < 0, rows + np.asarray(out.shape[:k], dtype=np.int64), rows)
+    if rows.size and ((rows < 0).any() or (rows >= np.asarray(out.shape[:k])).any()):
+        return None
+    values = np.asarray(upd.data).reshape((len(rows),) + out.shape[k:]).astype(out.dtype)
+    for row, value in zip(rows, values):   # in order: a repeated index keeps the last update
+        out[tuple(row)] = value
+    return b.constant(out, name=n.output_names[0] or None, names=data.names)
 
 
 @op("TensorScatter")

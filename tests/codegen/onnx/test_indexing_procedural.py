@@ -135,6 +135,27 @@ def test_a_scatter_of_constants_is_folded_at_import(constant_data):
     check(m, feeds)
 
 
+def test_a_scatter_of_constants_folds_in_order_and_names_a_bad_index():
+    """The fold of a ScatterND of constants (NumPy, at import) stores the index rows in order,
+    as the procedure does: a repeated row keeps the last update, a negative row counts from the
+    end; a row out of range is left to the procedure, whose error names the index."""
+    from mlpack.codegen.onnx.importer import import_model
+    from mlpack.spec.errors import Error
+
+    x, upd = rand(4, 3), rand(3, 3)
+
+    def scatter(rows):
+        idx = np.array(rows, dtype=np.int64)
+        inits = [numpy_helper.from_array(a, n) for a, n in ((x, "x"), (idx, "i"), (upd, "u"))]
+        return model("ScatterND", [], [("y", F, None)], inits=inits, in_names=["x", "i", "u"])
+    g = import_model(scatter([[1], [-1], [1]]))
+    want = x.copy()
+    want[1], want[3] = upd[2], upd[1]
+    assert not g.ops and np.array_equal(g.constants[g.outputs[0].name].data, want)
+    with pytest.raises(Error, match=r"index 4 out of range"):
+        import_model(scatter([[1], [4], [0]]))
+
+
 @pytest.mark.parametrize("out_shape", [None, [1, 2, 5, 5]])
 def test_max_unpool(out_shape):
     x = rand(1, 2, 2, 2)
