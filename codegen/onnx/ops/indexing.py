@@ -252,9 +252,10 @@ def _scatter_nd_of_constants(b, n, data, ind, upd, k: int):
     if any(v.data is None for v in (data, ind, upd)) or data.data.size > FOLD_LIMIT:
         return None
     out = np.array(data.data, copy=True)
+    bounds = np.asarray(out.shape[:k], dtype=np.int64)
     rows = np.asarray(ind.data, dtype=np.int64).reshape(-1, k)
-    rows = np.where(rows < 0, rows + np.asarray(out.shape[:k], dtype=np.int64), rows)
-    if rows.size and ((rows < 0).any() or (rows >= np.asarray(out.shape[:k])).any()):
+    rows = np.where(rows < 0, rows + bounds, rows)
+    if rows.size and ((rows < 0).any() or (rows >= bounds).any()):
         return None
     values = np.asarray(upd.data).reshape((len(rows),) + out.shape[k:]).astype(out.dtype)
     for row, value in zip(rows, values):   # in order: a repeated index keeps the last update

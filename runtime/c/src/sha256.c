@@ -47,7 +47,7 @@ static void mp_sha256_block(uint32_t h[8], const uint8_t *p) {
 
 /* `blocks` 64-byte blocks through the SHA extensions: the state as ABEF / CDGH, four rounds per
  * sha256rnds2 pair, the message schedule four words at a time (sha256msg1/2). */
-__attribute__((target("sha,sse4.1,ssse3"))) static void mp_sha256_ni(uint32_t h[8], const uint8_t *p,
+__attribute__((target("sha,sse4.1,ssse3"))) static void mp_sha256_hw(uint32_t h[8], const uint8_t *p,
                                                                       size_t blocks) {
   const __m128i swap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);   /* big endian */
   __m128i t = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&h[0]), 0xB1);    /* CDAB */
@@ -77,7 +77,7 @@ __attribute__((target("sha,sse4.1,ssse3"))) static void mp_sha256_ni(uint32_t h[
 }
 
 /* 1 when this CPU has the SHA extensions (and SSSE3, SSE4.1), else 0; asked once. */
-static int mp_sha_ni(void) {
+static int mp_sha_hw(void) {
   static int known = -1;   /* (a race only computes the same answer twice) */
   if (known < 0) {
     unsigned a, b, c, d, has = 0;
@@ -97,7 +97,7 @@ static int mp_sha_ni(void) {
 /* `blocks` 64-byte blocks through the ARMv8 SHA-256 instructions (the Crypto extension: every
  * Graviton, Ampere, Apple and Cortex-A7x core): the state as ABCD / EFGH, four rounds per
  * sha256h/sha256h2 pair, the message schedule four words at a time (sha256su0/su1). */
-__attribute__((target("+sha2"))) static void mp_sha256_ni(uint32_t h[8], const uint8_t *p, size_t blocks) {
+__attribute__((target("+sha2"))) static void mp_sha256_hw(uint32_t h[8], const uint8_t *p, size_t blocks) {
   uint32x4_t abcd = vld1q_u32(&h[0]), efgh = vld1q_u32(&h[4]);
   for (; blocks; blocks--, p += 64) {
     uint32x4_t abcd0 = abcd, efgh0 = efgh, w[4];
@@ -118,7 +118,7 @@ __attribute__((target("+sha2"))) static void mp_sha256_ni(uint32_t h[8], const u
 
 /* 1 when this CPU has the SHA-256 instructions, else 0; asked once (Linux: the kernel's HWCAP_SHA2
  * bit; macOS: every Apple core has them). */
-static int mp_sha_ni(void) {
+static int mp_sha_hw(void) {
 #if defined(__linux__)
   static int known = -1;   /* (a race only computes the same answer twice) */
   if (known < 0) known = (getauxval(AT_HWCAP) >> 6) & 1u;   /* HWCAP_SHA2 */
@@ -130,13 +130,13 @@ static int mp_sha_ni(void) {
 #endif
 }
 #else
-static int mp_sha_ni(void) { return 0; }
-static void mp_sha256_ni(uint32_t h[8], const uint8_t *p, size_t blocks) { (void)h; (void)p; (void)blocks; }
+static int mp_sha_hw(void) { return 0; }
+static void mp_sha256_hw(uint32_t h[8], const uint8_t *p, size_t blocks) { (void)h; (void)p; (void)blocks; }
 #endif
 
 static void mp_sha256_blocks(uint32_t h[8], const uint8_t *p, size_t blocks) {
-  if (mp_sha_ni()) {
-    mp_sha256_ni(h, p, blocks);
+  if (mp_sha_hw()) {
+    mp_sha256_hw(h, p, blocks);
     return;
   }
   for (; blocks; blocks--, p += 64) mp_sha256_block(h, p);
