@@ -161,9 +161,19 @@ class ComprehensionEval:
             if res is not None and res.vars == out_dims and res.data.dtype == np_dtype \
                     and res.data.flags.c_contiguous:
                 return res.data
-        out = np.empty(shape, dtype=np_dtype)
         blocks = self.blocks()
         self.blocked = frozenset(d for d, _ in blocks)
+        if not blocks:   # one block: a result already in the output's form is the output
+            # (copying a float64 reference's attention scores took Whisper's a third)
+            res = self.compute()
+            data = res.data
+            if res.vars == out_dims and data.dtype == np_dtype and data.flags.c_contiguous \
+                    and data.shape == tuple(shape):
+                return data
+            out = np.empty(shape, dtype=np_dtype)
+            self.arrange(res, out, tuple(slice(0, n) for n in shape))
+            return out
+        out = np.empty(shape, dtype=np_dtype)
         for starts in itertools.product(*(range(0, self.extent[d], size) for d, size in blocks)):
             for (d, size), s in zip(blocks, starts):
                 self.ranges[d] = (s, min(size, self.extent[d] - s))
@@ -314,7 +324,9 @@ class ComprehensionEval:
             return self.reduce()
         letters = {v: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26)
                    for i, v in enumerate(labels)}
-        out = [v for v in labels if v not in op.rdims]
+        # the output's own dims order first: the sum then lands as the output is laid out
+        kept = [v for v in labels if v not in op.rdims]
+        out = [d for d in op.type.dims if d in kept] + [v for v in kept if v not in op.type.dims]
         spec = ",".join("".join(letters[v] for v in f.vars) for f in factors)
         spec += "->" + "".join(letters[v] for v in out)
         acc = np.float64 if op.type.dtype == "f64" else np.float32
