@@ -50,7 +50,7 @@ from mlpack.codegen.targets import registry
 from mlpack.codegen.targets.base import Code
 from mlpack.spec import accuracy, media
 from mlpack.spec.container import ArtifactSpec, Layer, make_config, write_container
-from mlpack.packager import compiling, customops, validation
+from mlpack.packager import compiling, customops, heap, validation
 from mlpack.packager import testvectors as tv
 from mlpack.packager import weights as weights_files
 from mlpack.packager.errors import BuildError, DeadOnArrivalError
@@ -327,15 +327,6 @@ def _model_name(proto, model, name: str | None) -> str:
     return proto.graph.name or "model"
 
 
-def _drop_weights(proto) -> None:
-    """Free the initializers' data of ``proto``, read from a file (the graph has them, and
-    ONNX Runtime reads the file): a model's weights are not held twice more while it builds."""
-    for t in proto.graph.initializer:
-        for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
-                  "uint64_data", "string_data"):
-            t.ClearField(f)
-
-
 def _vectors(source, graph, inputs, dims, seed: int, cases: int, custom=(), cache=None,
              key: str | None = None):
     """(inputs, the baseline's outputs, float64 reference outputs, the test-vector archive),
@@ -362,11 +353,16 @@ def _vectors(source, graph, inputs, dims, seed: int, cases: int, custom=(), cach
     if stored is not None:
         _, outputs, references = tv.unpack(stored)
         return feeds, outputs, references, stored
-    proto = source.proto()
-    written = as_written(proto)
+    written = as_written(source.proto())
+    # (the file's weights now in two graphs: the model's message keeps none, before ONNX
+    # Runtime's session holds a third copy)
+    proto = source.drop_weights()
+    heap.release(collect=True)
     outputs = customops.baseline_outputs(proto, written, feeds, custom, source.path)
+    heap.release()
     references = float64_outputs(written, feeds)
     del written
+    heap.release(collect=True)
     vectors = tv.pack(feeds, outputs, baseline, references)
     if key is not None:
         cache.put_vectors(key, vectors)
@@ -469,6 +465,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         found = _cached_file_graph(source, kernels)
         proto = source.proto() if found is None else None
     name = _model_name(proto, model, name)
+    del proto   # (the source holds it, until its weights are dropped: ``_vectors``)
     with step("compile"), recompute.memory_budget(budget):
         graph, graph_entry, custom, model_key = _compile_cached(source, kernels, found)
         model_signature(graph)  # a size the container cannot state stops the build here
@@ -489,6 +486,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
             kernels.put_graph(graph_entry, models.base, models.blob("fp32"))
         # (the import's copy of every weight freed: the archive's mapped file has them)
         models.rebase()
+        heap.release()
         one = _compile_one   # (looked up now: a test may put another in its place)
         # the targets compile (in workers) while the references run here
         started = compiling.Started(one, models, compiling.early_pairs(pairs), progress, kernels)
@@ -498,8 +496,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
             # hashing a 500 MB model's weights again took a third of a second)
             feeds, expected, references, vectors = _vectors(
                 source, models.base, inputs, dims, seed, cases, custom, kernels, model_key)
-            if source.path is not None and source.parsed():
-                _drop_weights(source.proto())
+            source.drop_weights()
             check_references(expected, references, quantized)
         blind = accuracy.blind_spots(references)
         _warn(BlindVectorsWarning, blind, progress)

@@ -35,6 +35,7 @@ class ModelSource:
         self.path = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
         self._proto = None   # (a ModelProto given is checked by load_model too)
         self._data = None
+        self._light = False    # whether the parsed message's weights were dropped
         self.file_key = None   # the file's digest (``file_key``), where one keys it
         self.external = False  # whether some tensor's data is in another file
         if keyed and self.path is not None and os.path.isfile(self.path):
@@ -52,6 +53,23 @@ class ModelSource:
                 self._data = None
             else:
                 self._proto = load_model(self.model)
+        return self._proto
+
+    def drop_weights(self):
+        """The parsed model without its initializers' data, from here on, where it is a file's
+        (ONNX Runtime reads the file; the graph has the weights): each initializer keeps its
+        name, type and shape (its names are what ONNX Runtime's feeds leave out). The message is parsed anew from what is left, since the protobuf
+        runtime (upb) frees a message's memory only with the whole message: clearing fields
+        freed nothing, and GPT-2's 500 MB stayed held to the end of its build."""
+        proto = self._proto   # (None: not parsed, nothing to drop)
+        if proto is None or self.path is None or self._light:
+            return proto
+        for t in proto.graph.initializer:
+            for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
+                      "uint64_data", "string_data"):
+                t.ClearField(f)
+        self._proto = type(proto).FromString(proto.SerializeToString())
+        self._light = True
         return self._proto
 
     def release(self) -> None:

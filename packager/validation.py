@@ -23,6 +23,7 @@ from mlpack.codegen import precisions as precision_modules
 from mlpack.codegen.targets import registry
 from mlpack.spec.errors import Error
 from mlpack.packager.errors import DeadOnArrivalError
+from mlpack.packager import heap
 
 
 def scratch_path(output: str) -> str:
@@ -241,9 +242,14 @@ def validate_container(path: str, pairs, output: str, progress=None,
                     progress(f"  validate {pairs[i][0]} {pairs[i][1]}" +
                              (" (its outputs from the kernel cache)" if isinstance(got, list) else ""))
                 if not isinstance(got, list):
-                    model = model or load(path, trusted_keys="")
+                    if model is None:
+                        # each artifact loaded in turn, the chosen one too: not one held
+                        # beside another (GPT-2's build peaked at 1 GB more)
+                        model = load(path, trusted_keys="")
+                        model.unload()
                     started, seconds = time.perf_counter(), []
                     got = _outputs_of(model, i, pairs, output, seconds)
+                    heap.release()   # (its packed weights, before the next one's)
                     stored = (time.perf_counter() - started, *seconds)
                     if key is not None:
                         runs.put_outputs(key, got, stored)

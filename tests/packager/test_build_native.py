@@ -315,3 +315,32 @@ def test_native_code_that_cannot_load_is_dead_on_arrival(tmp_path, monkeypatch):
     with pytest.raises(DeadOnArrivalError, match=r"artifact 1 \(x86_64-v3, fp32\) cannot run"):
         build(MLP, tmp_path / "m.mlpack", targets=["x86_64-v3"])
     assert os.listdir(tmp_path) == []
+
+
+def test_validation_holds_one_artifact_loaded_at_a_time(tmp_path, monkeypatch):
+    # a model's packed weights are as big as its file: the chosen artifact, held while each
+    # other one was validated, made GPT-2's build peak 1 GB higher
+    from mlpack.runtime import model as model_mod
+
+    live, most = [0], [0]
+
+    def counted(cls):
+        class Counted(cls):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                live[0] += 1
+                most[0] = max(most[0], live[0])
+
+            def close(self):
+                live[0] -= 1
+                super().close()
+        return Counted
+    monkeypatch.setattr(engine, "NativeExecutor", counted(engine.NativeExecutor))
+    monkeypatch.setitem(model_mod.EXECUTORS, media.PROGRAM_PORTABLE,
+                        counted(model_mod.EXECUTORS[media.PROGRAM_PORTABLE]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = build(MLP, tmp_path / "m.mlpack", cache=False)
+    validated = [a for a in report.artifacts if a.validated]
+    assert len(validated) >= 3   # portable, x86-64 v2 and the levels up to the host's
+    assert most[0] == 1 and live[0] == 0

@@ -108,3 +108,23 @@ def test_a_missing_or_broken_file_is_a_clear_error(tmp_path):
     bad.write_bytes(open(MLP, "rb").read()[:100])
     with pytest.raises(Error, match="bad.onnx"):
         _build(str(bad), tmp_path / "b.mlpack", cache=tmp_path / "k")
+
+
+def test_a_files_message_drops_its_weights_but_keeps_their_names(tmp_path):
+    import onnx
+
+    source = ModelSource(MLP, None, keyed=True)
+    whole = source.proto()
+    names = [(t.name, list(t.dims), t.data_type) for t in whole.graph.initializer]
+    assert any(len(t.raw_data) for t in whole.graph.initializer)
+    light = source.drop_weights()
+    assert light is not whole and source.proto() is light   # a new message: the old one freed
+    assert [(t.name, list(t.dims), t.data_type) for t in light.graph.initializer] == names
+    assert not any(t.raw_data or t.float_data for t in light.graph.initializer)
+    assert source.drop_weights() is light
+    given = onnx.load(MLP)   # a message the caller gave is the caller's: left whole
+    kept = ModelSource(given, None, keyed=True)
+    assert kept.drop_weights() is None   # (nothing parsed yet: nothing to drop)
+    parsed = kept.proto()
+    assert kept.drop_weights() is parsed
+    assert sum(len(t.raw_data) for t in kept.proto().graph.initializer) > 0

@@ -258,3 +258,17 @@ def test_native_code_that_cannot_load_falls_back_loudly(tmp_path):
         assert "could not load native code" in m.verdicts[1].reason
         with pytest.raises(PortableFallbackError):
             mlpack.load(os.path.join(corpus, "ok_multi.mlpack"), strict=True)
+
+
+def test_an_unloaded_model_loads_its_artifact_again_when_it_runs(mlp):
+    x = _x(4, seed=3)
+    with mlpack.load(mlp) as m:
+        want = m(x=x)["y"]
+        m.unload()
+        m.unload()   # (nothing more to free)
+        result = m.validate()   # the chosen artifact's vectors, loaded for them alone
+        assert result.ok and result.artifact.target == f"x86_64-v{LEVEL}"
+        np.testing.assert_array_equal(m(x=x)["y"], want)   # loaded again, resident
+        m.unload()
+    with pytest.raises(Error, match="closed"):
+        m(x=x)
