@@ -124,6 +124,10 @@ class ComprehensionEval:
                 visit(a, inner)
 
         visit(op.body, factors_only)
+        # (a recursive closure is a reference cycle, with self in it: until the cycle
+        # collector ran, every evaluator kept its memo, a block's temporaries, alive: 450 MB
+        # of Whisper's float64 reference)
+        visit = None
         if op.reduce is not None:
             out.append(self.deps(op.body) - op.rdims.keys())
         return out

@@ -81,3 +81,19 @@ def test_the_largest_temporary_sets_the_blocks():
     [(dim, size)] = d.blocks()
     assert dim == "n" and 8 * size * 512 * 256 <= ic.BLOCK_BYTES
     assert m.blocks() == []
+
+
+def test_an_evaluator_and_its_temporaries_go_when_its_op_is_done():
+    # a reference cycle through an evaluator kept its memo (a block's temporaries) alive until
+    # the cycle collector ran, which big arrays and few objects seldom make it do
+    import gc
+
+    g, feeds = parse_graph(ROUTING), _inputs()
+    gc.collect()
+    gc.disable()
+    try:
+        run_graph(g, feeds)
+        left = [o for o in gc.get_objects() if isinstance(o, ic.ComprehensionEval)]
+    finally:
+        gc.enable()
+    assert left == []
