@@ -196,14 +196,10 @@ def _compile(proto):
 def _cached_file_graph(source, kernels):
     """The compiled graph the kernel cache holds under the model file's digest (packager/
     source.py: stored only for a file without external data, with no custom op), or None. Not
-    while a DSL op is registered: a node of its domain would import through it now. Once it is
-    found, the file's bytes are let go (nothing parses them)."""
+    while a DSL op is registered: a node of its domain would import through it now."""
     if kernels is None or source.file_key is None or customops.registered():
         return None
-    graph = kernels.get_graph(source.file_key)
-    if graph is not None:
-        source.release()
-    return graph
+    return kernels.get_graph(source.file_key)
 
 
 def _compile_cached(source, kernels, found) -> tuple:
@@ -214,15 +210,15 @@ def _compile_cached(source, kernels, found) -> tuple:
     a cache."""
     if found is not None:
         return found, None, [], source.file_key
-    proto = source.proto()
-    custom = customops.used(proto)
+    model = source.importable()
+    custom = customops.used(source.proto())
     if kernels is None:
-        return _compile(proto), None, custom, None
+        return _compile(model), None, custom, None
     k = source.key()
     if custom:
-        return _compile(proto), None, custom, k
+        return _compile(model), None, custom, k
     graph = kernels.get_graph(k)
-    return (graph, None, custom, k) if graph is not None else (_compile(proto), k, custom, k)
+    return (graph, None, custom, k) if graph is not None else (_compile(model), k, custom, k)
 
 
 def _number(value) -> float | None:
@@ -353,15 +349,18 @@ def _vectors(source, graph, inputs, dims, seed: int, cases: int, custom=(), cach
     if stored is not None:
         _, outputs, references = tv.unpack(stored)
         return feeds, outputs, references, stored
-    written = as_written(source.proto())
-    # (the file's weights now in two graphs: the model's message keeps none, before ONNX
-    # Runtime's session holds a third copy)
-    proto = source.drop_weights()
+    # (a file's weights are views of its mapping: let go while ONNX Runtime's session, which
+    # reads the file itself, holds a copy of its own; a custom op's baseline is the
+    # interpreter on the graph as written)
+    written = as_written(source.importable()) if custom else None
+    source.release()
     heap.release(collect=True)
-    outputs = customops.baseline_outputs(proto, written, feeds, custom, source.path)
+    outputs = customops.baseline_outputs(source.proto(), [p.name for p in graph.outputs], feeds,
+                                         custom, source.path, written)
     heap.release()
-    references = float64_outputs(written, feeds)
+    references = float64_outputs(written or as_written(source.importable()), feeds)
     del written
+    source.release()
     heap.release(collect=True)
     vectors = tv.pack(feeds, outputs, baseline, references)
     if key is not None:
@@ -465,7 +464,6 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         found = _cached_file_graph(source, kernels)
         proto = source.proto() if found is None else None
     name = _model_name(proto, model, name)
-    del proto   # (the source holds it, until its weights are dropped: ``_vectors``)
     with step("compile"), recompute.memory_budget(budget):
         graph, graph_entry, custom, model_key = _compile_cached(source, kernels, found)
         model_signature(graph)  # a size the container cannot state stops the build here
@@ -496,7 +494,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
             # hashing a 500 MB model's weights again took a third of a second)
             feeds, expected, references, vectors = _vectors(
                 source, models.base, inputs, dims, seed, cases, custom, kernels, model_key)
-            source.drop_weights()
+            source.release()   # (the graphs map the weights archive from here on)
             check_references(expected, references, quantized)
         blind = accuracy.blind_spots(references)
         _warn(BlindVectorsWarning, blind, progress)

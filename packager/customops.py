@@ -52,11 +52,13 @@ def baseline_name(custom) -> str:
     return f"mlpack interpreter fp32 (custom ops: {names})"
 
 
-def baseline_outputs(proto, graph, feeds: list[dict], custom, path=None) -> list[dict]:
-    """The baseline's outputs per case: ONNX Runtime's (on the file ``path``, when the model
-    is one), or the fp32 interpreter's."""
+def baseline_outputs(proto, names: list[str], feeds: list[dict], custom, path=None,
+                     graph=None) -> list[dict]:
+    """The baseline's outputs ``names`` per case: ONNX Runtime's (on the file ``path``, when
+    the model is one), or with custom ops the fp32 interpreter's on ``graph``, the model as
+    imported."""
     if not custom:
-        return tv.reference_outputs(proto, feeds, [p.name for p in graph.outputs], path)
+        return tv.reference_outputs(proto, feeds, names, path)
     from mlpack.spec.ir.interp import run_graph
 
     return [run_graph(graph, case) for case in feeds]

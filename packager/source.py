@@ -1,83 +1,108 @@
-"""The ONNX model a build reads: a file's bytes read and hashed once, the ModelProto parsed only
-when something needs it.
+"""The ONNX model a build reads: a file hashed once, parsed only when something needs it, and
+then without its weights, which are views of the mapped file (codegen/onnx/mapped.py).
 
 A rebuild of an unchanged model file finds its compiled graph and test vectors in the kernel
 cache (packager/cache.py) under the file's digest, and then never parses it: for GPT-2's 474 MB
 that was 0.6 s of parsing and 0.55 s of hashing the parsed message again, most of a warm
 rebuild's 3 s. The digest covers the file's bytes only, so a model whose tensors live in
 external data files is keyed by its parsed message instead (``model_key``: the data
-included), and so is one given as bytes or as a ModelProto.
+included), and so is one given as bytes or as a ModelProto. The file is hashed as it is read
+in chunks, and parsed from its mapping less the weights' bytes: a build holds no copy of a
+file's weights of its own until it writes the weights archive (GPT-2's build held three).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import mmap
 import os
 
 from mlpack.packager.cache import graph_key_head, model_key
 
+CHUNK = 1 << 20   # bytes read at a time to hash a model file
 
-def file_key(data: bytes, budget: int | None) -> str:
-    """The key of a model file's compiled graph: its bytes whole, the memory budget the
-    ``recompute`` pass had, the code and the passes left out (as ``model_key``'s)."""
+
+def file_key(data, budget: int | None) -> str:
+    """The key of a model file's compiled graph: its bytes whole (``data``: the bytes, or the
+    file open for reading, read to its end), the memory budget the ``recompute`` pass had, the
+    code and the passes left out (as ``model_key``'s)."""
     h = hashlib.sha256(f"file {graph_key_head(budget)}".encode())
-    h.update(data)
+    if hasattr(data, "readinto"):
+        buf = bytearray(CHUNK)
+        while n := data.readinto(buf):
+            h.update(memoryview(buf)[:n])
+    else:
+        h.update(data)
     return h.hexdigest()
+
+
+def _mapped(path: str):
+    """The file's bytes, mapped read-only (an empty file: no bytes; mmap refuses it)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 class ModelSource:
     """``model`` (a path, bytes or a ModelProto) as a build reads it. ``keyed``: whether the
-    kernel cache is in use (a file is then read and hashed at once); ``proto()`` parses it on
-    first use, as ``load_model`` does (its external data loaded from the file's folder)."""
+    kernel cache is in use (a file is then hashed at once); ``importable()`` parses it on first
+    use, as ``load_model`` does (its external data loaded from the file's folder), a file as a
+    ``MappedModel``; ``proto()`` is its message (a file's without the weights' bytes)."""
 
     def __init__(self, model, budget: int | None, keyed: bool):
         self.model, self.budget = model, budget
         self.path = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
-        self._proto = None   # (a ModelProto given is checked by load_model too)
-        self._data = None
-        self._light = False    # whether the parsed message's weights were dropped
+        self._model = None   # (a ModelProto given is checked by load_model too)
+        self._light = None   # a file's MappedModel without its weights, once let go
         self.file_key = None   # the file's digest (``file_key``), where one keys it
         self.external = False  # whether some tensor's data is in another file
         if keyed and self.path is not None and os.path.isfile(self.path):
             with open(self.path, "rb") as f:
-                self._data = f.read()
-            self.file_key = file_key(self._data, budget)
+                self.file_key = file_key(f, budget)
 
-    def proto(self):
-        """The ModelProto (a clear ModelError if the model is malformed: load_model)."""
+    def importable(self):
+        """What ``import_model`` takes: a file's ``MappedModel`` (or its whole message, where it
+        has external data), else the ModelProto; a clear ModelError if it is malformed."""
+        from mlpack.codegen.errors import ModelError
         from mlpack.codegen.onnx.importer import load_file_bytes, load_model
 
-        if self._proto is None:
-            if self._data is not None:
-                self._proto, self.external = load_file_bytes(self.path, self._data)
-                self._data = None
+        if self._model is None and self._light is not None:   # (released: mapped again)
+            try:
+                weights = self._light.split.views(_mapped(self.path))
+            except (OSError, ValueError):
+                raise ModelError(f"{self.path}: the file changed while mlpack was building "
+                                 "it") from None
+            self._model = dataclasses.replace(self._light, weights=weights)
+        if self._model is None:
+            if self.path is not None and os.path.isfile(self.path):
+                self._model, self.external = load_file_bytes(self.path, _mapped(self.path))
             else:
-                self._proto = load_model(self.model)
-        return self._proto
+                self._model = load_model(self.model)
+        return self._model
 
-    def drop_weights(self):
-        """The parsed model without its initializers' data, from here on, where it is a file's
-        (ONNX Runtime reads the file; the graph has the weights): each initializer keeps its
-        name, type and shape (its names are what ONNX Runtime's feeds leave out). The message is parsed anew from what is left, since the protobuf
-        runtime (upb) frees a message's memory only with the whole message: clearing fields
-        freed nothing, and GPT-2's 500 MB stayed held to the end of its build."""
-        proto = self._proto   # (None: not parsed, nothing to drop)
-        if proto is None or self.path is None or self._light:
-            return proto
-        for t in proto.graph.initializer:
-            for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
-                      "uint64_data", "string_data"):
-                t.ClearField(f)
-        self._proto = type(proto).FromString(proto.SerializeToString())
-        self._light = True
-        return self._proto
+    def proto(self):
+        """The ModelProto (a file's without its weights' bytes, which the graph maps)."""
+        from mlpack.codegen.onnx.mapped import MappedModel
+
+        if self._model is None and self._light is not None:
+            return self._light.proto
+        m = self.importable()
+        return m.proto if isinstance(m, MappedModel) else m
 
     def release(self) -> None:
-        """Drop the file's bytes (its graph was found: a later ``proto()`` reads the file)."""
-        self._data = None
+        """Let go of a file's mapped weights (the pages a build read stay resident while they
+        are mapped: GPT-2's 500 MB beside each validated artifact); the message stays, and a
+        later ``importable()`` maps the file again."""
+        from mlpack.codegen.onnx.mapped import MappedModel
+
+        if isinstance(self._model, MappedModel):
+            self._light = dataclasses.replace(self._model, weights={})
+            self._model = None
 
     def parsed(self) -> bool:
-        return self._proto is not None
+        return self._model is not None or self._light is not None
 
     def key(self) -> str:
         """The key of the model's compiled graph (and its vectors): the file's digest, or the

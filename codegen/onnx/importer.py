@@ -25,6 +25,8 @@ from mlpack.codegen.passes.rename import rename_in_graph
 from mlpack.codegen.onnx import ops as _ops  # noqa: F401  (registers the importers)
 from mlpack.codegen.onnx.builder import Builder, NeedsValue, Node, _ident
 from mlpack.codegen.onnx.checks import check_model, subgraphs
+from mlpack.codegen.onnx import mapped
+from mlpack.codegen.onnx.mapped import MappedModel
 from mlpack.codegen.onnx.registry import lookup
 # custom ops users write in the DSL and register (mlpack.codegen.dsl.register, build --ops)
 from mlpack.codegen.dsl.onnx_bridge import importer as custom_importer
@@ -84,20 +86,25 @@ def load_model(model: Any) -> onnx.ModelProto:
     return _checked(m, where)
 
 
-def load_file_bytes(path: str, data: bytes) -> tuple[onnx.ModelProto, bool]:
-    """(the model of the file ``path`` whose bytes ``data`` were read already, whether some
-    tensor's data is in an external file): as ``load_model(path)``, the external data loaded
-    from the file's folder."""
+def load_file_bytes(path: str, data) -> tuple[onnx.ModelProto | MappedModel, bool]:
+    """(the model of the file ``path`` whose bytes ``data`` are at hand (read, or mapped), whether
+    some tensor's data is in an external file): as ``load_model(path)``, the external data loaded
+    from the file's folder. A model without external data comes as a ``MappedModel``: its
+    message without the initializers' raw data, those arrays views of ``data`` (mapped.py)."""
     from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
+    split = mapped.split_weights(data)
     try:
-        m = onnx.load_model_from_string(data)
+        m = onnx.load_model_from_string(split.light if split else bytes(data))
         external = any(uses_external_data(t) for t in _all_tensors(m.graph))
         if external:
+            if split is not None:   # (keyed by its parsed message, weights included: whole)
+                m, split = onnx.load_model_from_string(bytes(data)), None
             load_external_data_for_model(m, os.path.dirname(os.path.abspath(path)))
     except Exception as e:  # protobuf decode errors, truncated files, missing external data
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
-    return _checked(m, path), external
+    m = _checked(m, path)
+    return (m if split is None else MappedModel(m, split.views(data), path, split)), external
 
 
 def _all_tensors(graph):
@@ -124,9 +131,11 @@ def _checked(m: onnx.ModelProto, where: str) -> onnx.ModelProto:
 
 
 class _Importer:
-    def __init__(self, model: onnx.ModelProto, specialize: dict[str, np.ndarray] | None):
+    def __init__(self, model: onnx.ModelProto, specialize: dict[str, np.ndarray] | None,
+                 weights: dict[str, np.ndarray] | None = None):
         self.model = model
         self.specialize = specialize or {}
+        self.weights = weights or {}   # the main graph's arrays the message lacks (mapped.py)
         self.opsets = {(o.domain or ""): o.version for o in model.opset_import}
         if "ai.onnx" in self.opsets:
             self.opsets[""] = self.opsets.pop("ai.onnx")
@@ -171,6 +180,12 @@ class _Importer:
         self.env[vi.name] = tensor_value(vi.name, dtype, list(zip(names, dims)))
 
     def _initializer(self, t: onnx.TensorProto) -> None:
+        data = self.weights.get(t.name)
+        if data is not None and not t.raw_data and data.shape == tuple(t.dims) and \
+                data.dtype == mapped.DTYPES.get(t.data_type):
+            onnx_dtype(t.data_type, f"initializer {t.name!r}")
+            self.env[t.name] = self.b.constant(data, name=t.name)
+            return
         try:
             data = numpy_helper.to_array(t, base_dir=getattr(self, "base_dir", ""))
         except Exception as e:
@@ -394,7 +409,12 @@ def import_model(model: Any, specialize: dict[str, np.ndarray] | None = None) ->
     Raises ``UnsupportedOpError`` or ``ModelError``; ``NeedsValue`` when an input must be
     specialized.
     """
-    base_dir = os.path.dirname(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else ""
+    weights = None
+    if isinstance(model, MappedModel):   # (checked when it was read)
+        model, weights, base_dir = model.proto, model.weights, os.path.dirname(model.path)
+    else:
+        base_dir = os.path.dirname(os.fspath(model)) if isinstance(model, (str, os.PathLike)) \
+            else ""
     m = load_model(model)
     opset = {(o.domain or ""): o.version for o in m.opset_import}.get("", None)
     if opset is not None and opset > MAX_OPSET:
@@ -404,6 +424,6 @@ def import_model(model: Any, specialize: dict[str, np.ndarray] | None = None) ->
             m = onnx.inliner.inline_local_functions(m)
         except Exception as e:
             raise ModelError(f"the model's local functions cannot be inlined: {e}") from None
-    imp = _Importer(m, specialize)
+    imp = _Importer(m, specialize, weights)
     imp.base_dir = base_dir
     return imp.run()

@@ -110,21 +110,23 @@ def test_a_missing_or_broken_file_is_a_clear_error(tmp_path):
         _build(str(bad), tmp_path / "b.mlpack", cache=tmp_path / "k")
 
 
-def test_a_files_message_drops_its_weights_but_keeps_their_names(tmp_path):
-    import onnx
+def test_a_files_weights_are_let_go_and_mapped_again_without_parsing(tmp_path, parses):
+    from mlpack.codegen.errors import ModelError
+    from mlpack.codegen.onnx.mapped import MappedModel
 
-    source = ModelSource(MLP, None, keyed=True)
-    whole = source.proto()
-    names = [(t.name, list(t.dims), t.data_type) for t in whole.graph.initializer]
-    assert any(len(t.raw_data) for t in whole.graph.initializer)
-    light = source.drop_weights()
-    assert light is not whole and source.proto() is light   # a new message: the old one freed
-    assert [(t.name, list(t.dims), t.data_type) for t in light.graph.initializer] == names
-    assert not any(t.raw_data or t.float_data for t in light.graph.initializer)
-    assert source.drop_weights() is light
-    given = onnx.load(MLP)   # a message the caller gave is the caller's: left whole
-    kept = ModelSource(given, None, keyed=True)
-    assert kept.drop_weights() is None   # (nothing parsed yet: nothing to drop)
-    parsed = kept.proto()
-    assert kept.drop_weights() is parsed
-    assert sum(len(t.raw_data) for t in kept.proto().graph.initializer) > 0
+    path = tmp_path / "m.onnx"
+    path.write_bytes(open(MLP, "rb").read())
+    source = ModelSource(str(path), None, keyed=True)
+    first = source.importable()
+    assert isinstance(first, MappedModel) and first.weights and parses == [str(path)]
+    want = {name: np.array(w) for name, w in first.weights.items()}
+    proto = source.proto()
+    source.release()
+    assert source.proto() is proto and source.parsed()   # the message stays
+    again = source.importable()
+    assert again is not first and parses == [str(path)]   # mapped, not parsed, again
+    assert all(np.array_equal(again.weights[n], w) for n, w in want.items())
+    source.release()
+    path.write_bytes(b"")   # a file cut under the build: its error, not a crash
+    with pytest.raises(ModelError, match="m.onnx: the file changed while mlpack was building"):
+        source.importable()
