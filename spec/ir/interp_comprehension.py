@@ -99,8 +99,11 @@ class ComprehensionEval:
 
     def spaces(self) -> list[frozenset[str]]:
         """The variables of each array evaluating the body makes (a block's temporaries): every
-        operation's result and gathered read, and the reduction's result; not an affine read,
-        which is a view, nor the product a sum of products hands to einsum."""
+        operation's result and gathered read, a read converted where it is read (the float64
+        reference's weights), each factor of a sum of products (einsum copies a strided one
+        into its batches: vgg19's 411 MB fc6 weight became 822 MB in float64, then a copy of
+        that), and the reduction's result; not another affine read, which is a view, nor the
+        product a sum of products hands to einsum."""
         op = self.op
         top = set(map(id, self._factors(op.body))) if op.reduce == "sum" else set()
         factors_only = op.reduce == "sum" and op.body.op == "mul"
@@ -112,7 +115,10 @@ class ComprehensionEval:
             seen.add(id(e))
             if e.op == "read":
                 index = dict(zip(e.arg[1], e.args))
-                if not all(views.affine(i, self.syms) is not None for i in index.values()):
+                data = self.tensors.data.get(e.arg[0])
+                converted = data is not None and not isinstance(data, np.ndarray)
+                if converted or (factors_only and id(e) in top) or \
+                        not all(views.affine(i, self.syms) is not None for i in index.values()):
                     out.append(self.deps(e))
                 for a in e.args:
                     visit(a, False)

@@ -83,6 +83,29 @@ def test_the_largest_temporary_sets_the_blocks():
     assert m.blocks() == []
 
 
+def test_a_factor_past_the_block_size_is_read_in_blocks():
+    """vgg19's fc6 weight (411 MB), read whole, made an 822 MB float64 copy in the reference
+    and einsum copied it again: a factor past BLOCK_BYTES is a block's temporary too."""
+    g = parse_graph('''graph "fc" {
+      in %x: f32{n=2, k=4096} (n, k)
+      in %w: f32{k=4096, o=2048} (k, o)
+      %y: f32{n=2, o=2048} = sum{k=4096} %x[n=n, k=k] * %w[k=k, o=o]
+      out %y (n, o)
+    }''')
+
+    class Tensors:
+        data = {"x": np.zeros((2, 4096), np.float32), "w": np.zeros((4096, 2048), np.float32)}
+        layout = {"x": ("n", "k"), "w": ("k", "o")}
+
+    [(dim, size)] = ic.ComprehensionEval(g.ops[0], Tensors, {}).blocks()
+    assert dim == "o" and 8 * 4096 * size <= ic.BLOCK_BYTES and size < 2048
+    x = RNG.standard_normal((2, 4096)).astype(np.float32)
+    w = RNG.standard_normal((4096, 2048)).astype(np.float32)
+    # (f32 sums of 4096 products of about 64 in scale: 2e-5 of it)
+    np.testing.assert_allclose(run_graph(g, {"x": x, "w": w})["y"],
+                               x.astype(np.float64) @ w.astype(np.float64), rtol=0, atol=1.5e-3)
+
+
 def test_an_evaluator_and_its_temporaries_go_when_its_op_is_done():
     # a reference cycle through an evaluator kept its memo (a block's temporaries) alive until
     # the cycle collector ran, which big arrays and few objects seldom make it do
