@@ -39,6 +39,7 @@ The test-vector layer is a tensor archive with tensors ``case{i}/input/{name}`` 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -326,6 +327,7 @@ class Model:
         self.path = self._container.path
         self.host = host or detect_host()
         self._executor = None
+        self._loading = threading.Lock()    # (``unload``: the next run loads it again)
         self._checked: set[tuple] = set()   # feed signatures check_feeds has passed
         try:
             self._trust = signing.policy_spec(trusted_keys)
@@ -437,7 +439,9 @@ class Model:
         if self._executor is None:
             raise Error(f"{self.path}: the model is closed")
         if self._executor is _UNLOADED:
-            self._executor = self._executor_for(self._art)
+            with self._loading:   # (runs from many threads load it once)
+                if self._executor is _UNLOADED:
+                    self._executor = self._executor_for(self._art)
         if isinstance(feeds, dict) and any(map(is_device_array, feeds.values())):
             return self._run_device(feeds)
         # a signature (names, dtypes, shapes) that passed once passes again: the checks look
@@ -567,7 +571,7 @@ class Model:
         """Free what the chosen artifact holds while it is loaded (its packed weights, its
         threads, its GPU memory); the model stays open and its next run loads it again. (A
         build validates a container's artifacts one by one: the chosen one held beside each of
-        the others doubled a 500 MB model's footprint.)"""
+        the others doubled a 500 MB model's footprint.) As ``close``: once no run is inside."""
         if self._executor is not None and self._executor is not _UNLOADED:
             self._executor.close()
             self._executor = _UNLOADED
