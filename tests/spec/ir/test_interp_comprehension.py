@@ -116,7 +116,7 @@ def test_an_evaluator_and_its_temporaries_go_when_its_op_is_done():
     gc.disable()
     try:
         run_graph(g, feeds)
-        left = [o for o in gc.get_objects() if isinstance(o, ic.ComprehensionEval)]
+        left = [o for o in gc.get_objects() if type(o) is ic.ComprehensionEval]
     finally:
         gc.enable()
     assert left == []
