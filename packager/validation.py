@@ -232,27 +232,40 @@ def validate_container(path: str, pairs, output: str, progress=None,
                                             else "")
             # native code first, the interpreter last (beside qemu)
             native.sort(key=lambda i: container.artifacts[i].device == "portable")
+            keys = {i: run_key(container.artifacts[i]) if runs is not None else None
+                    for i in native}
+            found = {i: runs.get_run(keys[i]) if keys[i] is not None else (None, None)
+                     for i in native}
+            chosen = None
+            if any(not isinstance(got, list) for got, _ in found.values()):
+                # the artifact load() chose runs first, on the executor it loaded (its load
+                # untimed, as the emulated runs' predictions were calibrated), and is then
+                # unloaded: every other one is loaded in turn, never two at once (GPT-2's
+                # build peaked 1 GB higher)
+                model = load(path, trusted_keys="")
+                chosen = model.artifact.index
+                if chosen in native and container.artifacts[chosen].device != "portable":
+                    native.remove(chosen)
+                    native.insert(0, chosen)
+                else:
+                    model.unload()
             for i in native:
                 art, reason = container.artifacts[i], reasons[i]
                 if art.device == "portable":
                     start_emulated()
-                key = run_key(art) if runs is not None else None
-                got, stored = runs.get_run(key) if key is not None else (None, None)
+                key, (got, stored) = keys[i], found[i]
                 if progress:
                     progress(f"  validate {pairs[i][0]} {pairs[i][1]}" +
                              (" (its outputs from the kernel cache)" if isinstance(got, list) else ""))
                 if not isinstance(got, list):
-                    if model is None:
-                        # each artifact loaded in turn, the chosen one too: not one held
-                        # beside another (GPT-2's build peaked at 1 GB more)
-                        model = load(path, trusted_keys="")
-                        model.unload()
                     started, seconds = time.perf_counter(), []
                     got = _outputs_of(model, i, pairs, output, seconds)
-                    heap.release()   # (its packed weights, before the next one's)
                     stored = (time.perf_counter() - started, *seconds)
                     if key is not None:
                         runs.put_outputs(key, got, stored)
+                if i == chosen:
+                    model.unload()
+                heap.release()   # (its packed weights, before the next one's)
                 # (a rebuild predicts from the first build's times: the emulated runs it stored
                 # are keyed by how many cases those times fit)
                 if art.device != "portable" and stored and \
