@@ -359,8 +359,7 @@ def _vectors(source, graph, inputs, dims, seed: int, cases: int, custom=(), cach
                                          custom, source.path, written)
     heap.release()
     references = float64_outputs(written or as_written(source.importable()), feeds)
-    del written
-    source.release()
+    del written   # (the mapping is let go by the caller, which releases the source)
     heap.release(collect=True)
     vectors = tv.pack(feeds, outputs, baseline, references)
     if key is not None:

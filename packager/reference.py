@@ -165,11 +165,11 @@ def widen(graph: Graph) -> Graph:
 
 
 def as_written(model) -> Graph:
-    """The model (what ``import_model`` takes) as imported, verified, before any pass of the pipeline: the graph the build's
-    references evaluate, so that a pass that changed what the model computes shows up as an
-    artifact that misses its tolerance, not as a reference that moved with it (and a pass
-    that trades memory for recomputation, codegen/passes/recompute.py, does not make the
-    interpreter recompute)."""
+    """The model (what ``import_model`` takes) as imported, verified, before any pass of the
+    pipeline: the graph the build's references evaluate, so that a pass that changed what the
+    model computes shows up as an artifact that misses its tolerance, not as a reference that
+    moved with it (and a pass that trades memory for recomputation, codegen/passes/
+    recompute.py, does not make the interpreter recompute)."""
     from mlpack.codegen.onnx.importer import import_model
     from mlpack.spec.ir.verify import verify
 

@@ -101,9 +101,6 @@ class ModelSource:
             self._light = dataclasses.replace(self._model, weights={})
             self._model = None
 
-    def parsed(self) -> bool:
-        return self._model is not None or self._light is not None
-
     def key(self) -> str:
         """The key of the model's compiled graph (and its vectors): the file's digest, or the
         parsed message's where it has external data or is no file."""

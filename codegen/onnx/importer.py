@@ -180,16 +180,13 @@ class _Importer:
         self.env[vi.name] = tensor_value(vi.name, dtype, list(zip(names, dims)))
 
     def _initializer(self, t: onnx.TensorProto) -> None:
-        data = self.weights.get(t.name)
-        if data is not None and not t.raw_data and data.shape == tuple(t.dims) and \
-                data.dtype == mapped.DTYPES.get(t.data_type):
-            onnx_dtype(t.data_type, f"initializer {t.name!r}")
-            self.env[t.name] = self.b.constant(data, name=t.name)
-            return
-        try:
-            data = numpy_helper.to_array(t, base_dir=getattr(self, "base_dir", ""))
-        except Exception as e:
-            raise ModelError(f"initializer {t.name!r} cannot be read: {e}") from None
+        data = self.weights.get(t.name)   # (a view of the mapped file, where mapped.py split it)
+        if data is None or t.raw_data or data.shape != tuple(t.dims) or \
+                data.dtype != mapped.DTYPES.get(t.data_type):
+            try:
+                data = numpy_helper.to_array(t, base_dir=getattr(self, "base_dir", ""))
+            except Exception as e:
+                raise ModelError(f"initializer {t.name!r} cannot be read: {e}") from None
         onnx_dtype(t.data_type, f"initializer {t.name!r}")
         self.env[t.name] = self.b.constant(np.asarray(data), name=t.name)
 

@@ -61,6 +61,13 @@ def align(parts: list[LArr]) -> tuple[list[np.ndarray], tuple[str, ...]]:
     return out, tuple(order)
 
 
+def _laid_out(res: LArr, dims: tuple, dtype, shape) -> bool:
+    """Whether ``res`` is an output of ``dims``, ``dtype`` and ``shape`` as it is laid out (its
+    axes in that order, C-contiguous): then it is the output itself, not copied into one."""
+    return res.vars == dims and res.data.dtype == dtype and res.data.flags.c_contiguous \
+        and res.data.shape == tuple(shape)
+
+
 class ComprehensionEval:
     """Evaluate one comprehension into an array over its output dims (``run``).
 
@@ -168,18 +175,15 @@ class ComprehensionEval:
             return np.zeros(shape, dtype=np_dtype)
         if op.reduce is None and op.body.op == "read":   # a copy that moves nothing: shared
             res = self.view(op.body)
-            if res is not None and res.vars == out_dims and res.data.dtype == np_dtype \
-                    and res.data.flags.c_contiguous:
+            if res is not None and _laid_out(res, out_dims, np_dtype, shape):
                 return res.data
         blocks = self.blocks()
         self.blocked = frozenset(d for d, _ in blocks)
         if not blocks:   # one block: a result already in the output's form is the output
             # (copying a float64 reference's attention scores took Whisper's a third)
             res = self.compute()
-            data = res.data
-            if res.vars == out_dims and data.dtype == np_dtype and data.flags.c_contiguous \
-                    and data.shape == tuple(shape):
-                return data
+            if _laid_out(res, out_dims, np_dtype, shape):
+                return res.data
             out = np.empty(shape, dtype=np_dtype)
             self.arrange(res, out, tuple(slice(0, n) for n in shape))
             return out
