@@ -220,6 +220,13 @@ class _Workers:
         self.pool.shutdown(wait=False, cancel_futures=True)
         for process in list(self.processes.values()):
             process.terminate()
+        # The pool's manager thread notices the dead workers and closes its wake-up pipe; if
+        # that were still under way at exit, CPython 3.11's exit hook would write to the pipe
+        # as it closes ("Exception ignored ... Bad file descriptor", gh-125451). Bounded: a
+        # Ctrl-C must not wait on it.
+        manager = getattr(self.pool, "_executor_manager_thread", None)
+        if manager is not None:
+            manager.join(timeout=1.0)
 
 
 class Started:
