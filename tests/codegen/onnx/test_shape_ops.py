@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
+from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.graph import Comprehension
 from mlpack.codegen.onnx.importer import import_model
 import support
@@ -181,6 +182,29 @@ def test_pad_axes_input():
               in_names=["x", "p", "", "ax"])
     m.graph.initializer.append(ints("ax", [2, 0]))
     check(m, {"x": x})
+
+
+def test_pad_by_constants_reads_a_tensor_and_pads_of_zero_add_nothing():
+    # an exporter's Pad: pads and value from Constant nodes, over a computed tensor
+    x = rand(1, 2, 4, 5)
+    consts = {"p1": np.array([0, 0, 1, 0, 0, 0, 0, 2], np.int64),
+              "p0": np.zeros(8, np.int64), "v": np.array(0.5, np.float32)}
+    nodes = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(a, k))
+             for k, a in consts.items()]
+    nodes += [helper.make_node("Relu", ["x"], ["r"]),
+              helper.make_node("Pad", ["r", "p1", "v"], ["y0"]),
+              helper.make_node("Pad", ["x", "p0", "v"], ["z"]),
+              helper.make_node("Exp", ["z"], ["y1"])]
+    m = graph_model(nodes, [("x", F, x.shape)], [("y0", F, None), ("y1", F, None)])
+    check(m, {"x": x})
+    g = import_model(m)
+    y0 = next(op for op in g.ops if op.out == "y0")
+    # one read of the Relu's tensor that pads by 0.5 itself: no select, no clamped index
+    reads = ex.reads(y0.body)
+    assert len(reads) == 1 and reads[0].arg[2] == 0.5, y0.body
+    assert not {e.op for e in ex.walk(y0.body)} & {"select", "min", "max"}, y0.body
+    y1 = next(op for op in g.ops if op.out == "y1")
+    assert [e.arg[0] for e in ex.reads(y1.body)] == ["x"]   # the zero Pad is x itself
 
 
 @pytest.mark.parametrize("mode", ["DCR", "CRD"])
