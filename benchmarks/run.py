@@ -5,6 +5,7 @@ Runtime, print a table, and optionally write JSON and a chart.
     python -m benchmarks.run --models mlp,resnet50 --threads 1 --json out.json --chart out.png
     python benchmarks/run.py --list
     python -m benchmarks.run --set real --models gpt2_small@512,tv_swin_t --threads 1,2
+    python -m benchmarks.run --set heldout --threads 1,2
 
 Per model: the ONNX file is made (or reused) in the cache folder, ``mlpack build`` turns it into
 a container once (timed: the build time, every default target), then packager/bench.py times
@@ -20,7 +21,9 @@ torchvision and transformers architectures exported offline with seeded random w
 entry timed at its fixed sizes (batch 1; a text model's sequence, e.g. ``gpt2_small@512``) on
 seeded random inputs (``--seed`` seeds the inputs here; the weights are the module's). Entries of
 one model share its export and its container, built once per run. An entry whose library (torch,
-transformers, torchvision) is not installed is reported as skipped, not failed.
+transformers, torchvision) is not installed is reported as skipped, not failed. ``--set heldout``
+runs the real models outside that set the same way (``real_models.HELD_OUT``: no schedule was
+tuned on them).
 """
 
 from __future__ import annotations
@@ -87,10 +90,10 @@ def _real_set_materialize(name: str, folder: Path, seed: int) -> Path:
 
 
 def run(names, threads, *, folder: Path, seed: int, repeat: int, min_seconds: float,
-        max_seconds: float, rss: bool, real: bool = False,
+        max_seconds: float, rss: bool, real: dict | None = None,
         skipped_models: list[str] | None = None) -> tuple[list[dict], list[str]]:
     """Every model's result dict, and one line per model that could not be benchmarked.
-    ``real``: ``names`` are entries of the real-model set (real_models.BENCH), timed at their
+    ``real``: the set ``names`` are entries of (real_models.BENCH or HELD_OUT), timed at their
     dims on inputs seeded by ``seed``; an entry whose library is missing is appended to
     ``skipped_models`` (a line saying why) instead of failing."""
     from mlpack.packager import bench
@@ -102,7 +105,7 @@ def run(names, threads, *, folder: Path, seed: int, repeat: int, min_seconds: fl
     for i, name in enumerate(names):
         model, timing = name, {}
         if real:
-            entry = real_models.BENCH[name]
+            entry = real[name]
             model, timing = entry.model, {"dims": entry.dims, "seed": seed}
             if not real_models.available(model):
                 line = (f"{name}: needs torch and {real_models.MODELS[model].library}, "
@@ -140,10 +143,11 @@ def run(names, threads, *, folder: Path, seed: int, repeat: int, min_seconds: fl
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--set", choices=("default", "real"), default="default", dest="set_",
+    parser.add_argument("--set", choices=("default", "real", "heldout"), default="default",
+                        dest="set_",
                         help="the model set: benchmarks/models.py's (default), or issue 20's "
                              "real models (benchmarks/real_models.py, needs torch, transformers "
-                             "and torchvision)")
+                             "and torchvision), or the real models outside it (heldout)")
     parser.add_argument("--models", default=None,
                         help="comma-separated names in the set (default: all; --list shows them); "
                              "under --set real a model's name selects all its entries")
@@ -164,12 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-memory children")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     args = parser.parse_args(argv)
-    real = args.set_ == "real"
-    everything = tuple(real_models.BENCH) if real else bench_models.NAMES
+    real = real_models.SETS.get(args.set_)
+    everything = tuple(real) if real else bench_models.NAMES
     if args.list:
         if real:
             width = max(map(len, everything))
-            for e in real_models.BENCH.values():
+            for e in real.values():
                 note = "" if real_models.available(e.model) else \
                     f"  (not installed: {real_models.MODELS[e.model].library})"
                 dims = " ".join(f"{k}={v}" for k, v in e.dims.items())
@@ -180,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     names = _csv(args.models, "--models") if args.models is not None else list(everything)
     if real:  # a model's name stands for its entries (gpt2_small: @128 and @512)
         names = list(dict.fromkeys(e for n in names for e in (
-            [n] if n in real_models.BENCH else
-            [x.name for x in real_models.BENCH.values() if x.model == n] or [n])))
+            [n] if n in real else [x.name for x in real.values() if x.model == n] or [n])))
     unknown = [n for n in names if n not in everything]
     if unknown:
         what = ("entry of the real set", "entries") if real else ("model", "models")
@@ -218,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = bench.document(results, command)
     doc["failures"] = failures
     if real:
-        doc["set"], doc["skipped"] = "real", skipped
+        doc["set"], doc["skipped"] = args.set_, skipped
     doc["seconds"] = round(time.perf_counter() - t0, 1)
     for line in bench.table_lines(results):
         print(line)

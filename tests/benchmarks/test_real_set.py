@@ -48,6 +48,14 @@ def test_list_prints_the_real_set():
     assert "batch=1 sequence=512" in lines[ISSUE_SET.index("gpt2_small@512")]
 
 
+def test_the_held_out_set_is_the_real_models_outside_the_issues_set():
+    assert set(rm.HELD_OUT) == set(rm.MODELS) - {e.model for e in rm.BENCH.values()} - set(rm.SMALL)
+    assert all(e.dims == {"batch": 1} for e in rm.HELD_OUT.values())
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--set", "heldout", "--list"],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == list(rm.HELD_OUT)
+
+
 def test_default_list_is_unchanged(capsys):
     from benchmarks import models
 
@@ -69,7 +77,7 @@ def test_an_entry_whose_library_is_missing_is_skipped(monkeypatch, tmp_path):
     skipped = []
     results, failures = bench_run.run(
         ["tv_googlenet", "gpt2_small@512"], [1], folder=tmp_path, seed=0, repeat=1,
-        min_seconds=0, max_seconds=0, rss=False, real=True, skipped_models=skipped)
+        min_seconds=0, max_seconds=0, rss=False, real=rm.BENCH, skipped_models=skipped)
     assert results == [] and failures == []
     assert skipped == ["tv_googlenet: needs torch and torchvision, not installed",
                        "gpt2_small@512: needs torch and transformers, not installed"]
