@@ -7,8 +7,8 @@ measurement behind a build's prediction of its emulated runs (packager/validatio
 Each model is built for this host's x86-64 level, aarch64 and riscv64 (no emulated validation
 in the build), then its vectors are run as a build runs them: natively (the fastest of three
 runs, the prediction's input), and under qemu-aarch64 and qemu-riscv64 side by side. Prints
-each run's seconds and its slowdown, (seconds - start) / native, with the start a build
-assumes. Needs qemu-user and the two sysroots (Debian: qemu-user libc6-arm64-cross
+each run's seconds and its slowdown, (seconds - start - hashing) / native, with the start and
+the per-MB hashing of the artifact's blobs a build assumes. Needs qemu-user and the two sysroots (Debian: qemu-user libc6-arm64-cross
 libc6-riscv64-cross).
 """
 
@@ -62,10 +62,13 @@ def measure(src: str) -> None:
             return emu, time.perf_counter() - t0
 
         with ThreadPoolExecutor(len(emulated)) as pool:   # side by side, as a build runs them
-            for emu, took in pool.map(one, emulated):
-                slowdown = (took - validation.EMULATION_START_SECONDS) / native
-                print(f"  {emu.qemu}: {took:.2f} s, {slowdown:.0f}x (predicted "
-                      f"{validation.predicted_seconds(native, emu.arch):.1f} s)", flush=True)
+            for art, (emu, took) in zip(emulated, pool.map(one, emulated)):
+                nbytes = sum(layer.size for layer in art.layers)
+                fixed = validation.predicted_seconds(0.0, emu.arch, nbytes)
+                print(f"  {emu.qemu}: {took:.2f} s, {(took - fixed) / native:.0f}x beyond the "
+                      f"start and hashing {nbytes / 2 ** 20:.0f} MB ({fixed:.2f} s; predicted "
+                      f"{validation.predicted_seconds(native, emu.arch, nbytes):.1f} s)",
+                      flush=True)
 
 
 def main(argv=None) -> None:

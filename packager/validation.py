@@ -100,25 +100,36 @@ def run_key(art) -> str:
 # (10 s made MobileNetV3's build 22-26 s: it waited for a riscv64 run of both cases).
 EMULATION_SECONDS = 5.0
 # What the emulated runs are predicted to take, from the same vectors' native run on this host:
-# a start (qemu, the program, the weights' packing) and a slowdown per architecture. Measured
-# with the aarch64 and riscv64 runs side by side, as a build runs them, against the fastest
-# x86-64 artifact's vectors (2 cases, 2 threads) on a 2-core AMD EPYC: aarch64 285-1150x
-# (median 466), riscv64 357-960x (median 588) over SqueezeNet, an MLP, MobileNetV2, MobileNetV3,
-# RegNetY-400MF and DistilBERT (GEMMs emulate slowest: qemu runs vector FMAs through helpers).
+# a start (qemu and the program), the engine's hashing of the artifact's blobs as it opens it,
+# and a slowdown per architecture for the rest (the weights' packing included: the native run
+# times it too). The hashing is per MB of the artifact: its digests are checked in the emulated
+# code, several times slower than the run's own native load, and most of a big model's run when
+# its test cases are small (DistilBERT's 253 MB took 6.3 s under qemu-aarch64 at sequence 1,
+# predicted under 5 s from a start and a slowdown alone: started, killed at 5 s, its weights held
+# beside the build's). Measured side by side, as a build runs them, on a 2-core AMD EPYC: a
+# Gather from tables of 8-256 MB, 0.02 s per MB under qemu-aarch64 (its SHA-256 instructions
+# emulated by helpers) and 0.012 under qemu-riscv64, a start of 0.05-0.1 s; the slowdowns against
+# the fastest x86-64 artifact's vectors (2 cases, 2 threads): aarch64 285-1150x (median 466),
+# riscv64 357-960x (median 588) over SqueezeNet, an MLP, MobileNetV2, MobileNetV3, RegNetY-400MF
+# and DistilBERT (GEMMs emulate slowest: qemu runs vector FMAs through helpers).
 # A run predicted past the limit is not started: it would most likely be killed there, after
 # the build waited for it (one slowdown for both, 350x, started RegNetY's two runs and
 # MobileNetV3's riscv64 one, and the build waited the whole 10 s for none of them to finish).
-EMULATION_START_SECONDS = 0.5
+EMULATION_START_SECONDS = 0.1
+EMULATION_SECONDS_PER_MB = {"arm64": 0.020, "riscv64": 0.012}
 EMULATION_SLOWDOWN = {"arm64": 470.0, "riscv64": 600.0}
 
 
-def predicted_seconds(native_seconds: float | None, arch: str | None = None) -> float | None:
+def predicted_seconds(native_seconds: float | None, arch: str | None = None,
+                      nbytes: int = 0) -> float | None:
     """What an emulated run on OCI architecture ``arch`` of the vectors that took
-    ``native_seconds`` here should take (an architecture not measured: the slowest known)."""
+    ``native_seconds`` here should take, for an artifact of ``nbytes`` (its blobs, which the
+    engine hashes as it opens them; an architecture not measured: the slowest known)."""
     if native_seconds is None:
         return None
     slowdown = EMULATION_SLOWDOWN.get(arch, max(EMULATION_SLOWDOWN.values()))
-    return EMULATION_START_SECONDS + slowdown * native_seconds
+    per_mb = EMULATION_SECONDS_PER_MB.get(arch, max(EMULATION_SECONDS_PER_MB.values()))
+    return EMULATION_START_SECONDS + per_mb * nbytes / 2 ** 20 + slowdown * native_seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,16 +145,18 @@ class NativeRun:
         return self.seconds - sum(self.cases[k:])
 
 
-def emulated_cases(native: NativeRun | None, arch: str | None, count: int) -> tuple[int, float | None]:
-    """(how many of the first cases an emulated run on ``arch`` runs, what that is predicted to
-    take): as many as are predicted to fit within EMULATION_SECONDS; where not even case 0
-    does, (1, its prediction), which the run refuses. No native run to predict from: all."""
+def emulated_cases(native: NativeRun | None, arch: str | None, count: int,
+                   nbytes: int = 0) -> tuple[int, float | None]:
+    """(how many of the first cases an emulated run on ``arch`` of an artifact of ``nbytes``
+    runs, what that is predicted to take): as many as are predicted to fit within
+    EMULATION_SECONDS; where not even case 0 does, (1, its prediction), which the run refuses.
+    No native run to predict from: all."""
     if native is None or len(native.cases) != count:
         return count, None
     k = count
-    while k > 1 and predicted_seconds(native.first(k), arch) > EMULATION_SECONDS:
+    while k > 1 and predicted_seconds(native.first(k), arch, nbytes) > EMULATION_SECONDS:
         k -= 1
-    return k, predicted_seconds(native.first(k), arch)
+    return k, predicted_seconds(native.first(k), arch, nbytes)
 
 
 def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, runs=None,
@@ -157,7 +170,8 @@ def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, ru
 
     i = verdict.artifact.index
     target, precision = pairs[i]
-    k, predicted = emulated_cases(native, emu.arch, len(cases))
+    k, predicted = emulated_cases(native, emu.arch, len(cases),
+                                  sum(layer.size for layer in verdict.artifact.layers))
     if progress:
         some = f" (case{'s' * (k > 1)} {', '.join(map(str, range(k)))} of {len(cases)})" \
             if k < len(cases) else ""

@@ -263,6 +263,24 @@ def test_an_emulated_run_takes_the_first_cases_that_fit_the_limit(monkeypatch):
     assert validation.emulated_cases(None, "arm64", 2) == (2, None)
 
 
+def test_an_emulated_run_is_predicted_with_the_hashing_of_its_artifact(monkeypatch):
+    """The engine hashes the artifact's blobs as it opens it, in emulated code: a big model
+    whose test cases are small (DistilBERT at sequence 1) is mostly that under qemu, and a run
+    predicted from its native time alone was started and killed at the limit."""
+    monkeypatch.setattr(validation, "EMULATION_SECONDS", 5.0)
+    monkeypatch.setattr(validation, "EMULATION_START_SECONDS", 0.1)
+    monkeypatch.setattr(validation, "EMULATION_SECONDS_PER_MB", {"arm64": 0.02})
+    monkeypatch.setattr(validation, "EMULATION_SLOWDOWN", {"arm64": 100.0})
+    mb = 2 ** 20
+    assert validation.predicted_seconds(0.01, "arm64", 100 * mb) == pytest.approx(3.1)
+    run = validation.NativeRun(0.01, (0.004, 0.004))
+    assert validation.emulated_cases(run, "arm64", 2, 8 * mb) == (2, pytest.approx(1.26))
+    k, predicted = validation.emulated_cases(run, "arm64", 2, 253 * mb)   # DistilBERT's size
+    assert k == 1 and predicted == pytest.approx(5.76) and predicted > 5.0   # not started
+    # an architecture not measured: the slowest known hashing and slowdown
+    assert validation.predicted_seconds(0.0, "s390x", 100 * mb) == pytest.approx(2.1)
+
+
 @needs_qemu
 def test_a_build_validates_the_cases_that_fit_under_qemu(mlp, tmp_path, monkeypatch):
     """The build's emulated run takes the cases ``emulated_cases`` picks (here, a limit that
@@ -275,7 +293,7 @@ def test_a_build_validates_the_cases_that_fit_under_qemu(mlp, tmp_path, monkeypa
         seconds = []
         assert len(model.vector_outputs(X86, seconds)) == len(seconds) == 2
     assert all(t > 0 for t in seconds)
-    monkeypatch.setattr(validation, "emulated_cases", lambda native, arch, count: (1, 0.1))
+    monkeypatch.setattr(validation, "emulated_cases", lambda native, arch, count, nbytes=0: (1, 0.1))
     lines = []
     report = b.build(MLP, tmp_path / "m.mlpack", targets=TARGETS, progress=lines.append)
     x86, arm = report.artifacts[X86], report.artifacts[AARCH64]
@@ -294,7 +312,7 @@ def test_a_rebuild_reads_the_emulated_run_it_stored(tmp_path, monkeypatch):
     the one it reads (without those times it asked for both cases and ran qemu again)."""
     monkeypatch.setenv("MLPACK_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(validation, "emulated_cases",
-                        lambda native, arch, count: (1 if native else count, 0.1))
+                        lambda native, arch, count, nbytes=0: (1 if native else count, 0.1))
     cold = b.build(MLP, tmp_path / "cold.mlpack", targets=TARGETS)
     assert cold.artifacts[AARCH64].cases == 1
 
