@@ -12,8 +12,8 @@ from mlpack.codegen.passes.pipeline import run_passes
 from mlpack.codegen.targets.base import Code
 from mlpack.spec.ir.graph import Graph
 from mlpack.spec.ir.verify import verify
-from mlpack.codegen.targets.cpu import (bf16dot, checks, contraction, derived, gather, layout,
-                                        narrowconv, rows, tiles, winograd)
+from mlpack.codegen.targets.cpu import (bf16dot, checks, contraction, derived, gather, halo,
+                                        layout, narrowconv, rows, tiles, winograd)
 from mlpack.codegen.targets.cpu.concat import split_concats
 from mlpack.codegen.targets.cpu.gemm import bf16_dot
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
@@ -99,8 +99,8 @@ def schedule_kernels(graph: Graph, t, disabled=frozenset()):
     bufs.update(state.parents)
     points = {t: tile.dims for tile in state.tiles for t in tile.ops}
     keep = {*state.aliases, *tiles.boundaries(state.tiles, graph)}
-    kernels = contraction.apply(graph, build_kernels(graph, bufs, keep=keep, points=points),
-                                bufs, t, source)
+    kernels = halo.unguard_windows(build_kernels(graph, bufs, keep=keep, points=points), bufs)
+    kernels = contraction.apply(graph, kernels, bufs, t, source)
     derived.inline(state.derived, kernels, bufs, source)
     made = derived.kernels(state.derived, graph, bufs, {r for k in kernels for r in k.reads},
                            source)
