@@ -41,7 +41,8 @@ def unguard_windows(kernels: list[Kernel], bufs: dict[str, Buffer]) -> list[Kern
     return out
 
 
-def _ranges(reads: list[Expr], out: Buffer, src: Buffer) -> dict[str, tuple[int, int] | None] | None:
+def _ranges(reads: list[Expr], out: Buffer,
+            src: Buffer) -> dict[str, tuple[int, int] | None] | None:
     """The least and greatest index per dim of ``src`` that ``reads`` read over the whole
     output, None for a dim read exactly over its extent (a dynamic batch: a symbolic size);
     None for all where an index is not affine in the output's dims or not bounded so."""
@@ -55,7 +56,7 @@ def _ranges(reads: list[Expr], out: Buffer, src: Buffer) -> dict[str, tuple[int,
             lo, hi = index_range(*form, lambda v: out.sizes[v])
             if not (lo.is_const and hi.is_const):
                 if not (lo.is_const and lo.value == 0 and ex.same_size(hi + 1, src.sizes[d])) \
-                        or seen.get(d, None) is not None:
+                        or seen.get(d) is not None:
                     return None
                 seen[d] = None
                 continue
@@ -63,7 +64,28 @@ def _ranges(reads: list[Expr], out: Buffer, src: Buffer) -> dict[str, tuple[int,
                 return None
             was = seen.get(d, (lo.value, hi.value))
             seen[d] = (min(was[0], lo.value), max(was[1], hi.value))
-    return seen
+    return seen if set(seen) == set(src.layout) else None
+
+
+def _extent(reads: list[Expr], out: Buffer, src: Buffer) -> dict[str, tuple[int, Expr]] | None:
+    """Per dim of ``src``, (the first index the reads reach, relative to its origin, 0 or
+    below; the size from there that covers both the tensor and every index read), or None
+    where that is not known at compile time."""
+    seen = _ranges(reads, out, src)
+    if seen is None:
+        return None
+    extent = {}
+    for d in src.layout:
+        size, got = src.sizes[d], seen[d]
+        if got is None or got[0] >= 0 and (ex.same_size(ex.const(got[1] + 1), size) or
+                                           size.is_const and got[1] < size.value):
+            extent[d] = (0, size)   # (this dim's reads stay inside)
+        elif not size.is_const:
+            return None
+        else:
+            first, last = min(got[0], 0), max(got[1], size.value - 1)
+            extent[d] = (first, ex.const(last - first + 1))
+    return extent
 
 
 def _unguard(k: Kernel, bufs: dict[str, Buffer]) -> list[Kernel]:
@@ -72,51 +94,43 @@ def _unguard(k: Kernel, bufs: dict[str, Buffer]) -> list[Kernel]:
     for r in ex.reads(k.body):
         if r.arg[2] is not None and r.arg[0] in bufs:
             groups.setdefault((r.arg[0], r.arg[2]), []).append(r)
+    out = bufs[k.out]
     copies, plain = [], {}   # (reads by id: the body's own nodes)
     for (name, pad), reads in groups.items():
         src = bufs[name]
-        if _short_strided_row(reads, bufs[k.out]):
+        extent = None if _short_strided_row(reads, out) else _extent(reads, out, src)
+        if extent is None:
             continue
-        seen = _ranges(reads, bufs[k.out], src)
-        if seen is None or set(seen) != set(src.layout):
-            continue
-        shift, sizes = {}, {}
-        for d in src.layout:
-            size = src.sizes[d]
-            if seen[d] is None or seen[d][0] >= 0 and (
-                    ex.same_size(ex.const(seen[d][1] + 1), size) or
-                    size.is_const and seen[d][1] < size.value):
-                shift[d], sizes[d] = 0, size   # (this dim's reads stay inside)
-                continue
-            if not size.is_const:
-                break
-            lo, hi = seen[d]
-            first, last = min(lo, 0), max(hi, size.value - 1)
-            shift[d], sizes[d] = first, ex.const(last - first + 1)
-        else:
-            grown = [d for d in src.layout if shift[d] or sizes[d] is not src.sizes[d]]
-            if grown and not _along_row(reads, grown, bufs[k.out]):
-                continue   # (guards the same along a row cost one branch per vector)
-            if grown:
-                halo = Buffer(fresh_name(f"{name}#halo", bufs), src.layout, sizes, src.dtype)
-                bufs[halo.name] = halo
-                body = ex.read(name, {d: ex.var(d) + shift[d] if shift[d] else ex.var(d)
-                                      for d in src.layout}, src.dtype, pad)
-                copy = Kernel(f"{k.name}_pad", halo.name, body, None, {}, src.dtype,
-                              reads=[name], fused=list(k.fused))
-                schedule(copy, halo, bufs)
-                copies.append(copy)
-                target = halo.name
-            else:   # every position inside: the guard never fires
-                target = name
-            for r in reads:
-                plain[id(r)] = ex.read(target, {d: ex.simplify_size(ix - shift[d]) if shift[d] else ix
+        grown = [d for d, (first, size) in extent.items() if first or size is not src.sizes[d]]
+        if grown and not _along_row(reads, grown, out):
+            continue   # (guards the same along a row cost one branch per vector)
+        target = name   # (no halo: every position inside, the guard never fires)
+        if grown:
+            copy = _halo_copy(k, src, pad, extent, bufs)
+            copies.append(copy)
+            target = copy.out
+        for r in reads:
+            plain[id(r)] = ex.read(target, {d: ex.simplify_size(ix - extent[d][0])
+                                            if extent[d][0] else ix
                                             for d, ix in zip(r.arg[1], r.args)}, r.dtype)
     if plain:
         k.body = _replace(k.body, plain)
         k.reads = [t for t in dict.fromkeys(tensors_read(k.body)) if t != k.out]
-        schedule(k, bufs[k.out], bufs)
+        schedule(k, out, bufs)
     return copies
+
+
+def _halo_copy(k: Kernel, src: Buffer, pad, extent: dict, bufs: dict[str, Buffer]) -> Kernel:
+    """The kernel copying ``src`` into a new buffer over ``extent``, ``pad`` outside it."""
+    halo = Buffer(fresh_name(f"{src.name}#halo", bufs), src.layout,
+                  {d: extent[d][1] for d in src.layout}, src.dtype)
+    bufs[halo.name] = halo
+    body = ex.read(src.name, {d: ex.var(d) + extent[d][0] if extent[d][0] else ex.var(d)
+                              for d in src.layout}, src.dtype, pad)
+    copy = Kernel(f"{k.name}_pad", halo.name, body, None, {}, src.dtype, reads=[src.name],
+                  fused=list(k.fused))
+    schedule(copy, halo, bufs)
+    return copy
 
 
 def _short_strided_row(reads: list[Expr], out: Buffer) -> bool:
