@@ -13,7 +13,9 @@ takes the activation). A guarded read (``pad``) of a copy is
 inlined too: it becomes the copy's own read, guarded with the consumer's pad, and when the copy
 is not a plain renaming of its source's dims, a bounds test on the copy's dims selects the pad
 (a convolution's padding over a reshaped input). Guarded reads of any other map are left alone:
-the padding would have to guard every read inside the inlined body.
+the padding would have to guard every read inside the inlined body. Inlining repeats until
+nothing more is inlined: a producer read by two consumers has one left once the other is
+inlined into it (SiLU's Sigmoid into its Mul), and may then be inlined too.
 """
 
 from __future__ import annotations
@@ -110,6 +112,18 @@ def _inline(e: Expr, producers: dict[str, Comprehension], renames=frozenset()) -
 
 
 def fuse_elementwise(g: Graph) -> Graph:
+    # (until nothing more is inlined: a producer read by two consumers, one of which is
+    # inlined into the other, is read by one consumer after the round: SiLU's ``x *
+    # sigmoid(x)`` of a bias add, imported as a Sigmoid and a Mul, reads the bias add at one
+    # index only once the Sigmoid is in the Mul, and the convolution then takes both as its
+    # epilogue; EfficientNet's expand convolutions ran their SiLU as a kernel of its own)
+    while _fuse_round(g):
+        pass
+    return g
+
+
+def _fuse_round(g: Graph) -> bool:
+    """One round of inlining (module docstring); whether it inlined anything."""
     counts, pinned, guarded, reused, one_site = _read_counts(g)
     inlinable: dict[str, Comprehension] = {}
     renames: set[str] = set()
@@ -138,7 +152,7 @@ def fuse_elementwise(g: Graph) -> Graph:
             if op.body.op == "read" and _renames_dims(op, g):
                 renames.add(op.out)
     if not inlinable:
-        return g
+        return False
     kept = []
     for op in g.ops:
         if isinstance(op, Comprehension):
@@ -150,4 +164,4 @@ def fuse_elementwise(g: Graph) -> Graph:
     for name in inlinable:
         del g.types[name]
     g.ops = kept
-    return g
+    return True

@@ -14,9 +14,10 @@ output dims, and read every tensor the span writes at the plain var of each dim 
 name), unguarded, with no index taken from data. D is the largest such set (in ``t``'s order).
 It applies to a tensor worth the trouble and cheap to hold per point:
 
-- ``t`` is bigger than ``CACHE_BYTES``, read at two places or more, and written by a sum of
-  at most ``MAX_TERMS`` constant terms (a map is cheap to recompute where it is read, and a
-  longer sum, attention's scores, would be one matrix-vector product per point);
+- ``t`` is bigger than ``CACHE_BYTES``, read at two places or more (an op's reads at one
+  index are one place), and written by a sum of at most ``MAX_TERMS`` constant terms (a map
+  is cheap to recompute where it is read, and a longer sum, attention's scores, would be one
+  matrix-vector product per point);
 - one point of ``t`` (its non-D dims, all constant) takes at most ``POINT_BYTES``;
 - no op of the span but ``t``'s producer is a contraction of an operand with weights: the cpu
   target runs those as GEMMs (packed weights, register tiles), which a span would turn into
@@ -93,8 +94,10 @@ def point_span(g: Graph, t: str) -> Span | None:
     ttype = g.types[t]
     if _bytes(ttype.dims, ttype.dtype) <= CACHE_BYTES:
         return None
+    # (reads at one index in one op are one place: SiLU's x * sigmoid(x) of a convolution
+    # computes from one element, which native code loads once)
     sites = {i: n for i, op in enumerate(g.ops) if isinstance(op, Comprehension)
-             for n in [sum(r.arg[0] == t for r in _reads(op))] if n}
+             for n in [len({r.args for r in _reads(op) if r.arg[0] == t})] if n}
     if sum(sites.values()) < 2:
         return None
     span = g.ops[index[t]:max(sites) + 1]

@@ -75,6 +75,29 @@ def test_fuse_inlines_a_cheap_map_its_one_reader_reads_twice_at_one_index():
         """, X)
 
 
+def test_fuse_repeats_until_a_producer_has_one_reader_left():
+    # SiLU as exported, Sigmoid and Mul over a bias add: the bias add has two readers until the
+    # sigmoid is inlined into the Mul, then one that reads it at one index; the next round
+    # inlines it, so the sum before it takes the whole activation as its epilogue
+    _check("""\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %c: f32{n=3} = sum{k=4} %x[n=n, k=k] * %x[n=n, k=k]
+          %a: f32{n=3} = %c[n=n] + 1.0
+          %s: f32{n=3} = sigmoid(%a[n=n])
+          %y: f32{n=3} = %a[n=n] * %s[n=n]
+          out %y (n)
+        }
+        """, fuse_elementwise, """\
+        graph "g" {
+          in %x: f32{n=3, k=4} (n, k)
+          %c: f32{n=3} = sum{k=4} %x[n=n, k=k] * %x[n=n, k=k]
+          %y: f32{n=3} = (%c[n=n] + 1.0) * sigmoid(%c[n=n] + 1.0)
+          out %y (n)
+        }
+        """, X)
+
+
 def test_fuse_inlines_copies_even_when_read_twice():
     _check("""\
         graph "g" {
