@@ -69,15 +69,17 @@ def main(argv=None) -> None:
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(args.rounds):
         # ONNX Runtime's threads spin on after its runs and would take the cores from A, timed
-        # next (at 2 threads on 2 cores, A measured 2x B for the same container): a pause,
-        # then A runs untimed for a slice, since after a pause a 2-thread run is slow for a
-        # few runs (waking idle cores: 8.96 ms for the 2nd to 4th run of MobileNetV2 after
-        # 0.1 s idle, 5.08 for the 5th to 7th, 4.43 ms steady)
+        # next (at 2 threads on 2 cores, A measured 2x B for the same container): a pause.
+        # Then each runtime runs untimed for a slice before it is timed, since after a pause
+        # a 2-thread run is slow for a few runs (waking idle cores: 8.96 ms for the 2nd to 4th
+        # run of MobileNetV2 after 0.1 s idle, 5.08 for the 5th to 7th, 4.43 ms steady). B's
+        # threads sleep through A's runs too: with A's slice alone, two identical
+        # MobileNetV3-small containers measured B 0.75-0.83x A at 2 threads.
         time.sleep(QUIET_S)
-        warm = time.perf_counter() + SLICE_S
-        while time.perf_counter() < warm:
-            runs["A"]()
         for name, run in runs.items():
+            warm = time.perf_counter() + SLICE_S
+            while time.perf_counter() < warm:
+                run()
             t0 = time.perf_counter()
             for _ in range(3):
                 run()
