@@ -8,8 +8,8 @@ Each model is built for this host's x86-64 level, aarch64 and riscv64 (no emulat
 in the build), then its vectors are run as a build runs them: natively (the fastest of three
 runs, the prediction's input), and under qemu-aarch64 and qemu-riscv64 side by side. Prints
 each run's seconds and its slowdown, (seconds - start - hashing) / native, with the start and
-the per-MB hashing of the artifact's blobs a build assumes. Needs qemu-user and the two sysroots (Debian: qemu-user libc6-arm64-cross
-libc6-riscv64-cross).
+the per-MB hashing of the artifact's blobs a build assumes. Needs qemu-user and the two
+sysroots (Debian: qemu-user libc6-arm64-cross libc6-riscv64-cross).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def measure(src: str) -> None:
 
         with ThreadPoolExecutor(len(emulated)) as pool:   # side by side, as a build runs them
             for art, (emu, took) in zip(emulated, pool.map(one, emulated)):
-                nbytes = sum(layer.size for layer in art.layers)
+                nbytes = validation.hashed_bytes(art)
                 fixed = validation.predicted_seconds(0.0, emu.arch, nbytes)
                 print(f"  {emu.qemu}: {took:.2f} s, {(took - fixed) / native:.0f}x beyond the "
                       f"start and hashing {nbytes / 2 ** 20:.0f} MB ({fixed:.2f} s; predicted "

@@ -132,6 +132,11 @@ def predicted_seconds(native_seconds: float | None, arch: str | None = None,
     return EMULATION_START_SECONDS + per_mb * nbytes / 2 ** 20 + slowdown * native_seconds
 
 
+def hashed_bytes(art) -> int:
+    """The bytes the engine hashes as it opens artifact ``art``: all its blobs."""
+    return sum(layer.size for layer in art.layers)
+
+
 @dataclasses.dataclass(frozen=True)
 class NativeRun:
     """One native run of an artifact's vectors: its seconds in all (the artifact's load
@@ -170,8 +175,7 @@ def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, ru
 
     i = verdict.artifact.index
     target, precision = pairs[i]
-    k, predicted = emulated_cases(native, emu.arch, len(cases),
-                                  sum(layer.size for layer in verdict.artifact.layers))
+    k, predicted = emulated_cases(native, emu.arch, len(cases), hashed_bytes(verdict.artifact))
     if progress:
         some = f" (case{'s' * (k > 1)} {', '.join(map(str, range(k)))} of {len(cases)})" \
             if k < len(cases) else ""

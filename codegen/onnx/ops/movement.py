@@ -7,8 +7,6 @@ several inputs and so becomes one comprehension. Sizes stay expressions (maybe s
 
 from __future__ import annotations
 
-import numpy as np
-
 from mlpack.spec.ir import expr as ex
 from mlpack.codegen.onnx.registry import op
 from mlpack.codegen.onnx.ops.shape import clamp, cmp, guarded, norm_axis, view
@@ -185,8 +183,8 @@ def pad(b, n):
         cv = n.input(2)
         if cv is None:
             value = ex.const(0, x.dtype)
-        elif cv.data is not None and np.asarray(cv.data).size == 1:   # a literal, not a read
-            value = ex.const(np.asarray(cv.data).reshape(-1)[0].item(), x.dtype)
+        elif cv.data is not None and cv.data.size == 1:   # a literal, not a read
+            value = ex.const(b.scalar(cv, "value"), x.dtype)
         else:
             value = ex.cast(cv.at([ex.const(0)] * cv.rank), x.dtype)
         axes = list(range(x.rank)) if n.input(3) is None else \

@@ -95,7 +95,7 @@ def _unguard(k: Kernel, bufs: dict[str, Buffer]) -> list[Kernel]:
         if r.arg[2] is not None and r.arg[0] in bufs:
             groups.setdefault((r.arg[0], r.arg[2]), []).append(r)
     out = bufs[k.out]
-    copies, plain = [], {}   # (reads by id: the body's own nodes)
+    copies, plain = [], []   # (read, its plain form): the body's own nodes
     for (name, pad), reads in groups.items():
         src = bufs[name]
         extent = None if _short_strided_row(reads, out) else _extent(reads, out, src)
@@ -109,12 +109,13 @@ def _unguard(k: Kernel, bufs: dict[str, Buffer]) -> list[Kernel]:
             copy = _halo_copy(k, src, pad, extent, bufs)
             copies.append(copy)
             target = copy.out
-        for r in reads:
-            plain[id(r)] = ex.read(target, {d: ex.simplify_size(ix - extent[d][0])
-                                            if extent[d][0] else ix
-                                            for d, ix in zip(r.arg[1], r.args)}, r.dtype)
+        plain += [(r, ex.read(target, {d: ex.simplify_size(ix - extent[d][0])
+                                       if extent[d][0] else ix
+                                       for d, ix in zip(r.arg[1], r.args)}, r.dtype))
+                  for r in reads]
+    for r, new in plain:   # (by identity: untouched subtrees keep their nodes)
+        k.body = ex.replace_node(k.body, r, new)
     if plain:
-        k.body = _replace(k.body, plain)
         k.reads = [t for t in dict.fromkeys(tensors_read(k.body)) if t != k.out]
         schedule(k, out, bufs)
     return copies
@@ -158,13 +159,3 @@ def _along_row(reads: list[Expr], dims: list[str], out: Buffer) -> bool:
     return row is not None and any(
         d in dims and row in ex.free_vars(ix) for r in reads for d, ix in zip(r.arg[1], r.args))
 
-
-def _replace(e: Expr, plain: dict[int, Expr]) -> Expr:
-    """``e`` with each read whose id is a key of ``plain`` replaced by its value (by identity:
-    hashing an expression walks it)."""
-    if e.op == "read" and id(e) in plain:
-        return plain[id(e)]
-    if not e.args:
-        return e
-    args = tuple(_replace(a, plain) for a in e.args)
-    return e if args == e.args else ex.rebuild(e, args)
