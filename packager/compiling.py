@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,6 +164,36 @@ def _worth_workers(graph) -> bool:
     return len(graph.ops) >= PARALLEL_MIN_OPS or len(ops) >= PARALLEL_MIN_CONTRACTIONS
 
 
+@contextmanager
+def _spawning_without_main():
+    """Workers spawned inside this block do not import the caller's ``__main__``.
+
+    A spawned process runs the parent's main script again (as ``__mp_main__``) before it
+    unpickles its task, so that functions defined there can be found. A compile worker runs
+    only mlpack's code, and a script calling ``mlpack.build`` at its top level, without an
+    ``if __name__ == "__main__"`` guard, would otherwise run itself once per worker, and each
+    of those runs would die starting workers of its own (multiprocessing's "bootstrapping
+    phase" error) and take the build with it. ``spawn.get_preparation_data`` is multiprocessing's
+    one place that names the main module to the child; while the workers start, it leaves it
+    out. (Swapped in multiprocessing's module while this thread starts the pool's processes.)
+    """
+    from multiprocessing import spawn
+
+    real = spawn.get_preparation_data
+
+    def without_main(name):
+        data = real(name)
+        data.pop("init_main_from_name", None)
+        data.pop("init_main_from_path", None)
+        return data
+
+    spawn.get_preparation_data = without_main
+    try:
+        yield
+    finally:
+        spawn.get_preparation_data = real
+
+
 class _Workers:
     """The slow pairs compiling in spawned worker processes, one per core, from now on."""
 
@@ -190,8 +221,9 @@ class _Workers:
             # Ctrl-C too, and this process answers it, not they.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
-                self.futures.update((pair, self.pool.submit(one, sent[pair[1]], *pair))
-                                    for pair in slow)
+                with _spawning_without_main():
+                    self.futures.update((pair, self.pool.submit(one, sent[pair[1]], *pair))
+                                        for pair in slow)
             except BaseException as e:  # after cancel, too: it starts no more workers
                 failed.append(e)
 

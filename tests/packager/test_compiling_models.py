@@ -35,3 +35,26 @@ def test_rebase_takes_the_graph_that_maps_the_weights(tmp_path):
     assert _backed_by_mmap(np.asarray(models.base.constants[big.name].data))
     assert graph_key(models.base, "x86_64-v2", "fp32") == key   # the same graph, by content
     models.close()
+
+
+def test_a_script_without_a_main_guard_builds_in_workers(tmp_path):
+    """``mlpack.build`` at a script's top level, with no ``if __name__ == "__main__"``: the
+    compile workers (spawned) must not run the script again (each run would start workers of
+    its own, and die in multiprocessing's "bootstrapping phase" error)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "mlp.mlpack"
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from mlpack.packager import compiling\n"
+        "from mlpack.packager.build import build\n"
+        "compiling.PARALLEL_MIN_OPS = 0   # the MLP's two cpu targets then compile in workers\n"
+        "print('script ran', flush=True)\n"
+        f"build({MLP!r}, {str(out)!r}, targets=['x86_64-v2', 'aarch64'], cache=False)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "script ran\n"   # once: not again in either worker
+    assert "bootstrapping" not in proc.stderr and "Traceback" not in proc.stderr
+    assert out.is_file()
