@@ -127,11 +127,32 @@ def padded_pools():
     return one_output_model(nodes, [("x", F, [1, 8, 12, 12])], w1 + w2), {"x": rand(1, 8, 12, 12)}
 
 
+def convnext_block(c=24):
+    """1x1 conv -> 7x7 depthwise conv -> LayerNorm over the channels (NCHW -> NHWC) -> a linear
+    layer -> GELU -> a linear layer back (NHWC -> NCHW) -> + the block's input -> 1x1 conv:
+    ConvNeXt's block, its statistics a reduction over the channel alone"""
+    c1, w1 = conv("x", "c1", "a", 8, c, k=1)
+    c2, w2 = conv("c1", "c2", "b", c, c, k=7, group=c, seed=2)
+    c3, w3 = conv("s", "y", "c", c, 8, k=1, seed=4)
+    nodes = [c1, c2, helper.make_node("Transpose", ["c2"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "g", "beta"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "up"], ["u"]),
+             helper.make_node("Gelu", ["u"], ["e"], domain=""),
+             helper.make_node("MatMul", ["e", "down"], ["d"]),
+             helper.make_node("Transpose", ["d"], ["dt"], perm=[0, 3, 1, 2]),
+             helper.make_node("Add", ["dt", "c1"], ["s"]), c3]
+    weights = w1 + w2 + w3 + [("g", rand(c, seed=5, scale=1.0)), ("beta", rand(c, seed=6, scale=0.1)),
+                         ("up", rand(c, 4 * c, seed=7, scale=1 / np.sqrt(c))),
+                         ("down", rand(4 * c, c, seed=8, scale=1 / np.sqrt(4 * c)))]
+    return one_output_model(nodes, [("x", F, [1, 8, 12, 12])], weights, opset=20), \
+        {"x": rand(1, 8, 12, 12)}
+
+
 MODELS = {"chain": chain, "lrn": lrn, "concat": concat, "depthwise": depthwise,
           "depthwise_wide_strided": lambda: depthwise(40, k=5, stride=2),
           "depthwise_input": depthwise_input, "depthwise_topk": depthwise_topk,
           "grouped": grouped, "grouped_narrow_strided": lambda: grouped(4, 6, stride=2),
-          "padded_pools": padded_pools}
+          "padded_pools": padded_pools, "convnext_block": convnext_block}
 
 
 def last_dims(g) -> dict[str, str]:
@@ -189,6 +210,28 @@ def test_a_depthwise_convolution_goes_channels_last_with_its_input_and_weights()
     _, kernels, *_ = schedule_kernels(g, get_target("x86_64-v4"))
     [k] = [k for k in kernels if isinstance(k.gemm, Direct)]
     assert k.gemm.w_vector and k.gemm.step == 1
+
+
+def test_a_reduction_over_the_channel_alone_reads_it_channels_last():
+    """A LayerNorm over the channels (ConvNeXt's) sums along the unit-stride dim of a
+    channels-last tensor: the depthwise convolution it reads, and that one's input, go channels
+    last (NCHW, ConvNeXt-tiny's depthwise convolutions ran at a third of ONNX Runtime's speed,
+    its LayerNorms read each pixel's channels a plane apart)."""
+    from mlpack.codegen.targets.cpu.compile import schedule_kernels
+    from mlpack.codegen.targets.cpu.depthwise import Direct
+    from mlpack.codegen.targets.cpu.target import get_target
+
+    g = compile_onnx(convnext_block()[0])
+    before, after = last_dims(g), last_dims(layout.channels_last(g))
+    dw = next(t for t in before if t.endswith("_grouped"))
+    assert after[dw] != before[dw] and after[g.ops[0].out] != before[g.ops[0].out]
+    _, kernels, bufs, *_ = schedule_kernels(g, get_target("x86_64-v3"))
+    [k] = [k for k in kernels if isinstance(k.gemm, Direct)]
+    assert k.gemm.w_vector and k.gemm.step == 1
+    # the statistics sum a pixel's channels at unit stride (innermost), one pixel per row
+    stats = [k for k in kernels if k.reduce == "sum" and k.strategy != "gemm"]
+    assert stats and all(k.strategy == "inner" for k in stats), [(k.name, k.strategy)
+                                                                  for k in stats]
 
 
 def test_a_grouped_convolution_goes_channels_last_with_its_groups_before_the_channel():
