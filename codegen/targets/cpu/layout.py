@@ -222,9 +222,13 @@ def _carried_group(op: Comprehension, src: str, group: dict[str, str]) -> str | 
 def _channels_apart(op: Comprehension, g: Graph, channel: str | None) -> bool:
     """A contraction over constant weights that keeps its output channels apart (grouped or
     depthwise): an output dim indexes both the weights and the input. ``channel``:
-    ``_weights_channel`` of ``op``."""
+    ``_weights_channel`` of ``op``. Weights vary along the reduction; a constant read at the
+    output's own indices alone (a bias and activation fused into a global pooling's sum) is
+    not one."""
     if op.rdims and op.reduce == "sum" and channel is None:
-        return any(r.arg[0] in g.constants for r in ex.reads(op.body))
+        return any(r.arg[0] in g.constants and
+                   set().union(*map(ex.free_vars, r.args)) & set(op.rdims)
+                   for r in ex.reads(op.body))
     return False
 
 

@@ -509,14 +509,15 @@ def test_weights_read_once_are_prefetched(target, monkeypatch, capsys):
 
 
 def conv_pool_case(batch=3):
-    """A 1x1 convolution, Relu, then global average pooling over a dynamic batch (a classifier's
-    last layers: MnasNet, MobileNetV2): the pooling takes the Relu into its body, so the
-    convolution's output stays NCHW, where (n, h, w) are not adjacent."""
+    """A 1x1 convolution and Relu over a dynamic batch whose output is also concatenated along
+    the channels, then pooled (an Inception block's branch): the concatenation keeps the
+    convolution's output NCHW (layout.py), where (n, h, w) are not adjacent."""
     cin, cout, size = 32, 48, 7
     w = rand(cout, cin, 1, 1, seed=1, scale=1 / np.sqrt(cin))
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]),
              helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("GlobalAveragePool", ["r"], ["y"])]
+             helper.make_node("Concat", ["r", "x"], ["t"], axis=1),
+             helper.make_node("GlobalAveragePool", ["t"], ["y"])]
     m = model(nodes, [("x", F, ["N", cin, size, size])], [("w", w), ("b", rand(cout, seed=2))])
     return m, {"x": rand(batch, cin, size, size)}
 

@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 from mlpack.codegen.compile import compile_onnx
+from mlpack.spec.ir import expr as ex
 from mlpack.codegen.targets.cpu import layout
 from onnx import TensorProto as TP
 from onnx import helper
@@ -127,6 +128,17 @@ def padded_pools():
     return one_output_model(nodes, [("x", F, [1, 8, 12, 12])], w1 + w2), {"x": rand(1, 8, 12, 12)}
 
 
+def pooled_head():
+    """conv -> relu -> 1x1 conv -> relu -> global average pool: a classifier's head, the last
+    convolution's bias and relu inlined into the pooling's sum"""
+    c1, w1 = conv("x", "c1", "a", 8, 16)
+    c2, w2 = conv("r1", "c2", "b", 16, 24, k=1, seed=2)
+    nodes = [c1, helper.make_node("Relu", ["c1"], ["r1"]), c2,
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("GlobalAveragePool", ["r2"], ["y"])]
+    return one_output_model(nodes, [("x", F, [1, 8, 10, 10])], w1 + w2), {"x": rand(1, 8, 10, 10)}
+
+
 def convnext_block(c=24):
     """1x1 conv -> 7x7 depthwise conv -> LayerNorm over the channels (NCHW -> NHWC) -> a linear
     layer -> GELU -> a linear layer back (NHWC -> NCHW) -> + the block's input -> 1x1 conv:
@@ -152,7 +164,8 @@ MODELS = {"chain": chain, "lrn": lrn, "concat": concat, "depthwise": depthwise,
           "depthwise_wide_strided": lambda: depthwise(40, k=5, stride=2),
           "depthwise_input": depthwise_input, "depthwise_topk": depthwise_topk,
           "grouped": grouped, "grouped_narrow_strided": lambda: grouped(4, 6, stride=2),
-          "padded_pools": padded_pools, "convnext_block": convnext_block}
+          "padded_pools": padded_pools, "convnext_block": convnext_block,
+          "pooled_head": pooled_head}
 
 
 def last_dims(g) -> dict[str, str]:
@@ -232,6 +245,20 @@ def test_a_reduction_over_the_channel_alone_reads_it_channels_last():
     stats = [k for k in kernels if k.reduce == "sum" and k.strategy != "gemm"]
     assert stats and all(k.strategy == "inner" for k in stats), [(k.name, k.strategy)
                                                                   for k in stats]
+
+
+def test_a_global_pooling_with_a_bias_inlined_reads_channels_last():
+    """The pooling's sum reads the bias (a constant) at its own channel: not the weights of a
+    grouped contraction, which keep their input's order (the last stage of every ResNet,
+    MobileNet and RegNet had stayed NCHW for the pooling at its end)."""
+    g = compile_onnx(pooled_head()[0])
+    [pool] = [op for op in g.ops if op.reduce == "sum" and not any(
+        r.arg[0] in g.constants and set(op.rdims) & set().union(*map(ex.free_vars, r.args))
+        for r in ex.reads(op.body))]
+    assert any(r.arg[0] in g.constants for r in ex.reads(pool.body))   # the bias, inlined
+    before, after = last_dims(g), last_dims(layout.channels_last(g))
+    [conv_out] = [r.arg[0] for r in ex.reads(pool.body) if r.arg[0] not in g.constants]
+    assert after[conv_out] != before[conv_out]
 
 
 def test_a_grouped_convolution_goes_channels_last_with_its_groups_before_the_channel():
