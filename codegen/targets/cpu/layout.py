@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 
+from mlpack.codegen import debug
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph, TensorType, tensors_read
@@ -240,14 +241,14 @@ def channels_last(g: Graph, made: dict | None = None) -> Graph:
     outputs = {p.name for p in g.outputs}
     channel: dict[str, str] = {}
     source: dict[str, str | None] = {}   # the tensor a map's channel is carried from
-    keep = set(outputs)
+    keep = dict.fromkeys(outputs, "a graph output (its port's order)")   # tensor -> why
     weighted: set[str] = set()   # outputs of contractions over weights with one channel dim
     group: dict[str, str] = {}   # the group dim laid out just before the channel
     depthwise: dict[str, tuple[str, str, Expr]] = {}   # output -> _depthwise(op)
     for op in g.ops:
         if not isinstance(op, Comprehension):
-            keep.update(op.outs)
-            keep.update(tensors_read(op))
+            for t in (*op.outs, *tensors_read(op)):
+                keep.setdefault(t, f"a procedure's ({', '.join(op.outs)})")
             continue
         c, src = _weights_channel(op, g), None
         dw = _depthwise(op, g)
@@ -257,8 +258,10 @@ def channels_last(g: Graph, made: dict | None = None) -> Graph:
             c, src = dw[0], dw[1]
             depthwise[op.out] = dw
         elif _concatenation(op) or _channels_apart(op, g, c):
-            keep.add(op.out)
-            keep.update(tensors_read(op))
+            what = "a concatenation" if _concatenation(op) else "a grouped contraction"
+            keep.setdefault(op.out, what)
+            for t in tensors_read(op):
+                keep.setdefault(t, f"read by {what} ({op.out})")
             continue
         if c is not None:
             weighted.add(op.out)
@@ -279,15 +282,25 @@ def channels_last(g: Graph, made: dict | None = None) -> Graph:
     # a tensor stays channels-last only if what it is carried from does and every reader walks
     # its channel at unit stride: drop the others until nothing changes
     chosen = {t: c for t, c in channel.items() if t not in keep}
+    dropped: dict[str, str] = {}   # tensor -> why it keeps its order (MLPACK_DEBUG=2)
     changed = True
     while changed:
         changed = False
         for t, c in list(chosen.items()):
-            if (source[t] is not None and source[t] not in chosen) or not all(
-                    _reads_well(r, t, c, chosen, weighted, channel)
-                    for r in readers.get(t, [])):
-                del chosen[t]
-                changed = True
+            if source[t] is not None and source[t] not in chosen:
+                dropped[t] = f"its channel is carried from {source[t]}, which keeps its order"
+            else:
+                bad = next((r for r in readers.get(t, []) if not _reads_well(
+                    r, t, c, chosen, weighted, channel)), None)
+                if bad is None:
+                    continue
+                dropped[t] = f"{bad.out} does not read its channel {c} at unit stride"
+            del chosen[t]
+            changed = True
+    if debug.level() >= 2:   # (what keeps an image NCHW: the first thing to look at when a
+        for t in channel:    # convolutional model runs slower than it should)
+            if t not in chosen:
+                debug.log(f"channels_last: {t} keeps its order: {keep.get(t) or dropped[t]}", 2)
     if not chosen:
         return g
     ops, types = [], dict(g.types)

@@ -283,6 +283,31 @@ def test_a_grouped_convolution_goes_channels_last_with_its_groups_before_the_cha
     assert len(k.fused) == 2 and k.gemm.nvec == 1
 
 
+def test_debug_says_why_a_tensor_keeps_its_order(monkeypatch, capsys):
+    """MLPACK_DEBUG=2 names, for each image tensor left in its type's order, what kept it: a
+    rule that keeps a model NCHW is the first thing to look at when it runs slow (ConvNeXt's
+    LayerNorm and a classifier's pooling were found so)."""
+    monkeypatch.setenv("MLPACK_DEBUG", "2")
+    g = compile_onnx(concat()[0])
+    capsys.readouterr()
+    moved = last_dims(layout.channels_last(g))
+    said = dict(line.split(": ", 2)[1:] for line in capsys.readouterr().err.splitlines()
+                if line.startswith("[mlpack] channels_last: "))
+    kept = {t.removesuffix(" keeps its order"): why for t, why in said.items()}
+    assert kept and all(moved[t] == last_dims(g)[t] for t in kept)
+    parts = [op.out for op in g.ops if op.out.startswith(("c1", "c2"))]
+    assert all(kept[t].startswith("read by a concatenation") for t in parts if t in kept)
+    # a reader whose unit-stride loop is not the channel: a mean over the rows alone
+    c1, w1 = conv("x", "c1", "a", 8, 16)
+    nodes = [c1, helper.make_node("Relu", ["c1"], ["r"]),
+             helper.make_node("ReduceMean", ["r"], ["y"], axes=[2])]
+    m = one_output_model(nodes, [("x", F, [1, 8, 6, 6])], w1)
+    capsys.readouterr()
+    layout.channels_last(compile_onnx(m))
+    err = capsys.readouterr().err
+    assert "does not read its channel" in err, err
+
+
 def test_switched_off(monkeypatch):
     from mlpack.codegen.passes.pipeline import run_passes
     from mlpack.codegen.targets.cpu.compile import _Rewritten, target_passes
