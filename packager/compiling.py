@@ -255,10 +255,28 @@ class _Workers:
         # The pool's manager thread notices the dead workers and closes its wake-up pipe; if
         # that were still under way at exit, CPython 3.11's exit hook would write to the pipe
         # as it closes ("Exception ignored ... Bad file descriptor", gh-125451). Bounded: a
-        # Ctrl-C must not wait on it.
+        # Ctrl-C must not wait on it, and on a loaded machine the thread can take longer than
+        # that (CI saw it once more), so the hook's write to this pool's pipe is made to let a
+        # closed pipe be, as Python 3.12 does.
+        _quiet_wakeup(getattr(self.pool, "_executor_manager_thread_wakeup", None))
         manager = getattr(self.pool, "_executor_manager_thread", None)
         if manager is not None:
             manager.join(timeout=1.0)
+
+
+def _quiet_wakeup(wakeup) -> None:
+    """``wakeup.wakeup()`` (a ProcessPoolExecutor's ``_ThreadWakeup``) made to ignore the pipe
+    being closed under it by the pool's manager thread."""
+    if wakeup is None or not callable(getattr(wakeup, "wakeup", None)):
+        return
+    send = wakeup.wakeup
+
+    def quiet() -> None:
+        try:
+            send()
+        except (OSError, ValueError):   # (closed between its check and its write)
+            pass
+    wakeup.wakeup = quiet
 
 
 class Started:
