@@ -227,8 +227,7 @@ def _channels_apart(op: Comprehension, g: Graph, channel: str | None) -> bool:
     output's own indices alone (a bias and activation fused into a global pooling's sum) is
     not one."""
     if op.rdims and op.reduce == "sum" and channel is None:
-        return any(r.arg[0] in g.constants and
-                   set().union(*map(ex.free_vars, r.args)) & set(op.rdims)
+        return any(r.arg[0] in g.constants and ex.free_vars(r) & set(op.rdims)
                    for r in ex.reads(op.body))
     return False
 
@@ -247,18 +246,20 @@ def channels_last(g: Graph, made: dict | None = None) -> Graph:
     depthwise: dict[str, tuple[str, str, Expr]] = {}   # output -> _depthwise(op)
     for op in g.ops:
         if not isinstance(op, Comprehension):
+            why = f"a procedure's ({', '.join(op.outs)})"
             for t in (*op.outs, *tensors_read(op)):
-                keep.setdefault(t, f"a procedure's ({', '.join(op.outs)})")
+                keep.setdefault(t, why)
             continue
         c, src = _weights_channel(op, g), None
         dw = _depthwise(op, g)
-        if dw is not None and not _concatenation(op):
+        concat = _concatenation(op)
+        if dw is not None and not concat:
             # channels last only together with its input (source): depthwise.py then
             # vectorizes it along the channels, with the weights stored channels last
             c, src = dw[0], dw[1]
             depthwise[op.out] = dw
-        elif _concatenation(op) or _channels_apart(op, g, c):
-            what = "a concatenation" if _concatenation(op) else "a grouped contraction"
+        elif concat or _channels_apart(op, g, c):
+            what = "a concatenation" if concat else "a grouped contraction"
             keep.setdefault(op.out, what)
             for t in tensors_read(op):
                 keep.setdefault(t, f"read by {what} ({op.out})")
