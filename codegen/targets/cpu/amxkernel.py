@@ -115,7 +115,7 @@ class AmxGemm(GemmEmitter):
                             self._tile("tilestored64", 2 * mt + nt_, ptr=b.gep(
                                 cbuf, [i64(0), at], inbounds=True), stride=tile_n * 4)
             tile = b.gep(cbuf, [i64(0), i64(0)], inbounds=True)
-            self.epilogue(tile, m0, m_size, nt, osz)
+            self.epilogue(tile, m0, m_size, nt, osz, c.group * c.mr)
         b.call(self._intr("tilerelease"), [])
         b.ret_void()
         L.loops_md(L.loops.latches, L.loops.unroll)

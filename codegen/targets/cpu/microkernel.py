@@ -6,8 +6,8 @@ register budget decides MR and TB), and per step of the K loop loads the tile's 
 broadcasts MR scalars of A and does MR*TB*PACK/VL fused multiply-adds. Rows past the end of M
 read a clamped row and are not stored; columns past N read the zero padding and are not
 stored. After the K loop the tile goes to a stack buffer and a loop over its valid rows and
-columns applies the kernel's epilogue (the scalar emitter, with the output dims bound) and
-stores.
+columns applies the kernel's epilogue and stores (tileepilogue.py): per tile, where K is one
+chunk and the tile's rows are the epilogue's outer loop, else once for the unit's group.
 
 Workgroup units are tiles ordered (batch, N tile, M tile) with the M tile fastest, so a
 workgroup's contiguous range of units reuses one packed B panel from cache.
@@ -25,8 +25,8 @@ from mlpack.codegen.llvm import halfconv
 from mlpack.codegen.llvm.types import BF16, F32, I8, I16, I32, I64, i64
 from mlpack.codegen.targets.cpu.gemm import (BYTE_OPERANDS, PACK, PAIR_PRODUCTS, QUAD, SIGNED_A,
                                             Contraction)
-from mlpack.codegen.targets.cpu.indexing import affine, is_one
-from mlpack.codegen.targets.cpu.kernel import Buffer
+from mlpack.codegen.targets.cpu.indexing import affine
+from mlpack.codegen.targets.cpu.tileepilogue import tile_epilogue
 
 PREFETCH_ROWS = 16           # K steps ahead a streamed B panel is fetched (8 to 32 measured
                              # alike on alexnet; a non-temporal fetch was 45% slower)
@@ -224,6 +224,10 @@ class GemmEmitter:
             # one K chunk (a short K, a 1x1 convolution's): each tile starts from zero in its
             # registers and goes to the buffer once, instead of through it per chunk
             single = self._single_chunk()
+            # each tile's outputs stored right after its K loop, where its rows are its
+            # epilogue's outer loop (the output's unit stride along N): their cache misses
+            # overlap the next tile's multiply-adds instead of coming in one burst a group
+            per_tile = single and L.out.contiguous_dim() not in c.m
             starts = [zero_vec] * nv
             if c.init is not None:   # SDOT's correction, per column (gemm.signed_correction)
                 base_init = L.E.bases[c.init]
@@ -257,11 +261,16 @@ class GemmEmitter:
                             b.store(starts[q] if single else b.load(cvec(g, r, q), align=4),
                                     accs[r * nv + q])
                     self._k_loop(0, i64(0), i64(0), i64(0), rows, panels, accs, S, (lo, hi))
+                    slot = i64(0) if per_tile else g   # (one tile's buffer, kept in L1)
                     for r in range(c.mr):
                         for q in range(nv):
-                            b.store(b.load(accs[r * nv + q]), cvec(g, r, q), align=4)
-            tile = b.gep(cbuf, [i64(0), i64(0)], inbounds=True)
-            self.epilogue(tile, b.mul(t0, i64(c.mr)), m_size, nt, osz)
+                            b.store(b.load(accs[r * nv + q]), cvec(slot, r, q), align=4)
+                    if per_tile:
+                        tile = b.gep(cbuf, [i64(0), i64(0)], inbounds=True)
+                        self.epilogue(tile, m0, m_size, nt, osz, c.mr)
+            if not per_tile:
+                tile = b.gep(cbuf, [i64(0), i64(0)], inbounds=True)
+                self.epilogue(tile, b.mul(t0, i64(c.mr)), m_size, nt, osz, c.group * c.mr)
         b.ret_void()
         L.loops_md(L.loops.latches, L.loops.unroll)
 
@@ -463,87 +472,9 @@ class GemmEmitter:
         return self.b.call(fn, [ptr, ir.Constant(ir.IntType(32), 4), mask,
                                 ir.Constant(vty, [0.0] * self.c.vl)])
 
-    def epilogue(self, tile, m0, m_size, nt, osz) -> None:
-        c, b, L, E = self.c, self.b, self.L, self.E
-        tile_n = c.tb * PACK
-        nrows = self.umin(i64(c.group * c.mr), b.sub(m_size, m0))
-        n0 = b.mul(nt, i64(tile_n))
-        ncols = self.umin(i64(tile_n), b.sub(self.n_size, n0))
-        # the inner loop walks the output's unit-stride dim when it can (NCHW: along M)
-        loops = [("row", nrows, m0, c.m), ("col", ncols, n0, c.n)]
-        if L.out.contiguous_dim() in c.m:
-            loops.reverse()
-        idx = {}
-        # the inner dims bound as one flat index when every address they reach is affine in
-        # it (no division per element), so the loop vectorizes; the outer ones too (no division
-        # per row: a channels-last convolution's pixels)
-        flat = flat_bindable(L.k.epilogue, L.out, loops[1][3], L.buffers)
-        flat_outer = flat_bindable(L.k.epilogue, L.out, loops[0][3], L.buffers)
-
-        def bind(at, dims, flat_index: bool) -> None:
-            """Bind ``dims`` at flat position ``at``: as one index (the last dim; the others
-            0), or each delinearized."""
-            if flat_index:
-                *outer, last = dims
-                for d in outer:
-                    E.bind(d, i64(0))
-                E.bind(last, at)
-            else:
-                for d, v in delinearize(b, at, dims, osz).items():
-                    E.bind(d, v)
-
-        def element() -> None:
-            p = b.gep(tile, [b.add(b.mul(idx["row"], i64(tile_n)), idx["col"])], inbounds=True)
-            L.store(L.finish(b.load(p, typ=self.ety)))
-
-        # an NCHW output over a dynamic batch: (n, h, w) are not adjacent, (h, w) are
-        split = None if flat else _flat_suffix(L, loops[1][3])
-        with L.loops.loop(i64(0), loops[0][1], f"e.{loops[0][0]}") as i, E.scope():
-            idx[loops[0][0]] = i
-            bind(b.add(loops[0][2], i), loops[0][3], flat_outer)
-            if split is not None:
-                self._segments(loops[1], split, osz, idx, element)
-            else:
-                with L.loops.loop(i64(0), loops[1][1], f"e.{loops[1][0]}", vectorize=flat) \
-                        as j, E.scope():
-                    idx[loops[1][0]] = j
-                    bind(b.add(loops[1][2], j), loops[1][3], flat)
-                    element()
-
-    def _segments(self, loop, split: int, osz, idx, element) -> None:
-        """The epilogue's inner loop over dims whose last ones (from ``split``) can be walked
-        as one flat index but the first cannot: a loop over the runs within one value of the
-        first (an image of an NCHW output), each a flat, vectorizable loop."""
-        b, L, E = self.b, self.L, self.E
-        name, count, first, dims = loop
-        pre, suf = dims[:split], dims[split:]
-        run = self.dims_size(suf, osz)
-        end = b.add(first, count)
-        lo = b.udiv(first, run)
-        hi = b.udiv(b.add(end, b.sub(run, i64(1))), run)
-        with L.loops.loop(lo, hi, f"e.{name}.run") as q, E.scope():
-            for d, v in delinearize(b, q, pre, osz).items():
-                E.bind(d, v)
-            at = b.mul(q, run)
-            start = b.select(b.icmp_unsigned(">", first, at), first, at)
-            stop = self.umin(end, b.add(at, run))
-            with L.loops.loop(b.sub(start, at), b.sub(stop, at), f"e.{name}", vectorize=True) \
-                    as r, E.scope():
-                *outer, last = suf
-                for d in outer:
-                    E.bind(d, i64(0))
-                E.bind(last, r)
-                idx[name] = b.sub(b.add(at, r), first)
-                element()
-
-
-def _flat_suffix(L, dims: list[str]) -> int | None:
-    """Where the longest run of ``dims`` that the epilogue may walk as one flat index starts
-    (flat_bindable), if not at the first dim; None when no run of two dims or more is."""
-    for s in range(1, len(dims) - 1):
-        if flat_bindable(L.k.epilogue, L.out, dims[s:], L.buffers):
-            return s
-    return None
+    def epilogue(self, tile, m0, m_size, nt, osz, rows: int) -> None:
+        """The epilogue of the tile buffer's ``rows`` rows from row ``m0`` (tileepilogue.py)."""
+        tile_epilogue(self, tile, m0, m_size, nt, osz, rows)
 
 
 def _flat_step(dims: list[str], S: dict, sizes: dict):
@@ -557,44 +488,3 @@ def _flat_step(dims: list[str], S: dict, sizes: dict):
         if not isinstance(n, ir.Constant) or outer.constant != inner.constant * n.constant:
             return None
     return steps[-1]
-
-
-def _adjacent(buf: Buffer, bdims: list[str], sizes: list[Expr]) -> bool:
-    """Whether ``buf``'s dims ``bdims`` lie next to each other in its layout, in this order
-    (size-1 dims aside), each after the first of the size ``sizes`` gives it: then a flat index
-    over them addresses ``buf`` as the last alone would, with the others at 0."""
-    order = [d for d in buf.layout if d in bdims or not is_one(buf.sizes[d])]
-    pos = [order.index(d) for d in bdims]
-    if pos != list(range(pos[0], pos[0] + len(bdims))):
-        return False
-    return all(ex.same_size(buf.sizes[d], s) for d, s in zip(bdims[1:], sizes[1:]))
-
-
-def flat_bindable(epilogue: Expr | None, out: Buffer, dims: list[str], bufs) -> bool:
-    """Whether the epilogue's inner loop over ``dims`` (flattened, last fastest) may bind them
-    as one flat index: the output and every read that uses them hold them adjacent and in
-    order, each indexed by the plain var (once), unguarded, and no other use of them."""
-    sizes = [out.sizes[d] for d in dims]
-    if not dims or not _adjacent(out, dims, sizes):
-        return False
-    want = set(dims)
-
-    def ok(e: Expr) -> bool:
-        if e.op == "var":
-            return e.arg not in want
-        if e.op != "read":
-            return all(ok(a) for a in e.args)
-        at = {}   # loop dim -> the buffer dim it indexes
-        for d, ix in zip(e.arg[1], e.args):
-            if ix.op == "var" and ix.arg in want:
-                if ix.arg in at:
-                    return False   # one var indexing two dims (a diagonal): not a flat walk
-                at[ix.arg] = d
-            elif not ok(ix):
-                return False
-        if not at:
-            return True
-        if set(at) != want or e.arg[2] is not None:
-            return False
-        return _adjacent(bufs[e.arg[0]], [at[v] for v in dims], sizes)
-    return epilogue is None or ok(epilogue)

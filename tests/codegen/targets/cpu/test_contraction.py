@@ -108,6 +108,9 @@ CASES = {
     "matmul_ragged": lambda: matmul_case(13, 77, 41),
     "matmul_bias_big_n": lambda: matmul_case(7, 33, 200, bias=True),
     "matmul_batched_const": lambda: matmul_case(5, 19, 23, batch=3),
+    # one K chunk: each tile's epilogue runs after its K loop, whole tiles at constant trip
+    # counts, the last rows and columns (of 31 and of 150) at their own
+    "matmul_whole_and_edge_tiles": lambda: matmul_case(31, 40, 150, batch=2, bias=True),
     "gemm_transb_tanh": gemm_trans_case,
     "capsule_einsum": capsule_case,
 }
@@ -200,7 +203,7 @@ def test_a_big_output_is_written_row_after_row():
 def test_epilogue_flat_binding():
     """The epilogue's inner dims are bound as one flat index exactly when every address they
     reach is affine in it."""
-    from mlpack.codegen.targets.cpu.microkernel import flat_bindable
+    from mlpack.codegen.targets.cpu.tileepilogue import flat_bindable
     from mlpack.codegen.targets.cpu.kernels import build_kernels
     from mlpack.codegen.targets.cpu.plan import tensor_buffers
     for case, want in (("conv3x3_residual", True), ("conv1x1_residual", True),
@@ -216,7 +219,7 @@ def test_epilogue_flat_binding():
 
 def test_epilogue_flat_binding_refuses_a_diagonal_read():
     """A var indexing two dims of one read (a diagonal) cannot be the flat index of both."""
-    from mlpack.codegen.targets.cpu.microkernel import flat_bindable
+    from mlpack.codegen.targets.cpu.tileepilogue import flat_bindable
     from mlpack.codegen.targets.cpu.kernel import Buffer
     from mlpack.codegen.targets.cpu.kernels import ACC
     from mlpack.spec.ir import expr as ex
