@@ -26,7 +26,10 @@ both X and W move with: W is then one vector load per reduction point and accumu
 lanes past the last channel, and the rows a unit holds are output columns sharing W's vectors.
 Neighbouring columns read the same input columns at neighbouring points of the window, so the
 rows are consecutive (the last unit starts early rather than clamping its rows) and LLVM loads
-each input vector once for all of them; the tile's shape counts those loads' registers. A unit
+each input vector once for all of them; the tile's shape counts those loads' registers. Inside
+X, each load's offset is the window row's one anchor plus a constant (``_var_step``), which is
+what lets LLVM see two points' loads of one column as one (MnasNet-style 3x3 over 72 channels
+at 56x56: 0.10 -> 0.083 ms, ONNX Runtime 0.073). A unit
 whose window stays inside X skips the bounds checks (only the last vector's lanes are masked
 where the channels are not whole vectors).
 
@@ -317,25 +320,34 @@ def emit_direct(L, wg, count) -> None:
     lane_ix = [ir.Constant(ity, [t * d.vl + j for j in range(d.vl)]) for t in range(d.step)]
     zeros_i = ir.Constant(ity, [0] * d.vl)
 
-    def x_vectors(i, checked=True):
+    def x_offset():
+        """X's flat offset at the bound point and row."""
+        return E.flat_offset(x.arg[0], [E.cast(E(xindex[dim]), xindex[dim].dtype, "i64")
+                                        for dim in xbuf.layout])
+
+    def x_vectors(i, checked=True, flat=None):
         """X's vector for accumulator i at the bound point and row: ``step`` masked loads
         (lanes outside X's row, or a row out of bounds, load nothing and read 0); unless not
         ``checked`` (a unit inside X, whole vectors of channels): one plain load; LANES (a
-        unit inside X, the channels not whole vectors): the lanes' masks alone."""
+        unit inside X, the channels not whole vectors): the lanes' masks alone. ``flat``:
+        X's offset, where the caller has it (a unit inside X)."""
         if checked is False:
-            idx = [E.cast(E(xindex[dim]), xindex[dim].dtype, "i64") for dim in xbuf.layout]
-            ptr = b.gep(E.bases[x.arg[0]], [b.add(E.flat_offset(x.arg[0], idx), i64(i * d.vl))],
+            flat = x_offset() if flat is None else flat
+            ptr = b.gep(E.bases[x.arg[0]], [b.add(flat, i64(i * d.vl))],
                         inbounds=True, source_etype=F32)
             return b.load(ptr, typ=vty, align=4)
         idx, ok = [], None
         for dim in xbuf.layout:
+            if flat is not None and dim != d.xdim:
+                idx.append(None)
+                continue
             v = E.cast(E(xindex[dim]), xindex[dim].dtype, "i64")
             idx.append(v)
             if dim != d.xdim and x.arg[2] is not None and checked != LANES:
                 inb = b.icmp_unsigned("<", v, xsizes[dim])
                 ok = inb if ok is None else b.and_(ok, inb)
         pos = idx[list(xbuf.layout).index(d.xdim)]   # X's index of the tile's first lane
-        flat = E.flat_offset(x.arg[0], idx)
+        flat = E.flat_offset(x.arg[0], idx) if flat is None else flat
         okv = None
         if ok is not None:
             # a point outside X loads nothing, from X's start: masked lanes on an address
@@ -386,17 +398,35 @@ def emit_direct(L, wg, count) -> None:
         m = b.icmp_signed("<", lane, splat(b, wrow, ity))
         return b.call(mload, [ptr, ir.Constant(I32, 4), m, zero])
 
+    # inside X, a point's and a row's X offset is one anchor (the window's first point, the
+    # unit's first row) plus a constant: the rows are output columns side by side, the points
+    # steps of the window. Each computed on its own, LLVM hoisted them out of the window loop
+    # as fourteen pointers, spilled and reloaded before every load, and loads of one address
+    # from two points (row r + 1 at one column of the window, row r at the next) were two
+    pvars = sorted({v for p in d.points for v in p})
+    xix = [xindex[dim] for dim in xbuf.layout]
+    col = hdim if d.rows > 1 else None   # (one row a unit: the unit binds it)
+    steps = {v: _var_step(xix, v, E.strides[x.arg[0]]) for v in [*pvars, col] if v}
+    anchored = None not in steps.values()
+
     def accumulate(checked=True):
         """The tile's sums over every reduction point into ``accs``."""
         with _window_rows(L, d):
+            anchor = None
+            if checked is not True and anchored:
+                with E.scope(**{v: i64(0) for v in pvars}, **({col: hs[0]} if col else {})):
+                    anchor = x_offset()
             for p in d.points:
                 with E.scope(**{r: i64(v) for r, v in p.items()}):
                     ws = [w_vector(i, checked) for i in range(d.nvec)] if d.w_vector else \
                         [splat(b, E(d.w), vty)] * d.nvec
                     for r, h in enumerate(hs):
                         with E.scope(**({} if h is None else {hdim: h})):
+                            flat = None if anchor is None else b.add(anchor, i64(
+                                (r * steps[col] if col else 0) +
+                                sum(p[v] * steps[v] for v in p)), flags=("nsw",))
                             for i, acc in enumerate(accs[r]):
-                                xv = x_vectors(i, checked)
+                                xv = x_vectors(i, checked, flat)
                                 cur = b.load(acc)
                                 new = b.call(fma, [xv, ws[i], cur]) if fma is not None \
                                     else b.fadd(cur, b.fmul(xv, ws[i]))
@@ -458,6 +488,21 @@ def emit_direct(L, wg, count) -> None:
                     b.position_at_end(after)
     b.ret_void()
     L.loops_md(L.loops.latches, L.loops.unroll)
+
+
+def _var_step(index: list[Expr], var: str, strides) -> int | None:
+    """How far X's flat offset moves per step of ``var``, known at build time (X's ``index``,
+    in its layout's order, affine in it with constant coefficients, and X's ``strides``
+    constants), else None."""
+    step = 0
+    for ix, s in zip(index, strides):
+        if var not in ex.free_vars(ix):
+            continue
+        c = coeff(ix, var)
+        if not isinstance(c, int) or not isinstance(s, ir.Constant):
+            return None
+        step += c * s.constant
+    return step
 
 
 def _whole_vectors(d: Direct, osz) -> bool:

@@ -533,3 +533,23 @@ def test_an_nchw_epilogue_over_a_dynamic_batch_runs_image_by_image(target, monke
     m, feeds = conv_pool_case()
     assert '"e.row.run.head"' in _llvm_ir(m, target, monkeypatch, capsys)
     assert_matches_ort(m, feeds, target)
+
+
+def test_a_depthwise_units_x_offsets_step_by_constants():
+    """Inside X, a channels-last depthwise unit addresses every point and row from one anchor:
+    X [n, h, w, c] of 9 x 9 x 24 read at (2h + kh - 1, 2w + kw - 1, c) steps 2 * 24 floats per
+    output column and 24 per window column; an index with a division has no constant step."""
+    from llvmlite import ir
+    from mlpack.codegen.targets.cpu.depthwise import _var_step
+    from mlpack.spec.ir import expr as ex
+
+    v = ex.var
+    strides = [ir.Constant(ir.IntType(64), s) for s in (9 * 9 * 24, 9 * 24, 24, 1)]
+    index = [v("n"), ex.add(ex.add(ex.mul(ex.const(2), v("h")), v("kh")), ex.const(-1)),
+             ex.add(ex.add(ex.mul(ex.const(2), v("w")), v("kw")), ex.const(-1)), v("c")]
+    assert _var_step(index, "w", strides) == 48
+    assert _var_step(index, "kw", strides) == 24
+    assert _var_step(index, "kh", strides) == 216
+    halved = [v("n"), v("h"), ex.floordiv(v("w"), ex.const(2)), v("c")]
+    assert _var_step(halved, "w", strides) is None
+
