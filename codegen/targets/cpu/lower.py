@@ -16,7 +16,7 @@ codegen/llvm/reduce.py says.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 from llvmlite import ir
@@ -29,7 +29,7 @@ from mlpack.codegen.llvm.oprules import CONTRACT
 from mlpack.codegen.llvm.scalar import ScalarEmitter
 from mlpack.codegen.llvm.types import I32, I64, NARROW_FLOATS, PTR, llvm_type, storage_type
 from mlpack.codegen.targets.cpu import checks as chk
-from mlpack.codegen.targets.cpu import depthwise, hoist, narrowconv
+from mlpack.codegen.targets.cpu import depthwise, hoist, narrowconv, rowvector
 from mlpack.codegen.targets.cpu.abi import DISPATCH, KERNEL_FN
 from mlpack.codegen.targets.cpu.amxkernel import AmxGemm
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
@@ -298,9 +298,18 @@ class KernelLowering:
         ety = storage_type(self.out.dtype)
         # (a point tile's rows, unrolled whole, were packed across rows by SLP: see __init__)
         once = False if k.points else None
-        with self._row_loop(row, unroll=once):
-            self.store(identity(k.reduce, k.acc_dtype))
-        self._nest(list(k.rdims), lambda: self._row_step(row, ety))
+        chunk = self.j_range
+        rest = None
+        if rowvector.applies(k, self.out, self.buffers, row):
+            # whole vectors summed in registers (rowvector.py); the rest as below
+            rest = rowvector.emit(self, row)
+            self.j_range = (rest, chunk[1])
+        with self.b.if_then(self.b.icmp_unsigned("<", *self.j_range)) if rest is not None \
+                else nullcontext(), E.scope():
+            with self._row_loop(row, unroll=once):
+                self.store(identity(k.reduce, k.acc_dtype))
+            self._nest(list(k.rdims), lambda: self._row_step(row, ety))
+        self.j_range = chunk
         if k.epilogue is not None:
             with self._row_loop(row, unroll=once):
                 ptr = self._out_ptr()
