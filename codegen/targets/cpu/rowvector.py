@@ -11,7 +11,9 @@ When the reduction's body is one read that walks the row at unit stride (the poo
 itself, its producer not inlined), ``emit`` sums each vector of the row's chunk in a register
 over every reduction step and stores it once. The chunk's last elements that do not fill a
 vector, and the epilogue (a mean's division), go the ordinary way. The vectors are 16 floats
-on every target: LLVM splits them into the target's registers (four of SSE's or NEON's).
+on every target (LLVM splits them into the target's registers: four of SSE's or NEON's), or
+8 or 4 where a unit's chunk of the row is that short: RegNetY's SE pools, whose row is one
+group's 8 channels (the channel dim split into groups for its grouped convolutions).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from mlpack.spec.ir import expr as ex
 from mlpack.codegen.llvm.reduce import combine, identity
 from mlpack.codegen.llvm.types import F32, I64
 
-LANES = 16
+LANES = 16          # floats a vector holds (fewer where a unit's chunk of the row is shorter)
+MIN_LANES = 4
 KINDS = ("sum", "max", "min")
 
 
@@ -39,12 +42,26 @@ def applies(k, out, buffers, row: str | None) -> bool:
     buf = buffers[body.arg[0]]
     inner = buf.contiguous_dim()
     index = dict(zip(body.arg[1], body.args))
-    if inner is None or index.get(inner) is None:
+    if inner is None or index.get(inner) is None or not lanes(k, out, row):
         return False
     at = index[inner]
     if at.op != "var" or at.arg != row:
         return False
     return all(row not in ex.free_vars(ix) for d, ix in index.items() if d != inner)
+
+
+def lanes(k, out, row: str) -> int:
+    """The vector's lanes: LANES, or fewer (a power of two, at least MIN_LANES) where a unit's
+    chunk of the row is shorter, known at build time (a group's 8 channels: RegNet's SE pools,
+    the channel dim split into groups for its grouped convolutions); 0: none fits."""
+    size = out.sizes[row]
+    if not size.is_const:
+        return LANES
+    chunk = size.value // max(1, k.row_chunks)
+    n = LANES
+    while n > chunk:
+        n //= 2
+    return n if n >= MIN_LANES else 0
 
 
 def emit(L, row: str) -> object:
@@ -53,12 +70,13 @@ def emit(L, row: str) -> object:
     which the caller finishes the chunk as before."""
     b, E, k = L.b, L.E, L.k
     j0, j1 = L.j_range
-    vty = ir.VectorType(F32, LANES)
+    width = lanes(k, L.out, row)
+    vty = ir.VectorType(F32, width)
     with b.goto_entry_block():
         acc = b.alloca(vty, name="rowacc")
     start = identity(k.reduce, "f32")
-    start = ir.Constant(vty, [start.constant] * LANES)
-    whole = b.udiv(b.sub(j1, j0), ir.Constant(I64, LANES))
+    start = ir.Constant(vty, [start.constant] * width)
+    whole = b.udiv(b.sub(j1, j0), ir.Constant(I64, width))
     read = k.body
     buf = L.buffers[read.arg[0]]
     index = dict(zip(read.arg[1], read.args))
@@ -70,10 +88,10 @@ def emit(L, row: str) -> object:
         b.store(combine(E, k.reduce, b.load(acc, typ=vty), x, "f32"), acc)
 
     with L.loops.loop(ir.Constant(I64, 0), whole, f"v.{row}", unroll=False) as v:
-        at = b.add(j0, b.mul(v, ir.Constant(I64, LANES)))
+        at = b.add(j0, b.mul(v, ir.Constant(I64, width)))
         with E.scope(**{row: at}):
             b.store(start, acc)
             L._nest(list(k.rdims), step)
             out = L._out_ptr()
             b.store(b.load(acc, typ=vty), b.bitcast(out, vty.as_pointer()), align=4)
-    return b.add(j0, b.mul(whole, ir.Constant(I64, LANES)))
+    return b.add(j0, b.mul(whole, ir.Constant(I64, width)))
