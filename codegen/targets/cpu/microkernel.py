@@ -168,6 +168,7 @@ class GemmEmitter:
         tile_n = c.tb * PACK
         # the group's outputs between K chunks (and for the epilogue): [G][MR][tile_n]
         cbuf = line_alloca(b, ir.ArrayType(self.ety, c.group * c.mr * tile_n), "cbuf")
+        tile = b.gep(cbuf, [i64(0), i64(0)], inbounds=True)   # (the epilogue's first row)
         m_size = self.dims_size(c.m, osz)
         # one M group: each B panel is read once per run, from memory (a fully connected
         # layer at batch 1, a late convolution's 7x7 image): the hardware prefetcher alone
@@ -266,10 +267,8 @@ class GemmEmitter:
                         for q in range(nv):
                             b.store(b.load(accs[r * nv + q]), cvec(slot, r, q), align=4)
                     if per_tile:
-                        tile = b.gep(cbuf, [i64(0), i64(0)], inbounds=True)
                         self.epilogue(tile, m0, m_size, nt, osz, c.mr)
             if not per_tile:
-                tile = b.gep(cbuf, [i64(0), i64(0)], inbounds=True)
                 self.epilogue(tile, b.mul(t0, i64(c.mr)), m_size, nt, osz, c.group * c.mr)
         b.ret_void()
         L.loops_md(L.loops.latches, L.loops.unroll)

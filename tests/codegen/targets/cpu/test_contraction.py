@@ -108,8 +108,8 @@ CASES = {
     "matmul_ragged": lambda: matmul_case(13, 77, 41),
     "matmul_bias_big_n": lambda: matmul_case(7, 33, 200, bias=True),
     "matmul_batched_const": lambda: matmul_case(5, 19, 23, batch=3),
-    # one K chunk: each tile's epilogue runs after its K loop, whole tiles at constant trip
-    # counts, the last rows and columns (of 31 and of 150) at their own
+    # one K chunk: each tile's epilogue runs after its K loop, over its rows and columns or
+    # the last ones (of 31 and of 150)
     "matmul_whole_and_edge_tiles": lambda: matmul_case(31, 40, 150, batch=2, bias=True),
     "gemm_transb_tanh": gemm_trans_case,
     "capsule_einsum": capsule_case,
