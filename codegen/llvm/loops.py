@@ -27,10 +27,13 @@ class Loops:
         self.unroll = unroll   # the default of ``loop``'s ``unroll``
 
     @contextmanager
-    def loop(self, start, end, name: str, vectorize: bool = False, unroll: bool | None = None):
+    def loop(self, start, end, name: str, vectorize: bool = False, unroll: bool | None = None,
+             interleave: int = 0):
         """``unroll=False`` tells LLVM not to unroll the loop (a micro-kernel's K loop, whose
         body is unrolled already: unrolling it further only costs compile time), a vectorized
-        one's too; None: the default the Loops was made with."""
+        one's too; None: the default the Loops was made with. ``interleave``: the vectorized
+        loop keeps that many vectors in flight (a reduction's accumulators: their chains
+        overlap)."""
         never = unroll is False
         unroll = self.unroll if unroll is None else unroll
         b = self.b
@@ -49,7 +52,10 @@ class Loops:
         nxt = b.add(i, ir.Constant(I64, 1), flags=("nsw",))
         i.add_incoming(nxt, b.block)
         br = b.branch(header)
-        if vectorize and not never:
+        if vectorize and interleave:
+            _hint(self.module, br, [("llvm.loop.interleave.count", interleave)]
+                  + ([] if unroll else [("llvm.loop.unroll.disable", None)]))
+        elif vectorize and not never:
             self.latches.append(br)
         elif not unroll:
             _disable_unroll(self.module, br)
@@ -66,11 +72,18 @@ _NO_UNROLL = [0]   # numbers the no-unroll loop ids; only their uniqueness matte
 
 
 def _disable_unroll(m: ir.Module, br) -> None:
+    _hint(m, br, [("llvm.loop.unroll.disable", None)])
+
+
+def _hint(m: ir.Module, br, hints: list[tuple[str, int | None]]) -> None:
+    """A loop id of its own for the latch ``br``, with ``hints`` (name, i32 value or None)."""
     _NO_UNROLL[0] += 1
     # "LOOPSELF<n>" placeholders become self-referencing loop ids (LoopIds); these are
     # numbered far from LoopIds' own so the two never meet in one module
     md = m.add_metadata([ir.MetaDataString(m, f"LOOPSELF{10 ** 9 + _NO_UNROLL[0]}"),
-                         m.add_metadata([ir.MetaDataString(m, "llvm.loop.unroll.disable")])])
+                         *(m.add_metadata([ir.MetaDataString(m, h)] + (
+                             [] if v is None else [ir.Constant(ir.IntType(32), v)]))
+                           for h, v in hints)])
     br.set_metadata("llvm.loop", md)
 
 

@@ -13,7 +13,7 @@ from mlpack.codegen.targets.base import Code
 from mlpack.spec.ir.graph import Graph
 from mlpack.spec.ir.verify import verify
 from mlpack.codegen.targets.cpu import (bf16dot, checks, contraction, derived, gather, halo,
-                                        layout, narrowconv, rows, tiles, winograd)
+                                        layout, narrowconv, rowblocks, rows, tiles, winograd)
 from mlpack.codegen.targets.cpu.concat import split_concats
 from mlpack.codegen.targets.cpu.gemm import bf16_dot
 from mlpack.codegen.targets.cpu.kernels import build_kernels, reject_procedures
@@ -50,6 +50,7 @@ class _Rewritten:
     bf16_products: int = 0                        # contractions of bf16 pairs (bf16dot.py)
     derived: dict = field(default_factory=dict)   # constants made from the weights (derived.py)
     tiles: list = field(default_factory=list)     # spans run point by point (tiles.py)
+    blocks: list = field(default_factory=list)    # spans run a block of rows at a time
 
 
 def target_passes(state: _Rewritten, t=None) -> list:
@@ -72,13 +73,18 @@ def target_passes(state: _Rewritten, t=None) -> list:
         state.tiles.clear()
         return tiles.point_tiles(g, state.tiles)
 
+    def row_blocks(g: Graph) -> Graph:
+        state.blocks.clear()
+        return rowblocks.row_blocks(g, state.blocks)
+
     def bf16_products(g: Graph) -> Graph:
         g, state.bf16_products = bf16dot.round_activations(g, state.parents)
         return g
 
     passes = [("channels_last", channels), ("rows_first", rows.rows_first),
               ("gather_operands", gather.gathered_operands), ("split_concats", concatenations),
-              ("winograd", winograd_convolutions), ("point_tiles", point_tiles)]
+              ("winograd", winograd_convolutions), ("point_tiles", point_tiles),
+              ("row_blocks", row_blocks)]
     if t is None or bf16_dot(t):
         passes.append(("bf16_products", bf16_products))
     return passes
@@ -98,13 +104,16 @@ def schedule_kernels(graph: Graph, t, disabled=frozenset()):
     bufs = tensor_buffers(graph)
     bufs.update(state.parents)
     points = {t: tile.dims for tile in state.tiles for t in tile.ops}
-    keep = {*state.aliases, *tiles.boundaries(state.tiles, graph)}
+    points.update(rowblocks.points(state.blocks, graph))
+    keep = {*state.aliases, *tiles.boundaries(state.tiles + state.blocks, graph)}
     kernels = halo.unguard_windows(build_kernels(graph, bufs, keep=keep, points=points), bufs)
     kernels = contraction.apply(graph, kernels, bufs, t, source)
     derived.inline(state.derived, kernels, bufs, source)
     made = derived.kernels(state.derived, graph, bufs, {r for k in kernels for r in k.reads},
                            source)
-    kernels = tiles.group(made + kernels, state.tiles, bufs, {p.name for p in graph.outputs})
+    outputs = {p.name for p in graph.outputs}
+    kernels = tiles.group(made + kernels, state.tiles, bufs, outputs)
+    kernels = rowblocks.group(kernels, state.blocks, bufs, outputs)
     return graph, kernels, bufs, state.aliases, state
 
 

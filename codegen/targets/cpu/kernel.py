@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llvmlite import ir
+
+from mlpack.codegen.llvm.types import I64
 from mlpack.spec.ir import dtypes as dt
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
@@ -58,6 +61,9 @@ class Kernel:
     # computes a tensor of the weights alone (a packed B panel, a weight relaid out) into the
     # artifact's packed region (plan.py)
     prepare: bool = False
+    # a row block's member (rowblocks.py): its body's (wg, count) arguments are the [start,
+    # end) of the units it runs, not a share of them
+    ranged: bool = False
 
     @property
     def blocked(self) -> tuple[str, ...]:
@@ -74,3 +80,12 @@ def exact_bytes(buf: Buffer) -> Expr:
     # int4/int2/fp4 are packed two (four) to a byte: round the byte count up
     return ex.simplify_size(ex.floordiv(count + (per - 1), ex.const(per)) if per else count * ex.const(
         1 if buf.dtype == "bool" else dt.bits(buf.dtype) // 8))
+
+
+def share(b: ir.IRBuilder, k: Kernel, units, wg, count):
+    """[start, end) of ``units`` that workgroup ``wg`` of ``count`` runs: an even share, or
+    for a row block's member (``Kernel.ranged``) the range its caller passes as (wg, count)."""
+    w64, c64 = b.zext(wg, I64), b.zext(count, I64)
+    if k.ranged:
+        return w64, c64
+    return b.udiv(b.mul(units, w64), c64), b.udiv(b.mul(units, b.add(w64, ir.Constant(I64, 1))), c64)

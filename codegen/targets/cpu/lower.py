@@ -32,9 +32,13 @@ from mlpack.codegen.targets.cpu import checks as chk
 from mlpack.codegen.targets.cpu import depthwise, hoist, narrowconv, rowvector
 from mlpack.codegen.targets.cpu.abi import DISPATCH, KERNEL_FN
 from mlpack.codegen.targets.cpu.amxkernel import AmxGemm
-from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, share
 from mlpack.codegen.targets.cpu.kernels import ACC, row_dim
 from mlpack.codegen.targets.cpu.microkernel import GemmEmitter
+
+
+INTERLEAVE = 4         # vectors a vectorized reduction into a scalar keeps in flight ...
+INTERLEAVE_MIN = 256   # ... where it sums this many terms at least (4 x 16 lanes, 4 times)
 
 
 class KernelLowering:
@@ -124,13 +128,11 @@ class KernelLowering:
         units = chunks
         for d in outer:
             units = b.mul(units, E.sizes[self.out.name][d], flags=("nsw",))
-        w64, c64 = b.zext(wg, I64), b.zext(count, I64)
-        start = b.udiv(b.mul(units, w64), c64)
-        end = b.udiv(b.mul(units, b.add(w64, ir.Constant(I64, 1))), c64)
+        start, end = share(b, self.k, units, wg, count)
         if narrowconv.shares_bytes(self.out):
             # packed int4/int2/fp4: a store rewrites its whole byte, so workgroup 0 does every
             # unit and no two threads ever share a byte (the others find nothing to do)
-            first = b.icmp_unsigned("==", w64, ir.Constant(I64, 0))
+            first = b.icmp_unsigned("==", b.zext(wg, I64), ir.Constant(I64, 0))
             start, end = b.select(first, ir.Constant(I64, 0), units), units
         with self.loops.loop(start, end, "unit") as u:
             with E.scope():
@@ -343,8 +345,14 @@ class KernelLowering:
             return
         d = dims[0]
         vec = vectorize_last and len(dims) == 1
+        # (a scalar accumulator's vectorized loop: each vector's step waits on the last,
+        # llvm.maximum's five instructions for a max; four chains overlap where the
+        # reduction is long enough to fill them)
+        size = self.k.rdims[d]
+        long_ = vec and (not size.is_const or size.value >= INTERLEAVE_MIN)
         with self.loops.loop(ir.Constant(I64, 0), self.extents[d], f"r.{d}", vec,
-                             unroll=False if self.k.points else None) as i:
+                             unroll=False if self.k.points else None,
+                             interleave=INTERLEAVE if long_ else 0) as i:
             with self.E.scope(**{d: i}):
                 self._nest(dims[1:], inner, vectorize_last)
 

@@ -26,6 +26,7 @@ from mlpack.codegen.llvm.types import BF16, F32, I8, I16, I32, I64, i64
 from mlpack.codegen.targets.cpu.gemm import (BYTE_OPERANDS, PACK, PAIR_PRODUCTS, QUAD, SIGNED_A,
                                             Contraction)
 from mlpack.codegen.targets.cpu.indexing import affine
+from mlpack.codegen.targets.cpu.kernel import share
 from mlpack.codegen.targets.cpu.tileepilogue import tile_epilogue
 
 PREFETCH_ROWS = 16           # K steps ahead a streamed B panel is fetched (8 to 32 measured
@@ -79,9 +80,7 @@ class GemmEmitter:
 
     def share(self, units):
         """This workgroup's [start, end) of ``units`` (the count shared out evenly)."""
-        b = self.b
-        w64, c64 = b.zext(self.wg, I64), b.zext(self.count, I64)
-        return b.udiv(b.mul(units, w64), c64), b.udiv(b.mul(units, b.add(w64, i64(1))), c64)
+        return share(self.b, self.L.k, units, self.wg, self.count)
 
     def unit(self, u, mgroups, ntiles, c0, S, n_inner: bool = False, points=None):
         """(M group, N tile, batch point, A's offset there) of unit ``u``, the M groups walked

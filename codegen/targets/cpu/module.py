@@ -26,6 +26,7 @@ from mlpack.codegen.targets.cpu import objects
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
 from mlpack.codegen.targets.cpu.lower import KernelLowering
 from mlpack.codegen.targets.cpu.sharing import kernel_key, renamed_checks
+from mlpack.codegen.targets.cpu.rowblocks import BlockTileLowering
 from mlpack.codegen.targets.cpu.tiles import TileLowering
 from mlpack.codegen.targets.cpu.procedure import (PROCEDURE, ProcedureLowering, binding_kinds,
                                                    kernel_bindings)
@@ -155,7 +156,8 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     # chain (pow, fmod, f64 casts) into one f64 -> f16 fptrunc, which is a __truncdfhf2 call.
     native_f16 = (t.arch == "arm64" or "f16c" in t.features, t.arch == "arm64")
     # (procedures, sequential code: procedure.py)
-    lowering_of = {PROCEDURE: ProcedureLowering, "tile": TileLowering}
+    lowering_of = {PROCEDURE: ProcedureLowering, "tile": TileLowering,
+                   "rowblock": BlockTileLowering}
     lowerings = [lowering_of.get(k.strategy, KernelLowering)(
         module, k, buffers, symbols, ids, native_f16) for k in kernels]
     fns = []

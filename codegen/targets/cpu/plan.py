@@ -270,7 +270,7 @@ def workgroups(k: Kernel, out: Buffer, bufs: dict[str, Buffer] | None = None) ->
     if k.gemm is not None:   # a gemm kernel shares out tiles (contraction.py)
         return contraction.workgroups(k, out)
     if isinstance(k, tiles.TileKernel):
-        return tiles.workgroups(k, bufs)
+        return k.workgroups(bufs)
     outer, _ = row_dim(out, k.blocked, k.points)
     rows = ex.product([*[out.sizes[d] for d in outer], ex.const(k.row_chunks)])
     work = ex.product([*out.sizes.values(), *k.rdims.values(), ex.const(k.window)])

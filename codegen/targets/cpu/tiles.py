@@ -144,6 +144,11 @@ class TileKernel(Kernel):
     slice_bytes: int = 0       # one workgroup's slice of the scratch
     slices: int = 1            # in the scratch: POINTS_IN_FLIGHT, or the points at a batch of 1
 
+    def workgroups(self, bufs: dict[str, Buffer]) -> Expr:
+        """min(points, slices): a workgroup per slice of the scratch at most."""
+        return ex.binary("min", _points(self.dims, bufs[self.members[0].out]),
+                         ex.const(self.slices))
+
 
 def group(kernels: list[Kernel], tiles: list[Tile], bufs: dict[str, Buffer],
           outputs: set[str]) -> list[Kernel]:
@@ -207,11 +212,6 @@ def _points(dims: tuple[str, ...], buf: Buffer) -> Expr:
     return ex.product([buf.sizes[d] for d in dims])
 
 
-def workgroups(k: TileKernel, bufs: dict[str, Buffer]) -> Expr:
-    """min(points, slices): a workgroup per slice of the scratch at most."""
-    return ex.binary("min", _points(k.dims, bufs[k.members[0].out]), ex.const(k.slices))
-
-
 # ---------------------------------------------------------------- lowering
 
 
@@ -224,7 +224,9 @@ class TileLowering(KernelLowering):
         self.bound = [*k.writes, *k.reads]
         self.impls = []
 
-    def _emit_impl(self, f: ir.Function) -> None:
+    def _member_impls(self) -> list[tuple[KernelLowering, ir.Function]]:
+        """Each member's lowering and its function (members equal under a renaming of
+        tensors, sharing.py, share one)."""
         k = self.k
         members = []
         first: dict[tuple, ir.Function] = {}   # a member's key (sharing.py) -> its function
@@ -251,17 +253,28 @@ class TileLowering(KernelLowering):
             if keyed is not None:
                 first[keyed[0]] = impl
         self.impls = list(dict.fromkeys(impl.name for _, impl in members))
-        b = ir.IRBuilder(f.append_basic_block("entry"))
-        self.b = b
-        self.loops = Loops(b, self.module, unroll=False)
+        return members
+
+    def _entry(self, f: ir.Function):
+        """(scalar emitter, bound tensor -> pointer, the symbols' values, (wg, count, err,
+        status)) of the tile's function ``f``, the builder at its entry."""
+        b = self.b
         n = len(self.bound)
         bases = {t: f.args[j] for j, t in enumerate(self.bound)}
-        E = ScalarEmitter(b, bases, self.buffers, k.name, self.native_f16, target="cpu")
+        E = ScalarEmitter(b, bases, self.buffers, self.k.name, self.native_f16, target="cpu")
         self.E = E
         syms = list(f.args[n:n + len(self.symbols)])
         for s, v in zip(self.symbols, syms):
             E.bind("$" + s, v)
-        wg, count, err, status = f.args[n + len(self.symbols):]
+        return E, bases, syms, tuple(f.args[n + len(self.symbols):])
+
+    def _emit_impl(self, f: ir.Function) -> None:
+        k = self.k
+        members = self._member_impls()
+        b = ir.IRBuilder(f.append_basic_block("entry"))
+        self.b = b
+        self.loops = Loops(b, self.module, unroll=False)
+        E, bases, syms, (wg, count, err, status) = self._entry(f)
         sizes = self.buffers[k.members[0].out].sizes
         points = ir.Constant(I64, 1)
         for d in k.dims:
@@ -290,4 +303,4 @@ class TileLowering(KernelLowering):
 
 
 __all__ = ["Tile", "TileKernel", "TileLowering", "boundaries", "find_tiles", "group",
-           "point_tiles", "workgroups"]
+           "point_tiles"]

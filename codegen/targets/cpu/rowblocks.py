@@ -1,0 +1,417 @@
+"""Row blocks: attention run a block of query rows at a time, its scores never stored whole.
+
+Whisper's encoder computes, per layer, scores S[n, head, x, x_1] = sum_k Q[..] K[..] (six
+1500 x 1500 heads, 54 MB), their row max, exp(S - max) (54 MB more), the row sums, and
+P.V = sum_x1 exp[.., x, x_1] V[..]. Op by op, each of these streams the scores through
+memory: written by the first GEMM, read by the max, read and written by the exponentials,
+read by the sums and by the second GEMM, about 270 MB a layer. Yet every op is per row
+(n, head, x): a row of the scores is needed only by that row's max, exponentials, sum and
+output. Run a block of B query rows at a time, one block's scores and exponentials (B rows of
+1500) are written and re-read while they are in L2, and the score matrix is never stored.
+
+``find_row_blocks`` finds such spans in the graph: from a contraction of two activations whose
+output is bigger than CACHE_BYTES (the scores), through every reader of each tensor the span
+writes that is about as big (the exponentials), and the maps right after that read the span
+(attention's division by the row sums). Every op of the span keeps some dims R among its
+output dims and reads what the span writes at the plain var of each (n, head, x): the rows.
+The contractions of the span each read R's *block dims* (x) from one operand only: a block of
+rows is a block of their GEMMs' M, and the rest of R (n, head) is their batch.
+
+The cpu target then (``group``) runs the span's kernels as one ``BlockTileKernel``: each
+workgroup walks its share of the blocks (one GEMM M group of each batch point, B = its
+height) and calls every member for that block's units: a GEMM member for the block's M group
+(units: its N tiles), a row kernel (scheduled with R as its points: kernels.py) for the
+block's rows. Members are told their units as a [start, end) range (``Kernel.ranged``). A
+tensor only the span reads lives in the workgroup's slice of a scratch buffer, B rows of it:
+the member is handed a base pointer moved back by the block's first row, so its own address
+arithmetic lands in the slice (as tiles.py does for one point). The tensors read after the
+span (attention's output) are written in place.
+
+What it does not do: non-R dims of symbolic size (a decoder built for any sequence length:
+the slice's size would be known at run time only), a span with an op that does not depend on
+it, and AMX or depthwise members. ``MLPACK_DISABLE_PASSES=row_blocks`` runs each op whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from llvmlite import ir
+
+from mlpack.codegen import debug
+from mlpack.codegen.llvm.loops import Loops
+from mlpack.codegen.llvm.types import I8, I32, I64
+from mlpack.codegen.passes.points import CACHE_BYTES, POINTS_IN_FLIGHT, contraction
+from mlpack.spec.ir import dtypes as dt
+from mlpack.spec.ir import expr as ex
+from mlpack.spec.ir.expr import Expr, walk
+from mlpack.spec.ir.graph import Comprehension, Graph
+from mlpack.codegen.targets.cpu.contraction import batch_symbols
+from mlpack.codegen.targets.cpu.gemm import Contraction
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
+from mlpack.codegen.targets.cpu.kernels import row_dim
+from mlpack.codegen.targets.cpu.rows import reordered
+from mlpack.codegen.targets.cpu.tiles import ALIGN, TileKernel, TileLowering
+
+BLOCK_BYTES = 512 << 10   # a block's intermediates at most: they stay in L2 between members
+MAX_GROUP = 8             # M tiles per block at most (a GEMM's usual group)
+LONG = 512                # what a sequence of symbolic length counts as
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """A span as the target runs it: its ops (outputs, in graph order), its rows R (batch
+    dims, then block dims) and the block dims."""
+    ops: tuple[str, ...]
+    dims: tuple[str, ...]
+    block: tuple[str, ...]
+
+
+# ---------------------------------------------------------------- the graph pass
+
+
+def _bytes(g: Graph, t: str, at: dict[str, Expr]) -> int:
+    """``t``'s bytes with its size symbols ``at`` these values."""
+    ty = g.types[t]
+    n = 1
+    for s in ty.dims.values():
+        n *= ex.value_at_one(ex.simplify_size(ex.substitute(s, at, kind="sym")))
+    return n * max(dt.bits(ty.dtype) // 8, 1)
+
+
+def _reads(op: Comprehension) -> list[Expr]:
+    return [n for n in walk(op.body) if n.op == "read"]
+
+
+def _one(s: Expr) -> bool:
+    return s.is_const and s.value == 1
+
+
+def _rows(span: list[Comprehension], t: str, g: Graph) -> list[str]:
+    """The dims every op of ``span`` keeps and reads the span's tensors at (``t``'s order)."""
+    written = {op.out for op in span}
+    keep = {d for d, s in g.types[t].dims.items() if not _one(s)}
+    for op in span:
+        keep &= set(op.type.dims)
+        for r in _reads(op):
+            if any(m.op == "read" for i in r.args for m in walk(i)):
+                return []   # an index taken from data
+            if r.arg[0] not in written:
+                continue
+            if r.arg[2] is not None:
+                return []
+            at = dict(zip(r.arg[1], r.args))
+            keep = {d for d in keep if d in at and at[d].op == "var" and at[d].arg == d}
+    return [d for d in g.types[t].dims if d in keep]
+
+
+def _block_dims(span: list[Comprehension], rows: list[str]) -> list[str] | None:
+    """R's dims that each contraction of the span reads from one operand only (its M); None
+    where a contraction reads some dim of R from neither."""
+    block = set(rows)
+    for op in span:
+        if not contraction(op):
+            continue
+        a, b = [set().union(*(ex.free_vars(i) for i in r.args)) for r in _reads(op)]
+        if any(d not in a and d not in b for d in rows):
+            return None
+        block &= {d for d in rows if (d in a) != (d in b)}
+    return [d for d in rows if d in block]
+
+
+def row_block(g: Graph, t: str, index: dict[str, int], readers: dict[str, list[int]],
+              outputs: set[str], batch) -> RowBlock | None:
+    """``t``'s row-block span (module docstring), or None."""
+    producer = g.ops[index[t]]
+    if not isinstance(producer, Comprehension) or not contraction(producer) or t in outputs:
+        return None
+    if any(r.arg[0] in g.constants for r in _reads(producer)):
+        return None   # a product with weights: a GEMM of its own
+    # (a batch of one; a sequence of symbolic length counts as long: the scores grow with it)
+    at = {**{s: ex.const(LONG) for d in g.types.values() for size in d.dims.values()
+             for s in ex.free_syms(size)}, **batch}
+    size = _bytes(g, t, at)
+    if size <= CACHE_BYTES:
+        return None
+    start = end = index[t]
+    while True:   # through every reader of a tensor about as big as the scores
+        wide = [op.outs[0] for op in g.ops[start:end + 1]
+                if _bytes(g, op.outs[0], at) * 2 >= size]
+        if any(w in outputs for w in wide):
+            return None
+        last = max([end, *(i for w in wide for i in readers.get(w, ()))])
+        if last == end:
+            break
+        end = last
+    span = g.ops[start:end + 1]
+    if not all(isinstance(op, Comprehension) for op in span):
+        return None
+    rows = _rows(span, t, g)
+    while end + 1 < len(g.ops):   # the maps right after that read the span (the division)
+        nxt = g.ops[end + 1]
+        written = {op.out for op in span}
+        if not (isinstance(nxt, Comprehension) and nxt.reduce is None and nxt.out not in outputs
+                and any(r.arg[0] in written for r in _reads(nxt))
+                and _rows([*span, nxt], t, g) == rows):
+            break
+        span, end = [*span, nxt], end + 1
+    written = {op.out for op in span}
+    for op in span[1:]:   # every op depends on the span (none merely lies between)
+        if not any(r.arg[0] in written for r in _reads(op)):
+            return None
+    block = _block_dims(span, rows) if rows else None
+    if not block:
+        return None
+    for op in span:   # one size per row dim
+        for d, s in op.type.dims.items():
+            if d in rows and not ex.same_size(s, g.types[t].dims[d]):
+                return None
+    outer = [d for d in rows if d not in block]
+    return RowBlock(tuple(op.out for op in span), tuple(outer + block), tuple(block))
+
+
+def find_row_blocks(g: Graph) -> list[RowBlock]:
+    """The row blocks of ``g``, none overlapping another."""
+    index = {op.outs[0]: i for i, op in enumerate(g.ops)}
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(g.ops):
+        if isinstance(op, Comprehension):
+            for r in _reads(op):
+                readers.setdefault(r.arg[0], []).append(i)
+    outputs = {p.name for p in g.outputs}
+    batch = batch_symbols(g)
+    found, taken = [], set()
+    for op in g.ops:
+        if isinstance(op, Comprehension) and op.out not in taken:
+            hit = row_block(g, op.out, index, readers, outputs, batch)
+            if hit is not None and not taken & set(hit.ops):
+                found.append(hit)
+                taken |= set(hit.ops)
+    return found
+
+
+def row_blocks(g: Graph, found: list) -> Graph:
+    """``g`` with the tensors of each row block laid out rows first (a block of rows is then
+    one run of each), its contractions' outputs read after it excepted (a GEMM writes any
+    layout); the blocks appended to ``found``. ``g`` itself is not changed."""
+    blocks = find_row_blocks(g)
+    outputs = {p.name for p in g.outputs}
+    orders = {}
+    gemm = _gemm_written(blocks, g)
+    for blk in blocks:
+        inside = set(blk.ops)
+        read_after = {r.arg[0] for op in g.ops if isinstance(op, Comprehension)
+                      and op.out not in inside for r in _reads(op)}
+        for t in blk.ops:
+            dims = list(g.types[t].dims)
+            order = [*blk.dims, *[d for d in dims if d not in blk.dims]]
+            if order == dims or (t in gemm and t in read_after):
+                continue
+            if t in outputs:
+                break   # (a graph output keeps its layout)
+            orders[t] = order
+        else:
+            found.append(blk)
+            debug.log(f"row blocks: {', '.join(blk.ops)} a block of ({', '.join(blk.block)}) "
+                      f"at a time, rows ({', '.join(blk.dims)})")
+    return reordered(g, {t: o for t, o in orders.items()
+                         if any(t in blk.ops for blk in found)})
+
+
+def _gemm_written(blocks: list[RowBlock], g: Graph) -> set[str]:
+    """The tensors of ``blocks`` a GEMM writes: their contractions' and the maps that read
+    those (a GEMM's epilogue)."""
+    producers = g.producers()
+    gemms = {t for blk in blocks for t in blk.ops if contraction(producers[t])}
+    return gemms | {t for blk in blocks for t in blk.ops if producers[t].reduce is None
+                    and any(r.arg[0] in gemms for r in _reads(producers[t]))}
+
+
+def points(blocks: list[RowBlock], g: Graph) -> dict[str, tuple[str, ...]]:
+    """The row kernels' points (kernels.py): each op of a block but those a GEMM writes."""
+    gemm = _gemm_written(blocks, g)
+    return {t: blk.dims for blk in blocks for t in blk.ops if t not in gemm}
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@dataclass
+class BlockTileKernel(TileKernel):
+    """A row block's kernels run a block of rows at a time (tiles.TileKernel's fields; its
+    ``dims`` are the rows R, ``locals`` give each local's offset in a slice and its bytes per
+    row, and ``slice_bytes`` a slice's size, as size expressions: a key length may be a
+    symbol)."""
+    block_dims: tuple[str, ...] = ()
+    height: int = 1                 # rows per block: the GEMM members' M group
+    gemm_members: list[int] = field(default_factory=list)   # which members are GEMMs
+
+    def workgroups(self, bufs: dict[str, Buffer]) -> Expr:
+        return ex.binary("min", _blocks(self, bufs), ex.const(self.slices))
+
+
+def _sizes(k: BlockTileKernel, bufs: dict[str, Buffer]) -> tuple[Expr, Expr]:
+    """(batch points, M) of the block tile's rows."""
+    sizes = bufs[k.members[0].out].sizes
+    batch = ex.product([sizes[d] for d in k.dims if d not in k.block_dims])
+    return batch, ex.product([sizes[d] for d in k.block_dims])
+
+
+def _blocks(k: BlockTileKernel, bufs: dict[str, Buffer]) -> Expr:
+    batch, m = _sizes(k, bufs)
+    return ex.product([batch, ex.ceildiv(m, ex.const(k.height))])
+
+
+
+def _members(kernels: list[Kernel], blk: RowBlock) -> tuple[int, int] | None:
+    inside = set(blk.ops)
+    idx = [i for i, k in enumerate(kernels) if k.out in inside]
+    return (idx[0], idx[-1]) if idx else None
+
+
+def _fits(members: list[Kernel], blk: RowBlock, bufs: dict[str, Buffer], written: set[str],
+          ) -> str | None:
+    """Why ``members`` cannot run a block at a time (None: they can)."""
+    mrs = set()
+    for m in members:
+        if m.strategy == "gemm":
+            c = m.gemm
+            if not isinstance(c, Contraction) or c.amx or c.batch_inner:
+                return f"{m.name} is not an f32 register-tile GEMM"
+            if list(c.batch) + list(c.m) != list(blk.dims) or list(c.m) != list(blk.block):
+                return f"{m.name} runs rows ({', '.join(c.batch + c.m)}), not the block's"
+            if c.packed in written or (c.b_direct is not None and c.b_direct.arg[0] in written):
+                return f"{m.name} reads its B from the block"
+            mrs.add(c.mr)
+            continue
+        if m.strategy not in ("map", "inner") or m.row_chunks != 1 or m.blocked:
+            return f"{m.name} is scheduled as {m.strategy}"
+        outer, _ = row_dim(bufs[m.out], m.blocked, m.points)
+        if outer != list(blk.dims):
+            return f"{m.name}'s rows are ({', '.join(outer)})"
+    if len(mrs) != 1:
+        return "its GEMMs' tiles differ in height"
+    return None
+
+
+def group(kernels: list[Kernel], blocks: list[RowBlock], bufs: dict[str, Buffer],
+          outputs: set[str]) -> list[Kernel]:
+    """``kernels`` with each row block's kernels replaced by their BlockTileKernel; the kernels
+    between them that read nothing the block writes (its GEMMs' run-time B packs) go first."""
+    for blk in blocks:
+        hit = _members(kernels, blk)
+        if hit is None:
+            continue
+        lo, hi = hit
+        inside = set(blk.ops)
+        span = kernels[lo:hi + 1]
+        members = [k for k in span if k.out in inside]
+        written = {k.out for k in members}
+        others = [k for k in span if k.out not in inside]
+        why = next((f"{k.name} reads the block" for k in others if written & set(k.reads)), None)
+        why = why or _fits(members, blk, bufs, written)
+        if why is not None:
+            debug.log(f"row blocks: {members[0].name} .. {members[-1].name} run whole: {why}")
+            continue
+        tile = _tile_kernel(members, blk, kernels[hi + 1:], bufs, outputs)
+        kernels = kernels[:lo] + others + [tile] + kernels[hi + 1:]
+    return kernels
+
+
+def _tile_kernel(members: list[Kernel], blk: RowBlock, after: list[Kernel],
+                 bufs: dict[str, Buffer], outputs: set[str]) -> BlockTileKernel:
+    written = [m.out for m in members]
+    read_after = {t for k in after for t in k.reads}
+    rows = {}   # a local's bytes per row (symbolic where the key length is)
+    for t in written:
+        if t in outputs or t in read_after:
+            continue
+        buf = bufs[t]
+        rows[t] = exact_bytes(replace(buf, sizes={d: (ex.const(1) if d in blk.dims else s)
+                                                  for d, s in buf.sizes.items()}))
+    per_row = sum(ex.value_at_one(r) for r in rows.values())
+    gemms = [j for j, m in enumerate(members) if m.strategy == "gemm"]
+    mr = members[gemms[0]].gemm.mr
+    group_ = max(1, min(MAX_GROUP, BLOCK_BYTES // max(per_row * mr, 1)))
+    height = group_ * mr
+    for j in gemms:   # one M group a block; its N tiles are its units, walked in a row
+        members[j].gemm = replace(members[j].gemm, group=group_, n_inner=True, stream=False)
+    offsets, offset = {}, ex.const(0)
+    for t, row in rows.items():
+        offsets[t] = (offset, row)
+        offset = ex.simplify_size(offset + ex.ceildiv(row * ex.const(height), ex.const(ALIGN))
+                                  * ex.const(ALIGN))
+    name = f"{members[0].name}.rows"
+    scratch = f"{name}#scratch"
+    k = BlockTileKernel(name, written[0], ex.const(0.0), None, {}, "f32", strategy="rowblock",
+                        members=members, dims=blk.dims, locals=offsets, scratch=scratch,
+                        slice_bytes=offset, block_dims=blk.block, height=height,
+                        gemm_members=gemms)
+    # as many slices as a batch of one has blocks, or POINTS_IN_FLIGHT (a symbolic M)
+    blocks = ex.value_at_one(_blocks(k, bufs)) if all(
+        bufs[k.out].sizes[d].is_const for d in blk.block) else POINTS_IN_FLIGHT
+    k.slices = min(POINTS_IN_FLIGHT, max(1, blocks))
+    bufs[scratch] = Buffer(scratch, ("slot",), {"slot": ex.simplify_size(
+        ex.ceildiv(ex.const(k.slices) * offset, ex.const(4)))}, "f32")
+    k.writes = [t for t in written if t not in rows] + [scratch]
+    k.out = k.writes[0]
+    k.reads = [t for t in dict.fromkeys(r for m in members for r in m.reads)
+               if t not in written]
+    k.fused = [t for m in members for t in m.fused]
+    for j, m in enumerate(members):
+        m.name, m.ranged = f"{name}.{j}", True
+    debug.log(f"row blocks: {name}: {len(members)} kernels, {height} rows a block, "
+              f"{offset} bytes of scratch a block")
+    return k
+
+
+# ---------------------------------------------------------------- lowering
+
+
+class BlockTileLowering(TileLowering):
+    """A BlockTileKernel's body: its members called block by block, each for its units."""
+
+    def _emit_impl(self, f: ir.Function) -> None:
+        k = self.k
+        members = self._member_impls()
+        b = ir.IRBuilder(f.append_basic_block("entry"))
+        self.b = b
+        self.loops = Loops(b, self.module, unroll=False)
+        E, bases, syms, (wg, count, err, status) = self._entry(f)
+        batch, m_size = (E(s) for s in _sizes(k, self.buffers))
+        height = ir.Constant(I64, k.height)
+        mgroups = b.udiv(b.add(m_size, ir.Constant(I64, k.height - 1)), height)
+        blocks = b.mul(batch, mgroups)
+        w64, c64 = b.zext(wg, I64), b.zext(count, I64)
+        start = b.udiv(b.mul(blocks, w64), c64)
+        end = b.udiv(b.mul(blocks, b.add(w64, ir.Constant(I64, 1))), c64)
+        base = b.gep(bases[k.scratch], [b.mul(w64, E(k.slice_bytes))], source_etype=I8)
+        locals_ = {t: (E(off), E(row)) for t, (off, row) in k.locals.items()}
+        ntiles = {j: E(k.members[j].gemm.ntiles) for j in k.gemm_members}
+        with self.loops.loop(start, end, "block") as blk:
+            bi, mg = b.udiv(blk, mgroups), b.urem(blk, mgroups)
+            m0 = b.mul(mg, height)
+            rows = b.sub(m_size, m0)
+            rows = b.select(b.icmp_unsigned("<", rows, height), rows, height)
+            r0 = b.add(b.mul(bi, m_size), m0)
+            for j, (lowering, impl) in enumerate(members):
+                if j in ntiles:
+                    lo = b.mul(blk, ntiles[j])
+                    hi = b.add(lo, ntiles[j])
+                else:
+                    lo, hi = r0, b.add(r0, rows)
+                args = []
+                for t in lowering.bound:
+                    if t in locals_:   # the slice, moved back by the block's first row
+                        off, row = locals_[t]
+                        args.append(b.gep(base, [b.sub(off, b.mul(r0, row))], source_etype=I8))
+                    else:
+                        args.append(bases[t])
+                b.call(impl, args + syms + [b.trunc(lo, I32), b.trunc(hi, I32), err, status])
+        b.ret_void()
+        self.loops_md(self.loops.latches, self.loops.unroll)
+        self._finish_checks(err, status)
+
+
+__all__ = ["BLOCK_BYTES", "BlockTileKernel", "BlockTileLowering", "RowBlock",
+           "find_row_blocks", "group", "points", "row_block", "row_blocks"]
