@@ -162,3 +162,24 @@ def test_a_block_its_kernels_cannot_run_runs_them_whole(monkeypatch):
     feeds = _feeds(2)
     np.testing.assert_allclose(run_plan(art, g, feeds)["y"], oracle_outputs(model, feeds)[0],
                                rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("target", HOST_TARGETS)
+def test_a_block_spans_whole_tiles_of_every_gemm(target, monkeypatch):
+    """197 keys (ViT's tokens): the scores' tiles are not as tall as P.V's on every level
+    (9 and 6 rows on AVX-512); a block is a multiple of both, and the artifact agrees."""
+    from support import oracle_outputs
+
+    monkeypatch.setattr(sys.modules[__name__], "T", 197)
+    monkeypatch.setattr(rowblocks, "MIN_BYTES", 0)
+    model = _attention(1, False)
+    g = compile_onnx(model)
+    tile = _tile(g, target)
+    mrs = [tile.members[j].gemm.mr for j in tile.gemm_members]
+    assert all(tile.height == m * tile.members[j].gemm.group
+               for j, m in zip(tile.gemm_members, mrs))
+    if target == "x86_64-v4":
+        assert mrs == [9, 6] and tile.height == 36
+    feeds = _feeds(1)
+    got = run_plan(compile_cpu(g, target), g, feeds)["y"]
+    np.testing.assert_allclose(got, oracle_outputs(model, feeds)[0], rtol=RTOL, atol=ATOL)
