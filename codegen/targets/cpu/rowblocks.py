@@ -10,7 +10,7 @@ output. Run a block of B query rows at a time, one block's scores and exponentia
 1500) are written and re-read while they are in L2, and the score matrix is never stored.
 
 ``find_row_blocks`` finds such spans in the graph: from a contraction of two activations whose
-output is bigger than CACHE_BYTES (the scores), through every reader of each tensor the span
+output is bigger than MIN_BYTES (the scores), through every reader of each tensor the span
 writes that is about as big (the exponentials), and the maps right after that read the span
 (attention's division by the row sums). Every op of the span keeps some dims R among its
 output dims and reads what the span writes at the plain var of each (n, head, x): the rows.
@@ -18,8 +18,8 @@ The contractions of the span each read R's *block dims* (x) from one operand onl
 rows is a block of their GEMMs' M, and the rest of R (n, head) is their batch.
 
 The cpu target then (``group``) runs the span's kernels as one ``BlockTileKernel``: each
-workgroup walks its share of the blocks (one GEMM M group of each batch point, B = its
-height) and calls every member for that block's units: a GEMM member for the block's M group
+workgroup walks its share of the blocks (one M group of each GEMM of the span, at a batch
+point: B rows, a multiple of every GEMM's tile height) and calls every member for that block's units: a GEMM member for the block's M group
 (units: its N tiles), a row kernel (scheduled with R as its points: kernels.py) for the
 block's rows. Members are told their units as a [start, end) range (``Kernel.ranged``). A
 tensor only the span reads lives in the workgroup's slice of a scratch buffer, B rows of it:
@@ -27,9 +27,11 @@ the member is handed a base pointer moved back by the block's first row, so its 
 arithmetic lands in the slice (as tiles.py does for one point). The tensors read after the
 span (attention's output) are written in place.
 
-What it does not do: non-R dims of symbolic size (a decoder built for any sequence length:
-the slice's size would be known at run time only), a span with an op that does not depend on
-it, and AMX or depthwise members. ``MLPACK_DISABLE_PASSES=row_blocks`` runs each op whole.
+A sequence of symbolic length (a decoder built for any length) counts as LONG tokens when
+the span is sought, and the slices' sizes are expressions of it. What it does not do: a span
+with an op that does not depend on it, AMX or depthwise members, and a softmax over blocks of
+keys (a block's whole rows of scores fit in L2 at these lengths; at 32K tokens they would
+not). ``MLPACK_DISABLE_PASSES=row_blocks`` runs each op whole.
 """
 
 from __future__ import annotations
