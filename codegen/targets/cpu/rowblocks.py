@@ -42,7 +42,6 @@ from dataclasses import dataclass, field, replace
 from llvmlite import ir
 
 from mlpack.codegen import debug
-from mlpack.codegen.llvm.loops import Loops
 from mlpack.codegen.llvm.types import I8, I32, I64
 from mlpack.codegen.passes.points import CACHE_BYTES, POINTS_IN_FLIGHT, contraction
 from mlpack.spec.ir import dtypes as dt
@@ -377,19 +376,13 @@ class BlockTileLowering(TileLowering):
 
     def _emit_impl(self, f: ir.Function) -> None:
         k = self.k
-        members = self._member_impls()
-        b = ir.IRBuilder(f.append_basic_block("entry"))
-        self.b = b
-        self.loops = Loops(b, self.module, unroll=False)
-        E, bases, syms, (wg, count, err, status) = self._entry(f)
+        members, E, bases, syms, (wg, count, err, status) = self._begin(f)
+        b = self.b
         batch, m_size = (E(s) for s in _sizes(k, self.buffers))
         height = ir.Constant(I64, k.height)
         mgroups = b.udiv(b.add(m_size, ir.Constant(I64, k.height - 1)), height)
-        blocks = b.mul(batch, mgroups)
-        w64, c64 = b.zext(wg, I64), b.zext(count, I64)
-        start = b.udiv(b.mul(blocks, w64), c64)
-        end = b.udiv(b.mul(blocks, b.add(w64, ir.Constant(I64, 1))), c64)
-        base = b.gep(bases[k.scratch], [b.mul(w64, E(k.slice_bytes))], source_etype=I8)
+        start, end, base = self._share(b.mul(batch, mgroups), wg, count, bases[k.scratch],
+                                       E(k.slice_bytes))
         locals_ = {t: (E(off), E(row)) for t, (off, row) in k.locals.items()}
         ntiles = {j: E(k.members[j].gemm.ntiles) for j in k.gemm_members}
         with self.loops.loop(start, end, "block") as blk:

@@ -255,10 +255,13 @@ class TileLowering(KernelLowering):
         self.impls = list(dict.fromkeys(impl.name for _, impl in members))
         return members
 
-    def _entry(self, f: ir.Function):
-        """(scalar emitter, bound tensor -> pointer, the symbols' values, (wg, count, err,
-        status)) of the tile's function ``f``, the builder at its entry."""
-        b = self.b
+    def _begin(self, f: ir.Function):
+        """The members' functions, then the tile's entry block: (members, scalar emitter,
+        bound tensor -> pointer, the symbols' values, (wg, count, err, status))."""
+        members = self._member_impls()
+        b = ir.IRBuilder(f.append_basic_block("entry"))
+        self.b = b
+        self.loops = Loops(b, self.module, unroll=False)
         n = len(self.bound)
         bases = {t: f.args[j] for j, t in enumerate(self.bound)}
         E = ScalarEmitter(b, bases, self.buffers, self.k.name, self.native_f16, target="cpu")
@@ -266,24 +269,26 @@ class TileLowering(KernelLowering):
         syms = list(f.args[n:n + len(self.symbols)])
         for s, v in zip(self.symbols, syms):
             E.bind("$" + s, v)
-        return E, bases, syms, tuple(f.args[n + len(self.symbols):])
+        return members, E, bases, syms, tuple(f.args[n + len(self.symbols):])
+
+    def _share(self, units, wg, count, scratch, slice_bytes):
+        """This workgroup's [start, end) of ``units`` and its slice of the scratch."""
+        b = self.b
+        w64, c64 = b.zext(wg, I64), b.zext(count, I64)
+        start = b.udiv(b.mul(units, w64), c64)
+        end = b.udiv(b.mul(units, b.add(w64, ir.Constant(I64, 1))), c64)
+        return start, end, b.gep(scratch, [b.mul(w64, slice_bytes)], source_etype=I8)
 
     def _emit_impl(self, f: ir.Function) -> None:
         k = self.k
-        members = self._member_impls()
-        b = ir.IRBuilder(f.append_basic_block("entry"))
-        self.b = b
-        self.loops = Loops(b, self.module, unroll=False)
-        E, bases, syms, (wg, count, err, status) = self._entry(f)
+        members, E, bases, syms, (wg, count, err, status) = self._begin(f)
+        b = self.b
         sizes = self.buffers[k.members[0].out].sizes
         points = ir.Constant(I64, 1)
         for d in k.dims:
             points = b.mul(points, E(sizes[d]))
-        w64, c64 = b.zext(wg, I64), b.zext(count, I64)
-        start = b.udiv(b.mul(points, w64), c64)
-        end = b.udiv(b.mul(points, b.add(w64, ir.Constant(I64, 1))), c64)
-        base = b.gep(bases[k.scratch], [b.mul(w64, ir.Constant(I64, k.slice_bytes))],
-                     source_etype=I8)
+        start, end, base = self._share(points, wg, count, bases[k.scratch],
+                                       ir.Constant(I64, k.slice_bytes))
         total = b.trunc(points, I32)
         with self.loops.loop(start, end, "point") as p:
             for lowering, impl in members:
