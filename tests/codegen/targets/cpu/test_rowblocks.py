@@ -183,3 +183,25 @@ def test_a_block_spans_whole_tiles_of_every_gemm(target, monkeypatch):
     feeds = _feeds(1)
     got = run_plan(compile_cpu(g, target), g, feeds)["y"]
     np.testing.assert_allclose(got, oracle_outputs(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("target", ["aarch64", "riscv64"])
+def test_other_architectures_run_the_blocks(target, tmp_path):
+    """The same kernels on NEON and RVV: the build validates the artifact against float64
+    where it runs (under qemu on an x86 host, natively on its own), with the block tile in it."""
+    from support import emulated
+    from mlpack.packager.build import build
+    from mlpack.runtime import detect_host
+
+    native = {"arm64": "aarch64", "riscv64": "riscv64"}.get(detect_host().arch) == target
+    if not native and not emulated(target):
+        pytest.skip(f"this host runs no {target} code (qemu-user for it is not installed)")
+    model = _attention(1, True)
+    assert len(rowblocks.find_row_blocks(compile_onnx(model))) == 1
+    _tile(compile_onnx(model), target)   # (one block tile in its schedule)
+    path = tmp_path / "attention.onnx"
+    path.write_bytes(model.SerializeToString())
+    report = build(path, tmp_path / "attention.mlpack", targets=[target], inputs=_feeds(1),
+                   cache=False)
+    (art,) = [a for a in report.artifacts if a.target == target]
+    assert art.validated and art.max_error < 1e-4, art
