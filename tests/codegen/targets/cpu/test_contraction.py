@@ -141,6 +141,19 @@ def test_read_modes_and_unit_order():
     assert not in_place.n_inner
 
 
+def test_operands_both_past_l2_walk_n_fastest_when_b_is_the_smaller():
+    """Neither operand fits L2 (1 MiB): the smaller B streams in order per M group while the
+    group's rows of A stay in L2 (Whisper's fully connected layers: A 1500 x 1536, B 1536 x
+    384); with B the bigger, M stays fastest (ViT-B/16's: A 197 x 3072, B 3072 x 768)."""
+    def gemm(m, k, n):
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+        mod = model(nodes, [("x", F, [1, m, k])], [("w", rand(k, n, seed=1))])
+        return _gemms(compile_onnx(mod), "x86_64-v3")[0]
+    assert gemm(1500, 1536, 384).n_inner
+    assert not gemm(197, 3072, 768).n_inner
+    assert not gemm(1500, 384, 1536).n_inner   # (A 2.3 MB, B 2.4 MB: B the bigger)
+
+
 def test_a_dynamic_batch_is_scheduled_as_a_batch_of_one():
     """Sizes that decide the unit order and the streamed weights are read at batch 1 where the
     batch is a symbol (the leading dim of every input); a sequence length stays symbolic."""
