@@ -48,6 +48,7 @@ from mlpack.spec.ir import dtypes as dt
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr, walk
 from mlpack.spec.ir.graph import Comprehension, Graph
+from mlpack.codegen.targets.cpu import narrowconv
 from mlpack.codegen.targets.cpu.contraction import batch_symbols
 from mlpack.codegen.targets.cpu.gemm import Contraction
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
@@ -278,6 +279,8 @@ def _fits(members: list[Kernel], blk: RowBlock, bufs: dict[str, Buffer], written
           ) -> str | None:
     """Why ``members`` cannot run a block at a time (None: they can)."""
     for m in members:
+        if narrowconv.shares_bytes(bufs[m.out]):
+            return f"{m.name} packs its outputs into shared bytes"
         if m.strategy == "gemm":
             c = m.gemm
             if not isinstance(c, Contraction) or c.amx or c.batch_inner:
