@@ -67,15 +67,36 @@ def contraction(c: Comprehension) -> bool:
     return len(reads) == 2 and all(f.op in ("read", "const") for f in factors)
 
 
-def _bytes(dims: dict, dtype: str) -> int:
+def dims_bytes(dims: dict, dtype: str) -> int:
+    """The bytes of a tensor of ``dims`` (symbols at 1) and ``dtype``."""
     n = 1
     for s in dims.values():
         n *= ex.value_at_one(s)
     return n * max(dt.bits(dtype) // 8, 1)
 
 
-def _reads(op: Comprehension):
+def op_reads(op: Comprehension) -> list:
+    """The read nodes of ``op``'s body."""
     return [n for n in walk(op.body) if n.op == "read"]
+
+
+def kept_dims(span, keep: set[str]) -> set[str] | None:
+    """Those of ``keep`` that every op of ``span`` has among its output dims and reads what
+    the span writes at, by the plain var of the same name; None where a read of the span is
+    guarded or any index comes from data (a gather: checked per element)."""
+    written = {op.out for op in span}
+    for op in span:
+        keep = keep & set(op.type.dims)
+        for r in op_reads(op):
+            if any(m.op == "read" for i in r.args for m in walk(i)):
+                return None
+            if r.arg[0] not in written:
+                continue
+            if r.arg[2] is not None:
+                return None
+            at = dict(zip(r.arg[1], r.args))
+            keep = {d for d in keep if d in at and at[d].op == "var" and at[d].arg == d}
+    return keep
 
 
 def point_span(g: Graph, t: str) -> Span | None:
@@ -92,34 +113,25 @@ def point_span(g: Graph, t: str) -> Span | None:
     if terms > MAX_TERMS:
         return None   # (attention's scores: a point would be a matrix-vector product)
     ttype = g.types[t]
-    if _bytes(ttype.dims, ttype.dtype) <= CACHE_BYTES:
+    if dims_bytes(ttype.dims, ttype.dtype) <= CACHE_BYTES:
         return None
     # (reads at one index in one op are one place: SiLU's x * sigmoid(x) of a convolution
     # computes from one element, which native code loads once)
     sites = {i: n for i, op in enumerate(g.ops) if isinstance(op, Comprehension)
-             for n in [len({r.args for r in _reads(op) if r.arg[0] == t})] if n}
+             for n in [len({r.args for r in op_reads(op) if r.arg[0] == t})] if n}
     if sum(sites.values()) < 2:
         return None
     span = g.ops[index[t]:max(sites) + 1]
-    written = {op.outs[0] for op in span}
     dims = [d for d, s in ttype.dims.items() if not (s.is_const and s.value == 1)]
-    keep = set(dims)
     for op in span:
         if not isinstance(op, Comprehension):
             return None
         if op is not producer and contraction(op) and any(
-                r.arg[0] in g.constants for r in _reads(op)):
+                r.arg[0] in g.constants for r in op_reads(op)):
             return None   # a product with weights: a GEMM, which per point would be a GEMV
-        keep &= set(op.type.dims)
-        for r in _reads(op):
-            if any(m.op == "read" for i in r.args for m in walk(i)):
-                return None   # an index taken from data (a gather): checked, per element
-            if r.arg[0] not in written:
-                continue
-            if r.arg[2] is not None:
-                return None
-            at = dict(zip(r.arg[1], r.args))
-            keep = {d for d in keep if d in at and at[d].op == "var" and at[d].arg == d}
+    keep = kept_dims(span, set(dims))
+    if keep is None:
+        return None
     dims = [d for d in dims if d in keep]
     if not dims:
         return None
@@ -130,10 +142,11 @@ def point_span(g: Graph, t: str) -> Span | None:
     rest = {d: s for d, s in ttype.dims.items() if d not in keep}
     if not all(s.is_const for s in rest.values()):
         return None
-    point = _bytes(rest, ttype.dtype)
+    point = dims_bytes(rest, ttype.dtype)
     if point > POINT_BYTES:
         return None
     return Span(t, tuple(op.outs[0] for op in span), tuple(dims), point)
 
 
-__all__ = ["CACHE_BYTES", "MAX_TERMS", "POINT_BYTES", "POINTS_IN_FLIGHT", "Span", "contraction", "point_span"]
+__all__ = ["CACHE_BYTES", "MAX_TERMS", "POINT_BYTES", "POINTS_IN_FLIGHT", "Span", "contraction",
+           "dims_bytes", "kept_dims", "op_reads", "point_span"]

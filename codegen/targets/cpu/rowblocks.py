@@ -42,11 +42,11 @@ from dataclasses import dataclass, field, replace
 from llvmlite import ir
 
 from mlpack.codegen import debug
-from mlpack.codegen.llvm.types import I8, I32, I64
-from mlpack.codegen.passes.points import CACHE_BYTES, POINTS_IN_FLIGHT, contraction
-from mlpack.spec.ir import dtypes as dt
+from mlpack.codegen.llvm.types import I32, I64
+from mlpack.codegen.passes.points import (CACHE_BYTES, POINTS_IN_FLIGHT, contraction,
+                                          dims_bytes, kept_dims, op_reads)
 from mlpack.spec.ir import expr as ex
-from mlpack.spec.ir.expr import Expr, walk
+from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph
 from mlpack.codegen.targets.cpu import narrowconv
 from mlpack.codegen.targets.cpu.contraction import batch_symbols
@@ -79,36 +79,15 @@ class RowBlock:
 def _bytes(g: Graph, t: str, at: dict[str, Expr]) -> int:
     """``t``'s bytes with its size symbols ``at`` these values."""
     ty = g.types[t]
-    n = 1
-    for s in ty.dims.values():
-        n *= ex.value_at_one(ex.simplify_size(ex.substitute(s, at, kind="sym")))
-    return n * max(dt.bits(ty.dtype) // 8, 1)
-
-
-def _reads(op: Comprehension) -> list[Expr]:
-    return [n for n in walk(op.body) if n.op == "read"]
-
-
-def _one(s: Expr) -> bool:
-    return s.is_const and s.value == 1
+    return dims_bytes({d: ex.simplify_size(ex.substitute(s, at, kind="sym"))
+                       for d, s in ty.dims.items()}, ty.dtype)
 
 
 def _rows(span: list[Comprehension], t: str, g: Graph) -> list[str]:
     """The dims every op of ``span`` keeps and reads the span's tensors at (``t``'s order)."""
-    written = {op.out for op in span}
-    keep = {d for d, s in g.types[t].dims.items() if not _one(s)}
-    for op in span:
-        keep &= set(op.type.dims)
-        for r in _reads(op):
-            if any(m.op == "read" for i in r.args for m in walk(i)):
-                return []   # an index taken from data
-            if r.arg[0] not in written:
-                continue
-            if r.arg[2] is not None:
-                return []
-            at = dict(zip(r.arg[1], r.args))
-            keep = {d for d in keep if d in at and at[d].op == "var" and at[d].arg == d}
-    return [d for d in g.types[t].dims if d in keep]
+    keep = kept_dims(span, {d for d, s in g.types[t].dims.items()
+                            if not (s.is_const and s.value == 1)})
+    return [d for d in g.types[t].dims if d in (keep or ())]
 
 
 def _block_dims(span: list[Comprehension], rows: list[str]) -> list[str] | None:
@@ -118,7 +97,7 @@ def _block_dims(span: list[Comprehension], rows: list[str]) -> list[str] | None:
     for op in span:
         if not contraction(op):
             continue
-        a, b = [set().union(*(ex.free_vars(i) for i in r.args)) for r in _reads(op)]
+        a, b = [set().union(*(ex.free_vars(i) for i in r.args)) for r in op_reads(op)]
         if any(d not in a and d not in b for d in rows):
             return None
         block &= {d for d in rows if (d in a) != (d in b)}
@@ -126,16 +105,14 @@ def _block_dims(span: list[Comprehension], rows: list[str]) -> list[str] | None:
 
 
 def row_block(g: Graph, t: str, index: dict[str, int], readers: dict[str, list[int]],
-              outputs: set[str], batch) -> RowBlock | None:
-    """``t``'s row-block span (module docstring), or None."""
+              outputs: set[str], at: dict[str, Expr]) -> RowBlock | None:
+    """``t``'s row-block span (module docstring), or None. ``at``: the value each size symbol
+    counts as."""
     producer = g.ops[index[t]]
     if not isinstance(producer, Comprehension) or not contraction(producer) or t in outputs:
         return None
-    if any(r.arg[0] in g.constants for r in _reads(producer)):
+    if any(r.arg[0] in g.constants for r in op_reads(producer)):
         return None   # a product with weights: a GEMM of its own
-    # (a batch of one; a sequence of symbolic length counts as long: the scores grow with it)
-    at = {**{s: ex.const(LONG) for d in g.types.values() for size in d.dims.values()
-             for s in ex.free_syms(size)}, **batch}
     size = _bytes(g, t, at)
     if size <= MIN_BYTES:
         return None
@@ -157,13 +134,13 @@ def row_block(g: Graph, t: str, index: dict[str, int], readers: dict[str, list[i
         nxt = g.ops[end + 1]
         written = {op.out for op in span}
         if not (isinstance(nxt, Comprehension) and nxt.reduce is None and nxt.out not in outputs
-                and any(r.arg[0] in written for r in _reads(nxt))
+                and any(r.arg[0] in written for r in op_reads(nxt))
                 and _rows([*span, nxt], t, g) == rows):
             break
         span, end = [*span, nxt], end + 1
     written = {op.out for op in span}
     for op in span[1:]:   # every op depends on the span (none merely lies between)
-        if not any(r.arg[0] in written for r in _reads(op)):
+        if not any(r.arg[0] in written for r in op_reads(op)):
             return None
     block = _block_dims(span, rows) if rows else None
     if not block:
@@ -182,14 +159,16 @@ def find_row_blocks(g: Graph) -> list[RowBlock]:
     readers: dict[str, list[int]] = {}
     for i, op in enumerate(g.ops):
         if isinstance(op, Comprehension):
-            for r in _reads(op):
+            for r in op_reads(op):
                 readers.setdefault(r.arg[0], []).append(i)
     outputs = {p.name for p in g.outputs}
-    batch = batch_symbols(g)
+    # (a batch of one; a sequence of symbolic length counts as long: the scores grow with it)
+    at = {**{s: ex.const(LONG) for ty in g.types.values() for size in ty.dims.values()
+             for s in ex.free_syms(size)}, **batch_symbols(g)}
     found, taken = [], set()
     for op in g.ops:
         if isinstance(op, Comprehension) and op.out not in taken:
-            hit = row_block(g, op.out, index, readers, outputs, batch)
+            hit = row_block(g, op.out, index, readers, outputs, at)
             if hit is not None and not taken & set(hit.ops):
                 found.append(hit)
                 taken |= set(hit.ops)
@@ -207,7 +186,7 @@ def row_blocks(g: Graph, found: list) -> Graph:
     for blk in blocks:
         inside = set(blk.ops)
         read_after = {r.arg[0] for op in g.ops if isinstance(op, Comprehension)
-                      and op.out not in inside for r in _reads(op)}
+                      and op.out not in inside for r in op_reads(op)}
         for t in blk.ops:
             dims = list(g.types[t].dims)
             order = [*blk.dims, *[d for d in dims if d not in blk.dims]]
@@ -230,7 +209,7 @@ def _gemm_written(blocks: list[RowBlock], g: Graph) -> set[str]:
     producers = g.producers()
     gemms = {t for blk in blocks for t in blk.ops if contraction(producers[t])}
     return gemms | {t for blk in blocks for t in blk.ops if producers[t].reduce is None
-                    and any(r.arg[0] in gemms for r in _reads(producers[t]))}
+                    and any(r.arg[0] in gemms for r in op_reads(producers[t]))}
 
 
 def points(blocks: list[RowBlock], g: Graph) -> dict[str, tuple[str, ...]]:
@@ -400,14 +379,9 @@ class BlockTileLowering(TileLowering):
                     hi = b.add(lo, ntiles[j])
                 else:
                     lo, hi = r0, b.add(r0, rows)
-                args = []
-                for t in lowering.bound:
-                    if t in locals_:   # the slice, moved back by the block's first row
-                        off, row = locals_[t]
-                        args.append(b.gep(base, [b.sub(off, b.mul(r0, row))], source_etype=I8))
-                    else:
-                        args.append(bases[t])
-                b.call(impl, args + syms + [b.trunc(lo, I32), b.trunc(hi, I32), err, status])
+                # (the slices moved back by the block's first row)
+                self._call(lowering, impl, bases, base, r0, locals_, syms,
+                           [b.trunc(lo, I32), b.trunc(hi, I32), err, status])
         b.ret_void()
         self.loops_md(self.loops.latches, self.loops.unroll)
         self._finish_checks(err, status)

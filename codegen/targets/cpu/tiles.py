@@ -41,7 +41,7 @@ from mlpack.codegen.llvm.types import I8, I32, I64
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph
-from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes, share
 from mlpack.codegen.targets.cpu.lower import KernelLowering
 from mlpack.codegen.targets.cpu.rows import reordered
 from mlpack.codegen.targets.cpu.sharing import kernel_key
@@ -274,10 +274,23 @@ class TileLowering(KernelLowering):
     def _share(self, units, wg, count, scratch, slice_bytes):
         """This workgroup's [start, end) of ``units`` and its slice of the scratch."""
         b = self.b
-        w64, c64 = b.zext(wg, I64), b.zext(count, I64)
-        start = b.udiv(b.mul(units, w64), c64)
-        end = b.udiv(b.mul(units, b.add(w64, ir.Constant(I64, 1))), c64)
-        return start, end, b.gep(scratch, [b.mul(w64, slice_bytes)], source_etype=I8)
+        start, end = share(b, self.k, units, wg, count)
+        return start, end, b.gep(scratch, [b.mul(b.zext(wg, I64), slice_bytes)],
+                                 source_etype=I8)
+
+    def _call(self, lowering, impl, bases, base, at, locals_, syms, tail) -> None:
+        """Call a member's function with its tensors: a local, the workgroup's slice of the
+        scratch (``base``) moved back by its (offset, size) pair's size times ``at`` (the
+        point, or the block's first row), so the member's own addresses land in the slice."""
+        b = self.b
+        args = []
+        for t in lowering.bound:
+            if t in locals_:
+                off, size = locals_[t]
+                args.append(b.gep(base, [b.sub(off, b.mul(at, size))], source_etype=I8))
+            else:
+                args.append(bases[t])
+        b.call(impl, args + syms + tail)
 
     def _emit_impl(self, f: ir.Function) -> None:
         k = self.k
@@ -290,18 +303,12 @@ class TileLowering(KernelLowering):
         start, end, base = self._share(points, wg, count, bases[k.scratch],
                                        ir.Constant(I64, k.slice_bytes))
         total = b.trunc(points, I32)
+        locals_ = {t: (ir.Constant(I64, off), ir.Constant(I64, size))
+                   for t, (off, size) in k.locals.items()}
         with self.loops.loop(start, end, "point") as p:
             for lowering, impl in members:
-                args = []
-                for t in lowering.bound:
-                    if t in k.locals:   # the slice, moved back by point p's offset in t
-                        off, size = k.locals[t]
-                        args.append(b.gep(base, [b.sub(ir.Constant(I64, off),
-                                                       b.mul(p, ir.Constant(I64, size)))],
-                                          source_etype=I8))
-                    else:
-                        args.append(bases[t])
-                b.call(impl, args + syms + [b.trunc(p, I32), total, err, status])
+                self._call(lowering, impl, bases, base, p, locals_, syms,
+                           [b.trunc(p, I32), total, err, status])
         b.ret_void()
         self.loops_md(self.loops.latches, self.loops.unroll)
         self._finish_checks(err, status)
