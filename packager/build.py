@@ -455,6 +455,7 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         pairs = None   # the default precision may be int8 (a quantized model): see below
     customops.load(ops)
     check_output_path(output)
+    validation.emulation_seconds()   # (a bad MLPACK_EMULATION_SECONDS stops it here)
     step = _Steps(progress)
     kernels = _kernel_cache(cache)
     with step("import"):

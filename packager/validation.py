@@ -21,6 +21,7 @@ import numpy as np
 
 from mlpack.codegen import precisions as precision_modules
 from mlpack.codegen.targets import registry
+from mlpack.spec import environment
 from mlpack.spec.errors import Error
 from mlpack.packager.errors import DeadOnArrivalError
 from mlpack.packager import heap
@@ -120,6 +121,22 @@ EMULATION_SECONDS_PER_MB = {"arm64": 0.020, "riscv64": 0.012}
 EMULATION_SLOWDOWN = {"arm64": 470.0, "riscv64": 600.0}
 
 
+def emulation_seconds() -> float:
+    """The build's limit on each emulated run: MLPACK_EMULATION_SECONDS, else
+    EMULATION_SECONDS (a slower host or CI runner that wants every architecture validated in the
+    build raises it; 0 runs none)."""
+    text = environment.get("MLPACK_EMULATION_SECONDS").strip()
+    if not text:
+        return EMULATION_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:   # (nan too)
+        raise Error(f"MLPACK_EMULATION_SECONDS={text!r}: expected a number of seconds >= 0")
+    return seconds
+
+
 def predicted_seconds(native_seconds: float | None, arch: str | None = None,
                       nbytes: int = 0) -> float | None:
     """What an emulated run on OCI architecture ``arch`` of the vectors that took
@@ -154,12 +171,12 @@ def emulated_cases(native: NativeRun | None, arch: str | None, count: int,
                    nbytes: int = 0) -> tuple[int, float | None]:
     """(how many of the first cases an emulated run on ``arch`` of an artifact of ``nbytes``
     runs, what that is predicted to take): as many as are predicted to fit within
-    EMULATION_SECONDS; where not even case 0 does, (1, its prediction), which the run refuses.
+    emulation_seconds(); where not even case 0 does, (1, its prediction), which the run refuses.
     No native run to predict from: all."""
     if native is None or len(native.cases) != count:
         return count, None
     k = count
-    while k > 1 and predicted_seconds(native.first(k), arch, nbytes) > EMULATION_SECONDS:
+    while k > 1 and predicted_seconds(native.first(k), arch, nbytes) > emulation_seconds():
         k -= 1
     return k, predicted_seconds(native.first(k), arch, nbytes)
 
@@ -182,7 +199,7 @@ def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, ru
         progress(f"  validate {target} {precision} under {emu.qemu}{some}")
     try:
         result = emulate.validate(path, verdict.artifact, verdict.reason, emu, progress,
-                                  timeout=EMULATION_SECONDS, trusted_keys="",   # its own file
+                                  timeout=emulation_seconds(), trusted_keys="",   # its own file
                                   runs=runs, predicted=predicted, cases=cases[:k])
     except emulate.NotEmulated:
         raise

@@ -44,6 +44,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("MLPACK_QEMU", "compiler",
              "0: mlpack build and validate leave other architectures' artifacts unrun instead of "
              "validating them under qemu-user, where it is installed (packager/emulate.py)"),
+    Variable("MLPACK_EMULATION_SECONDS", "compiler",
+             "seconds mlpack build waits for each other architecture's test vectors under "
+             "qemu-user (default 5; a run predicted to take longer is not started, and the "
+             "artifact is written unvalidated, saying why); mlpack validate runs them to the end"),
     Variable("MLPACK_NATIVE_TARGET", "compiler",
              "the target mlpack.backend's native mode (python -m mlpack.conformance --native) "
              "compiles for instead of this host's best cpu level: cuda-emulated (the cuda "

@@ -53,6 +53,16 @@ def _kernel_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
+def patient_emulation():
+    """Builds in the test (in this process and the CLI's) wait for their emulated runs to the
+    end (support.patient_emulation)."""
+    from support import patient_emulation
+
+    with patient_emulation():
+        yield
+
+
+@pytest.fixture
 def tiny_model_path(tmp_path):
     """``y = relu(x + b)`` with a dynamic ``batch`` dim, saved to a file; returns its path."""
     b = numpy_helper.from_array(np.arange(4, dtype=np.float32), "b")

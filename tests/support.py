@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -98,6 +99,20 @@ def emulated(target: str) -> str:
     if emu is None or arch == detect_host().arch or emulate.missing(emu):
         return ""
     return emu.qemu
+
+
+@contextmanager
+def patient_emulation():
+    """Builds wait for their emulated runs to the end. A build stops one after 5 s
+    (MLPACK_EMULATION_SECONDS: its budget on a user's machine), which a slower or busier host
+    passes (a riscv64 attention block: 4 s under qemu on a Zen 4, 7 s on a Sapphire Rapids
+    guest), so a test asserting that another architecture's code ran and agreed must not depend
+    on it; the limit itself is tested in tests/packager/test_emulate.py."""
+    import pytest
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLPACK_EMULATION_SECONDS", "600")
+        yield
 
 
 def host_lacks(target: str) -> str | None:

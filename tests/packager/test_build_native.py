@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from support import cli, emulated, host_lacks, load_light
+from support import cli, emulated, host_lacks, load_light, patient_emulation
 
 import mlpack
 from mlpack.codegen.targets.cpu.target import TARGETS as CPU_TARGETS
@@ -62,7 +62,8 @@ def _quiet_load(path, **kw):
 def mlp(tmp_path_factory):
     out = tmp_path_factory.mktemp("native") / "mlp.mlpack"
     lines = []
-    report = build(MLP, out, progress=lines.append, cache=False)   # every target compiled
+    with patient_emulation():   # (the tests below assert the emulated ones ran)
+        report = build(MLP, out, progress=lines.append, cache=False)   # every target compiled
     return out, report, lines
 
 
@@ -149,7 +150,7 @@ def test_validate_command_passes_every_runnable_artifact(mlp):
 
 
 @needs_native
-def test_build_command_prints_times_and_validation(tmp_path):
+def test_build_command_prints_times_and_validation(tmp_path, patient_emulation):
     result = cli("build", MLP, "-o", tmp_path / "m.mlpack", "-t", "x86_64-v3", "-t", "aarch64")
     assert result.exit_code == 0, result.output
     out = result.stdout
@@ -171,7 +172,7 @@ def test_only_named_targets_are_built_and_portable_always(tmp_path):
 
 
 @needs_native
-def test_bert_block_all_targets_match_onnxruntime(tmp_path):
+def test_bert_block_all_targets_match_onnxruntime(tmp_path, patient_emulation):
     out = tmp_path / "bert.mlpack"
     report = build(BERT, out)
     assert [a.validated for a in report.artifacts] == [

@@ -27,6 +27,7 @@ from mlpack.packager import build as b
 from mlpack.packager import emulate, validation
 from mlpack.runtime import detect_host
 from mlpack.spec.container import open_container
+from mlpack.spec.errors import Error
 import support
 
 pytest.importorskip("onnxruntime")
@@ -236,13 +237,30 @@ def test_a_run_over_the_build_limit_is_skipped_with_the_reason(mlp, tmp_path, mo
         verdict = model.verdicts[AARCH64]
     with pytest.raises(emulate.NotEmulated, match=r"ran over 0.001 s under qemu-aarch64"):
         emulate.validate(path, verdict.artifact, verdict.reason, ARM64, timeout=0.001)
-    monkeypatch.setattr(validation, "EMULATION_SECONDS", 0.001)
+    monkeypatch.setenv("MLPACK_EMULATION_SECONDS", "0.001")   # (5 s, EMULATION_SECONDS, unset)
     report = b.build(MLP, tmp_path / "m.mlpack", targets=TARGETS)
     arm = report.artifacts[AARCH64]
     # (predicted from the native run: a start alone is over the limit, so it is not started)
     assert not arm.validated and re.search(r"would take about \d+ s under qemu-aarch64 .* "
                                            r"limit of 0.001 s", arm.reason), arm.reason
     assert report.artifacts[X86].validated
+
+
+def test_the_build_limit_is_read_from_the_environment(monkeypatch, tmp_path):
+    """MLPACK_EMULATION_SECONDS replaces the 5 s limit (a slow CI runner that wants every
+    architecture validated in the build raises it); a value that is not a number of seconds
+    stops the build before it compiles anything, naming the variable."""
+    monkeypatch.delenv("MLPACK_EMULATION_SECONDS", raising=False)
+    assert validation.emulation_seconds() == validation.EMULATION_SECONDS == 5.0
+    monkeypatch.setenv("MLPACK_EMULATION_SECONDS", " 120 ")
+    assert validation.emulation_seconds() == 120.0
+    run = validation.NativeRun(0.5, (0.2, 0.2))   # at 470x: both cases 235 s, case 0 141 s
+    assert validation.emulated_cases(run, "arm64", 2) == (1, pytest.approx(141.1))
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv("MLPACK_EMULATION_SECONDS", bad)
+        with pytest.raises(Error, match=rf"MLPACK_EMULATION_SECONDS='{bad}': expected a number"):
+            b.build(MLP, tmp_path / "m.mlpack", targets=["portable"])
+        assert not (tmp_path / "m.mlpack").exists()
 
 
 def test_an_emulated_run_takes_the_first_cases_that_fit_the_limit(monkeypatch):

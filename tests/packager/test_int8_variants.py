@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 import support
-from support import emulated
+from support import emulated, patient_emulation
 from support import runs_native as _runs_here
 
 import mlpack
@@ -30,7 +30,8 @@ CPU = ["x86_64-v2", "x86_64-v3", "x86_64-v4", "x86_64-v4-vnni", "aarch64", "aarc
 @pytest.fixture(scope="module")
 def mlp8(tmp_path_factory):
     path = tmp_path_factory.mktemp("p") / "mlp.mlpack"
-    return path, build(MLP, path, targets=CPU, precisions=["fp32,bf16,int8"])
+    with patient_emulation():   # (the tests assert the emulated ones ran)
+        return path, build(MLP, path, targets=CPU, precisions=["fp32,bf16,int8"])
 
 
 def test_int8_builds_for_every_cpu_target_and_validates_where_it_can(mlp8):
@@ -214,7 +215,7 @@ def test_an_int8_artifact_that_misses_keeps_its_most_sensitive_activations_in_f3
     assert report.cache["hits"] > 0
 
 
-def test_a_max_pooling_of_bytes_builds_for_x86_and_aarch64(tmp_path):
+def test_a_max_pooling_of_bytes_builds_for_x86_and_aarch64(tmp_path, patient_emulation):
     """A convolution, a max pooling and a convolution: int8 quantizes before the pooling, so the
     cpu kernels take the max of u8 values over a padded window; validated where they run."""
     path = tmp_path / "stem.onnx"

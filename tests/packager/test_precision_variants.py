@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 import support
-from support import best_host_target, emulated
+from support import best_host_target, emulated, patient_emulation
 from support import runs_native as _runs_here
 
 import mlpack
@@ -36,7 +36,8 @@ CPU = ["x86_64-v2", "x86_64-v3", "x86_64-v4", "aarch64", "riscv64"]
 @pytest.fixture(scope="module")
 def mlp16(tmp_path_factory):
     path = tmp_path_factory.mktemp("p") / "mlp.mlpack"
-    return path, build(MLP, path, targets=CPU, precisions=["fp32,fp16", "bf16"])
+    with patient_emulation():   # (the tests assert the emulated ones ran)
+        return path, build(MLP, path, targets=CPU, precisions=["fp32,fp16", "bf16"])
 
 
 def test_every_cpu_target_builds_each_precision_and_validates_where_it_can(mlp16):
@@ -92,7 +93,7 @@ def test_load_by_precision_runs_it_within_its_tolerance_of_onnxruntime(mlp16, pr
     assert (got.argmax(1) == want.argmax(1)).all()
 
 
-def test_bf16_products_build_and_validate_on_x86_and_arm(tmp_path):
+def test_bf16_products_build_and_validate_on_x86_and_arm(tmp_path, patient_emulation):
     """The targets that multiply bf16 pairs: validated here (AVX512_BF16) or under qemu (its
     default aarch64 CPU has BF16), with the activations rounded (no pass dropped)."""
     report = build(MLP, tmp_path / "m.mlpack", targets=["x86_64-v4-bf16", "aarch64-bf16"],

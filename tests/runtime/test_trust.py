@@ -411,7 +411,8 @@ def test_code_rewritten_in_place_while_opening(pair, marker, tmp_path):
     assert loaded > 0 and refused > 0, (loaded, refused)
 
 
-def test_a_build_checks_its_own_file_under_a_host_policy(keys, tmp_path, monkeypatch):
+def test_a_build_checks_its_own_file_under_a_host_policy(keys, tmp_path, monkeypatch,
+                                                         patient_emulation):
     """MLPACK_TRUSTED_KEYS on a build host does not stop `mlpack build` validating the file it
     just wrote (there is nothing to sign yet; under qemu too), while `validate` of that unsigned
     file under the same policy is refused."""

@@ -30,7 +30,7 @@ def onnx_path(tmp_path_factory):
     return path
 
 
-def test_build_validate_run(onnx_path, tmp_path):
+def test_build_validate_run(onnx_path, tmp_path, patient_emulation):
     from support import emulated
     from mlpack.packager.build import build
 

@@ -118,7 +118,7 @@ def test_int8_kernels_give_the_interpreters_outputs(case, target):
     assert np.mean(np.abs(got - want) <= 1e-6 * scale) > 0.98
 
 
-def test_every_level_computes_the_same_integers_chunked_k_included(tmp_path):
+def test_every_level_computes_the_same_integers_chunked_k_included(tmp_path, patient_emulation):
     """A convolution deep enough that K runs in several chunks (the accumulators go through
     the tile buffer, SDOT's correction starting them), built for every int8 level: each one this
     host runs, natively or under qemu, validates with the same error as the others."""

@@ -186,7 +186,7 @@ def test_a_block_spans_whole_tiles_of_every_gemm(target, monkeypatch):
 
 
 @pytest.mark.parametrize("target", ["aarch64", "riscv64"])
-def test_other_architectures_run_the_blocks(target, tmp_path):
+def test_other_architectures_run_the_blocks(target, tmp_path, patient_emulation):
     """The same kernels on NEON and RVV: the build validates the artifact against float64
     where it runs (under qemu on an x86 host, natively on its own), with the block tile in it."""
     from support import emulated

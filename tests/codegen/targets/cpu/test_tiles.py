@@ -143,7 +143,8 @@ def test_a_convolution_read_twice_at_one_index_gets_no_tile():
     assert points.point_span(g, "c") is None
 
 
-def test_the_custom_op_model_builds_its_tile_for_each_cpu_target(monkeypatch, tmp_path):
+def test_the_custom_op_model_builds_its_tile_for_each_cpu_target(monkeypatch, tmp_path,
+                                                                  patient_emulation):
     """benchmarks/capsule_routing.py's model (one EMRouting node) at 9x9 with 16 capsule types:
     its graph gets the tile, and the build validates it on this host's baseline target and,
     where qemu runs it, on aarch64: the same kernels, another instruction set."""
