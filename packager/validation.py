@@ -132,7 +132,7 @@ def emulation_seconds() -> float:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
-    if not seconds >= 0:   # (nan too)
+    if not 0 <= seconds < float("inf"):   # (nan too)
         raise Error(f"MLPACK_EMULATION_SECONDS={text!r}: expected a number of seconds >= 0")
     return seconds
 

@@ -256,7 +256,7 @@ def test_the_build_limit_is_read_from_the_environment(monkeypatch, tmp_path):
     assert validation.emulation_seconds() == 120.0
     run = validation.NativeRun(0.5, (0.2, 0.2))   # at 470x: both cases 235 s, case 0 141 s
     assert validation.emulated_cases(run, "arm64", 2) == (1, pytest.approx(141.1))
-    for bad in ("soon", "-1", "nan"):
+    for bad in ("soon", "-1", "nan", "inf"):
         monkeypatch.setenv("MLPACK_EMULATION_SECONDS", bad)
         with pytest.raises(Error, match=rf"MLPACK_EMULATION_SECONDS='{bad}': expected a number"):
             b.build(MLP, tmp_path / "m.mlpack", targets=["portable"])
