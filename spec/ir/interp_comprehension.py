@@ -34,6 +34,9 @@ from mlpack.spec.ir.scalarops import apply_op
 BLOCK_BYTES = 32 << 20
 # a padded read's lattice is read from a padded copy of its tensor only up to this growth
 PAD_GROWTH = 4
+# a max or min over at most this many elements per output (a pooling window) takes one
+# elementwise maximum per element of the window (``_extreme``)
+WINDOW_TAPS = 64
 
 
 @dataclass
@@ -397,8 +400,7 @@ class ComprehensionEval:
                 out = f(data, axis=axes, dtype=acc)
             elif kind in ("max", "min"):
                 init = dt.lowest(dtype) if kind == "max" else dt.highest(dtype)
-                f = np.max if kind == "max" else np.min
-                out = f(data, axis=axes, initial=init)
+                out = _extreme(data, axes, kind, init)
             else:
                 if len(axes) != 1:
                     raise InterpError(f"%{op.out}: {kind} needs exactly one reduction dim")
@@ -412,3 +414,22 @@ class ComprehensionEval:
                 else:
                     out = f(data, axis=ax)
         return LArr(np.asarray(out), keep)
+
+
+def _extreme(data: np.ndarray, axes: tuple[int, ...], kind: str, init):
+    """The max (or min) of ``data`` over ``axes``, at least ``init`` (at most, for a min). Over
+    a window's few taps (a pooling: ``data`` a strided view of its input), numpy's reduction
+    walks the taps innermost, element by element; one elementwise maximum per tap over all the
+    outputs is 8x faster (GoogLeNet's 3x3 poolings took 0.79 s of its float64 reference's
+    1.8 s). Exact in any order, as a sum would not be."""
+    taps = 1
+    for a in axes:
+        taps *= data.shape[a]
+    if not 0 < taps <= WINDOW_TAPS or len(axes) == data.ndim:
+        return (np.max if kind == "max" else np.min)(data, axis=axes, initial=init)
+    ufunc = np.maximum if kind == "max" else np.minimum
+    moved = np.moveaxis(data, axes, tuple(range(len(axes))))
+    out = None
+    for tap in np.ndindex(*moved.shape[:len(axes)]):
+        out = np.array(moved[tap]) if out is None else ufunc(out, moved[tap], out=out)
+    return ufunc(out, init, out=out)

@@ -120,3 +120,35 @@ def test_an_evaluator_and_its_temporaries_go_when_its_op_is_done():
     finally:
         gc.enable()
     assert left == []
+
+
+def test_a_windows_max_and_min_are_numpys_over_every_dtype_nan_and_the_identity():
+    """A max or min over a few taps (a pooling window, read through a strided view) goes tap
+    by tap (``_extreme``): the same values as numpy's reduction, nan propagated, at least the
+    identity the reduction starts from, for floats, integers and bools; more taps than
+    WINDOW_TAPS, or every axis reduced, go through numpy's reduction itself."""
+    from numpy.lib.stride_tricks import as_strided
+
+    from mlpack.spec.ir import dtypes as dt
+
+    x = RNG.standard_normal((2, 3, 11, 9))
+    x[0, 1, 4, 4] = np.nan
+    s = x.strides   # a 3x3 window of stride 2 over the last two dims
+    view = as_strided(x, (2, 3, 5, 4, 3, 3), (s[0], s[1], 2 * s[2], 2 * s[3], s[2], s[3]))
+    for dtype in ("f64", "f32", "i32", "u8", "bool"):
+        data = view > 0 if dtype == "bool" else view.astype(dt.to_numpy(dtype)) \
+            if dt.is_float(dtype) else np.nan_to_num(view * 40).astype(dt.to_numpy(dtype))
+        for kind, f, init in (("max", np.max, dt.lowest(dtype)),
+                              ("min", np.min, dt.highest(dtype))):
+            for axes in ((4, 5), (2, 4), (1,)):
+                got = ic._extreme(data, axes, kind, init)
+                want = f(data, axis=axes, initial=init)
+                assert got.dtype == want.dtype and got.shape == want.shape, (dtype, kind, axes)
+                np.testing.assert_array_equal(got, want, err_msg=f"{dtype} {kind} {axes}")
+    assert np.isnan(ic._extreme(view, (4, 5), "max", -np.inf)[0, 1, 2, 2])   # (the nan's window)
+    # the identity bounds an all-lowest window (an integer max starts at the dtype's least)
+    low = np.full((4, 2), -5, dtype=np.int8)
+    np.testing.assert_array_equal(ic._extreme(low, (1,), "max", -3), np.full(4, -3, np.int8))
+    wide = RNG.standard_normal((3, ic.WINDOW_TAPS + 1))
+    np.testing.assert_array_equal(ic._extreme(wide, (1,), "max", -np.inf), wide.max(axis=1))
+    np.testing.assert_array_equal(ic._extreme(wide, (0, 1), "min", np.inf), wide.min())
