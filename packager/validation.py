@@ -175,8 +175,8 @@ def emulated_cases(native: NativeRun | None, arch: str | None, count: int,
     No native run to predict from: all."""
     if native is None or len(native.cases) != count:
         return count, None
-    k = count
-    while k > 1 and predicted_seconds(native.first(k), arch, nbytes) > emulation_seconds():
+    k, limit = count, emulation_seconds()
+    while k > 1 and predicted_seconds(native.first(k), arch, nbytes) > limit:
         k -= 1
     return k, predicted_seconds(native.first(k), arch, nbytes)
 

@@ -42,6 +42,10 @@ def _session_kernel_cache(tmp_path_factory):
     the session's, never the user's ~/.cache: a machine's earlier runs cannot feed them."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLPACK_CACHE_DIR", str(tmp_path_factory.mktemp("session-kernels")))
+        # builds wait the default 5 s for emulated runs whatever the caller's environment sets
+        # (test_emulate.py patches the default itself), unless a test asks for
+        # patient_emulation
+        mp.delenv("MLPACK_EMULATION_SECONDS", raising=False)
         yield
 
 

@@ -422,12 +422,12 @@ def _extreme(data: np.ndarray, axes: tuple[int, ...], kind: str, init):
     walks the taps innermost, element by element; one elementwise maximum per tap over all the
     outputs is 8x faster (GoogLeNet's 3x3 poolings took 0.79 s of its float64 reference's
     1.8 s). Exact in any order, as a sum would not be."""
+    ufunc = np.maximum if kind == "max" else np.minimum
     taps = 1
     for a in axes:
         taps *= data.shape[a]
     if not 0 < taps <= WINDOW_TAPS or len(axes) == data.ndim:
-        return (np.max if kind == "max" else np.min)(data, axis=axes, initial=init)
-    ufunc = np.maximum if kind == "max" else np.minimum
+        return ufunc.reduce(data, axis=axes, initial=init)   # (np.max, np.min)
     moved = np.moveaxis(data, axes, tuple(range(len(axes))))
     out = None
     for tap in np.ndindex(*moved.shape[:len(axes)]):
