@@ -50,7 +50,7 @@ from mlpack.codegen.targets import registry
 from mlpack.codegen.targets.base import Code
 from mlpack.spec import accuracy, media
 from mlpack.spec.container import ArtifactSpec, Layer, make_config, write_container
-from mlpack.packager import compiling, customops, heap, validation
+from mlpack.packager import compiling, customops, heap, onethread, validation
 from mlpack.packager import testvectors as tv
 from mlpack.packager import weights as weights_files
 from mlpack.packager.errors import BuildError, DeadOnArrivalError
@@ -324,7 +324,7 @@ def _model_name(proto, model, name: str | None) -> str:
 
 
 def _vectors(source, graph, inputs, dims, seed: int, cases: int, custom=(), cache=None,
-             key: str | None = None):
+             key: str | None = None, busy=lambda: False):
     """(inputs, the baseline's outputs, float64 reference outputs, the test-vector archive),
     one dict per case; the baseline is ONNX Runtime (on the model's file where it is one),
     or with DSL custom ops (``custom``) the fp32 interpreter (packager/customops.py). The
@@ -332,7 +332,8 @@ def _vectors(source, graph, inputs, dims, seed: int, cases: int, custom=(), cach
     what the artifacts are judged against owes nothing to the compiler's rewrites.
     ``source``: the model (packager/source.py; parsed only if the vectors are computed);
     ``cache``: the KernelCache that keeps the archive of the same model (``key``: its key)
-    and inputs."""
+    and inputs; ``busy()``: whether the compile workers hold the cores now (then ONNX Runtime
+    and the reference's BLAS run on one thread: packager/onethread.py)."""
     from mlpack.packager.cache import vectors_key
     from mlpack.packager.reference import as_written, float64_outputs
 
@@ -356,9 +357,11 @@ def _vectors(source, graph, inputs, dims, seed: int, cases: int, custom=(), cach
     source.release()
     heap.release(collect=True)
     outputs = customops.baseline_outputs(source.proto(), [p.name for p in graph.outputs], feeds,
-                                         custom, source.path, written)
+                                         custom, source.path, written,
+                                         onethread.THREADS if busy() else 0)
     heap.release()
-    references = float64_outputs(written or as_written(source.importable()), feeds)
+    references = float64_outputs(written or as_written(source.importable()), feeds,
+                                 lambda: onethread.while_busy(busy))
     del written   # (the mapping is let go by the caller, which releases the source)
     heap.release(collect=True)
     vectors = tv.pack(feeds, outputs, baseline, references)
@@ -493,7 +496,8 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
             # fp32 graph, its constants mapped from the archive, is another object, and
             # hashing a 500 MB model's weights again took a third of a second)
             feeds, expected, references, vectors = _vectors(
-                source, models.base, inputs, dims, seed, cases, custom, kernels, model_key)
+                source, models.base, inputs, dims, seed, cases, custom, kernels, model_key,
+                started.busy)
             source.release()   # (the graphs map the weights archive from here on)
             check_references(expected, references, quantized)
         blind = accuracy.blind_spots(references)

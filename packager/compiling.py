@@ -307,6 +307,11 @@ class Started:
                 raise
         self.here = [pair for pair in misses if self.workers is None or pair not in slow]
 
+    def busy(self) -> bool:
+        """Whether compile workers are still at work (holding the cores)."""
+        return self.workers is not None and not all(
+            f.done() for f in self.workers.futures.values())
+
     def finish(self) -> dict:
         """{pair: (Code or UnsupportedTargetError, seconds)} of every pair."""
         from mlpack.packager.cache import store

@@ -53,12 +53,12 @@ def baseline_name(custom) -> str:
 
 
 def baseline_outputs(proto, names: list[str], feeds: list[dict], custom, path=None,
-                     graph=None) -> list[dict]:
+                     graph=None, threads: int = 0) -> list[dict]:
     """The baseline's outputs ``names`` per case: ONNX Runtime's (on the file ``path``, when
-    the model is one), or with custom ops the fp32 interpreter's on ``graph``, the model as
-    imported."""
+    the model is one, on ``threads`` intra-op threads: tv.reference_outputs), or with custom
+    ops the fp32 interpreter's on ``graph``, the model as imported."""
     if not custom:
-        return tv.reference_outputs(proto, feeds, names, path)
+        return tv.reference_outputs(proto, feeds, names, path, threads)
     from mlpack.spec.ir.interp import run_graph
 
     return [run_graph(graph, case) for case in feeds]

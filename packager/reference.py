@@ -15,6 +15,7 @@ quantization formats whose rounding is the model's meaning, so they stay as they
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -178,15 +179,17 @@ def as_written(model) -> Graph:
     return graph
 
 
-def float64_outputs(graph: Graph, cases: list[dict]) -> list[dict]:
+def float64_outputs(graph: Graph, cases: list[dict], each=contextlib.nullcontext) -> list[dict]:
     """The float64 reference outputs of ``graph`` for each case, by output name. Outputs of a
-    widened dtype come back as float64; integer and bool outputs in their own dtype."""
+    widened dtype come back as float64; integer and bool outputs in their own dtype. ``each()``:
+    the context each case runs in (the build's: one BLAS thread while its workers run)."""
     from mlpack.spec.ir.interp import run_graph
 
     wide = widen(graph)
     outs = []
     with np.errstate(all="ignore"):  # the model's own overflow and 0/0 are part of its meaning
         for feeds in cases:
-            got = run_graph(wide, feeds)
+            with each():
+                got = run_graph(wide, feeds)
             outs.append({p.name: got[p.name] for p in graph.outputs})
     return outs

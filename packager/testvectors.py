@@ -236,12 +236,14 @@ EXACT_INT8 = "session.x64quantprecision"   # ONNX Runtime's session option (sinc
 
 
 def reference_outputs(model, cases: list[dict], output_names: list[str],
-                      path=None) -> list[dict]:
+                      path=None, threads: int = 0) -> list[dict]:
     """The outputs ONNX Runtime computes for each case, by output name: of ``model``, or of
-    the file ``path`` when the model is one (``model`` may then lack its weights' data)."""
+    the file ``path`` when the model is one (``model`` may then lack its weights' data), on
+    ``threads`` intra-op threads (0: ONNX Runtime's default, one per core)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
     # its warnings about unused initializers are not the user's problem, and its errors come
     # back as the exception below: printed as well, they would make the CLI's error two lines
     opts.log_severity_level = 4

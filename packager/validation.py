@@ -24,7 +24,7 @@ from mlpack.codegen.targets import registry
 from mlpack.spec import environment
 from mlpack.spec.errors import Error
 from mlpack.packager.errors import DeadOnArrivalError
-from mlpack.packager import heap
+from mlpack.packager import heap, onethread
 
 
 def scratch_path(output: str) -> str:
@@ -235,11 +235,18 @@ def validate_container(path: str, pairs, output: str, progress=None,
     pool = ThreadPoolExecutor(max(1, os.cpu_count() or 1), thread_name_prefix="mlpack-qemu")
     fastest: NativeRun | None = None
 
+    running = []   # the emulated runs predicted to run (not refused at once): qemu processes
+
     def start_emulated():
         for verdict, emu, why in to_emulate:
+            cases = vector_cases(container, verdict.artifact)
+            _, predicted = emulated_cases(fastest, emu.arch, len(cases),
+                                          hashed_bytes(verdict.artifact))
+            if predicted is None or predicted <= emulation_seconds():
+                running.append(verdict.artifact.index)
             emulated[verdict.artifact.index] = (why, pool.submit(
                 _validate_emulated, path, verdict, emu, pairs, output, progress, runs,
-                fastest, vector_cases(container, verdict.artifact)))
+                fastest, cases))
         to_emulate.clear()
     model = None
     stack = contextlib.ExitStack()
@@ -294,7 +301,10 @@ def validate_container(path: str, pairs, output: str, progress=None,
                              (" (its outputs from the kernel cache)" if isinstance(got, list) else ""))
                 if not isinstance(got, list):
                     started, seconds = time.perf_counter(), []
-                    got = _outputs_of(model, i, pairs, output, seconds)
+                    # (the interpreter's BLAS on one thread where qemu's runs hold the cores)
+                    with onethread.one_thread() if art.device == "portable" and running \
+                            else contextlib.nullcontext():
+                        got = _outputs_of(model, i, pairs, output, seconds)
                     stored = (time.perf_counter() - started, *seconds)
                     if key is not None:
                         runs.put_outputs(key, got, stored)

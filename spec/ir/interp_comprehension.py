@@ -7,7 +7,8 @@ indices are strided views of the tensor (spec/ir/views.py): no index arrays, no 
 
 A comprehension whose body spans more than ``BLOCK_BYTES`` (its variables' extents multiplied,
 at eight bytes an element) is evaluated over blocks of its output dims, outermost first, each
-block's result written into its slice of the output: the temporaries then stay a few MB
+block's result written into its slice of the output (a map whose last operation is a float
+ufunc computes straight into it: ``store``): the temporaries then stay a few MB
 (reused by the allocator, in cache) instead of one array the size of the whole iteration space
 per operation (hundreds of MB for a capsule layer's votes, each a fresh mapping the kernel has
 to fault in and zero). A subexpression that depends on no blocked variable is computed once
@@ -17,6 +18,7 @@ operations, blocked or not (a sum's terms may be added in another order).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -28,7 +30,7 @@ from mlpack.spec.ir import views
 from mlpack.spec.ir.expr import Expr, index_value
 from mlpack.spec.ir.graph import Comprehension
 from mlpack.spec.ir.origins import message as index_message
-from mlpack.spec.ir.scalarops import apply_op
+from mlpack.spec.ir.scalarops import apply_op, float_ufunc
 
 # the largest iteration space (elements x 8 bytes) evaluated at once; larger ones go in blocks
 BLOCK_BYTES = 32 << 20
@@ -95,6 +97,10 @@ class ComprehensionEval:
         self.forms: dict[int, list | None] = {}  # a read's affine index per axis
         self.padded: dict[int, tuple | None] = {}
         self.path = None                         # the einsum contraction order, found once
+        # a map whose last operation is a float ufunc writes the output in place (``store``)
+        body = op.body
+        self.ufunc = None if op.reduce is not None or body.op in ("read", "const", "var", "sym") \
+            else float_ufunc(body.op, op.type.dtype, [a.dtype for a in body.args])
 
     # ---- blocks
 
@@ -134,7 +140,7 @@ class ComprehensionEval:
                     visit(a, False)
                 return
             inner = chain and e.op == "mul" and id(e) not in top
-            if not inner:
+            if not inner and not (e is op.body and self.ufunc is not None):   # (the output)
                 out.append(self.deps(e))
             for a in e.args:
                 visit(a, inner)
@@ -182,6 +188,10 @@ class ComprehensionEval:
                 return res.data
         blocks = self.blocks()
         self.blocked = frozenset(d for d, _ in blocks)
+        if self.ufunc is not None and not blocks:
+            out = np.empty(shape, dtype=np_dtype)
+            self.store(out, tuple(slice(0, n) for n in shape))
+            return out
         if not blocks:   # one block: a result already in the output's form is the output
             # (copying a float64 reference's attention scores took Whisper's a third)
             res = self.compute()
@@ -198,8 +208,24 @@ class ComprehensionEval:
                 self.memo = {k: v for k, v in self.memo.items()
                              if not self.deps_of[k] & self.blocked}
             where = tuple(slice(self.ranges[d][0], sum(self.ranges[d])) for d in out_dims)
-            self.arrange(self.compute(), out, where)
+            if self.ufunc is not None:
+                self.store(out, where)
+            else:
+                self.arrange(self.compute(), out, where)
         return out
+
+    def store(self, out: np.ndarray, where: tuple) -> None:
+        """Apply the body's last operation (``self.ufunc``) with ``out[where]`` as its result:
+        no temporary the size of the block, and no copy of one into the output (blocked
+        attention scores' copies were a third of Whisper's float64 reference)."""
+        arrays, labels = align([self.eval(a) for a in self.op.body.args])
+        out_dims = tuple(self.op.type.dims)
+        missing = tuple(d for d in out_dims if d not in labels)
+        arrays = [np.reshape(a, np.shape(a) + (1,) * (len(labels) + len(missing) - np.ndim(a)))
+                  for a in arrays]
+        dest = np.transpose(out[where + (...,)], [out_dims.index(d) for d in labels + missing])
+        with np.errstate(all="ignore"):
+            self.ufunc(*arrays, out=dest)
 
     def arrange(self, res: LArr, out: np.ndarray, where: tuple) -> None:
         """Store ``res`` into ``out[where]``: broadcast over the output dims the body does not
@@ -332,6 +358,18 @@ class ComprehensionEval:
     def einsum(self) -> LArr:
         op = self.op
         factors = [self.eval(f) for f in self._factors(op.body)]
+        if len(factors) == 2:
+            # NumPy's GEMM path lays its result out as the batch dims, then one operand's own
+            # dims, then the other's (which one first: ``_gemm_leads``), transposed to the
+            # spec: the factors go in the order that lands the result as the output is laid
+            # out, not to be copied into it (Whisper's attention scores)
+            a, b = factors
+            dims = tuple(op.type.dims)
+            first = [min((dims.index(v) for v in f.vars if v in dims and v not in g.vars),
+                         default=len(dims))
+                     for f, g in ((a, b), (b, a))]
+            if (first[1] < first[0]) == (_gemm_leads() == 0):
+                factors = [b, a]
         labels: list[str] = []
         for f in factors:
             for v in f.vars:
@@ -414,6 +452,15 @@ class ComprehensionEval:
                 else:
                     out = f(data, axis=ax)
         return LArr(np.asarray(out), keep)
+
+
+@functools.cache
+def _gemm_leads() -> int:
+    """Which operand's own dims NumPy's einsum lays out first in a batched product's result
+    (0 or 1): an implementation detail that differs between NumPy versions, so measured once
+    on a tiny product."""
+    a, b = np.ones((2, 3, 4)), np.ones((2, 5, 4))
+    return 0 if np.einsum("nik,njk->nij", a, b, optimize=["einsum_path", (0, 1)]).flags.c_contiguous else 1
 
 
 def _extreme(data: np.ndarray, axes: tuple[int, ...], kind: str, init):

@@ -83,6 +83,17 @@ _INT_BINARY = {   # (a, b, dtype)
 _IN_RESULT_DTYPE = ("add", "sub", "mul", "max", "min", "pow", "atan2")
 
 
+def float_ufunc(op: str, dtype: str, arg_dtypes: list[str]) -> np.ufunc | None:
+    """The NumPy ufunc that ``apply_op`` applies for ``op`` on float operands all of the
+    node's float ``dtype``, where it is one (so a caller may pass it an ``out`` array and get
+    the same values): None for integer or mixed operands and for the rules that are not
+    ufuncs (erf, sigmoid, select, cast)."""
+    if not dt.is_float(dtype) or any(a != dtype for a in arg_dtypes):
+        return None
+    rule = _UNARY.get(op) if len(arg_dtypes) == 1 else _BINARY.get(op)
+    return rule if isinstance(rule, np.ufunc) and rule.nout == 1 else None
+
+
 def apply_op(op: str, args: list, dtype: str, arg_dtypes: list[str]):
     """Apply a scalar op elementwise to NumPy values, giving the node's dtype."""
     np_dtype = dt.to_numpy(dtype)

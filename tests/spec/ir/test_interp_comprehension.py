@@ -152,3 +152,58 @@ def test_a_windows_max_and_min_are_numpys_over_every_dtype_nan_and_the_identity(
     wide = RNG.standard_normal((3, ic.WINDOW_TAPS + 1))
     np.testing.assert_array_equal(ic._extreme(wide, (1,), "max", -np.inf), wide.max(axis=1))
     np.testing.assert_array_equal(ic._extreme(wide, (0, 1), "min", np.inf), wide.min())
+
+
+MAPS = '''graph "maps" {
+  in %a: f32{h=3, t=40, s=24} (h, t, s)
+  in %b: f32{h=3, s=24} (h, s)
+  in %q: f64{h=3, t=40, d=8} (h, t, d)
+  in %k: f64{h=3, s=24, d=8} (h, s, d)
+  %m: f32{h=3, t=40, s=24} = %a[h=h, t=t, s=s] * %b[h=h, s=s]
+  %e: f32{s=24, h=3, t=40} = exp(%a[h=h, t=t, s=s] - 1.5)
+  %w: f32{h=3, t=40, s=24} = %b[h=h, s=s] + 2.0
+  %c: f32{} = 3.0 * 2.0
+  %sc: f64{h=3, t=40, s=24} = sum{d=8} %k[h=h, s=s, d=d] * %q[h=h, t=t, d=d]
+  out %m (h, t, s)
+  out %e (s, h, t)
+  out %w (h, t, s)
+  out %c ()
+  out %sc (h, t, s)
+}'''
+
+
+def test_a_maps_last_operation_writes_the_output_in_place(monkeypatch):
+    """A map ending in a float ufunc stores its result straight into the output, whole or in
+    blocks (``store``): the values of NumPy's own arithmetic over dims in any order, broadcast
+    over the dims the body lacks, a 0-d output; its result is not a block's temporary, and
+    nothing is copied into the output (``arrange``). A contraction of two factors comes out of
+    einsum laid out as its output, whichever factor is written first, so it is not copied."""
+    g = parse_graph(MAPS)
+    a = RNG.standard_normal((3, 40, 24)).astype(np.float32)
+    b = RNG.standard_normal((3, 24)).astype(np.float32)
+    q, k = RNG.standard_normal((3, 40, 8)), RNG.standard_normal((3, 24, 8))
+    feeds = {"a": a, "b": b, "q": q, "k": k}
+    want = {"m": a * b[:, None, :], "e": np.transpose(np.exp(a - np.float32(1.5)), (2, 0, 1)),
+            "w": np.broadcast_to((b + np.float32(2))[:, None, :], (3, 40, 24)),
+            "c": np.float32(6), "sc": np.einsum("htd,hsd->hts", q, k)}
+    copies = []
+    arrange = ic.ComprehensionEval.arrange
+    monkeypatch.setattr(ic.ComprehensionEval, "arrange",
+                        lambda self, *args: copies.append(self.op.out) or arrange(self, *args))
+    whole = ic.BLOCK_BYTES
+    for limit in (whole, 8 * 24 * 8):   # whole, then blocks of a few rows
+        monkeypatch.setattr(ic, "BLOCK_BYTES", limit)
+        got = run_graph(g, feeds)
+        for name, value in want.items():
+            assert got[name].dtype == value.dtype, name
+            np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-12, err_msg=name)
+        if limit == whole:
+            assert copies == []
+    assert set(copies) == {"sc"}   # (only the contraction's blocks are copied in)
+
+    class Tensors:
+        data, layout = {"a": a, "b": b}, {"a": ("h", "t", "s"), "b": ("h", "s")}
+
+    m = ic.ComprehensionEval(g.ops[0], Tensors, {})
+    # (the reads are views, their indices vectors: no temporary spans the output's dims)
+    assert m.ufunc is np.multiply and max(map(len, m.spaces())) == 1
