@@ -55,6 +55,7 @@ from llvmlite import ir
 
 from mlpack.codegen.llvm import hyperbolic, mathbase, trig
 from mlpack.codegen.llvm.mathbase import F32, F64, I64, Math, exp64, log64
+from mlpack.spec.ir.erf import ERF32_ALPHA, ERF32_BETA, ERF32_CLAMP
 
 FUNCTIONS = ("exp", "log", "tanh", "sigmoid", "erf", "sin", "cos", "tan", "asin", "acos", "atan",
              "sinh", "cosh", "asinh", "acosh", "atanh")
@@ -63,20 +64,14 @@ BINARY_FUNCTIONS = ("pow", "atan2", "fmod")
 
 # ---------------------------------------------------------------- erf
 
-_ERF_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
-              -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
-              -1.60960333262415e-02)
-_ERF_BETA = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
-             -7.37332916720468e-03, -1.42647390514189e-02)
-
-
 def _erf(M: Math, x):
-    """Rational minimax x P(x^2) / Q(x^2) on [-4, 4] (erf is +-1 in f32 beyond)."""
+    """Rational minimax x P(x^2) / Q(x^2) on [-4, 4] (erf is +-1 in f32 beyond): the
+    coefficients the portable interpreter evaluates too (spec/ir/erf.py's ``erf32``)."""
     b = M.b
-    xc = M.clamp(x, -4.0, 4.0)
+    xc = M.clamp(x, -ERF32_CLAMP, ERF32_CLAMP)
     z = b.fmul(xc, xc)
-    p = b.fmul(xc, M.poly(z, _ERF_ALPHA))
-    q = M.poly(z, _ERF_BETA)
+    p = b.fmul(xc, M.poly(z, ERF32_ALPHA))
+    q = M.poly(z, ERF32_BETA)
     out = b.fdiv(p, q)
     return b.select(M.isnan(x), x, out)
 

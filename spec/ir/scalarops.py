@@ -13,6 +13,7 @@ import numpy as np
 from mlpack.spec.errors import InterpError
 from mlpack.spec.ir import dtypes as dt
 from mlpack.spec.ir.erf import erf as _erf
+from mlpack.spec.ir.erf import erf32 as _erf32
 
 
 def _int_div(a, b):
@@ -65,6 +66,9 @@ _UNARY = {
     "isnan": np.isnan, "isinf": np.isinf, "recip": np.reciprocal, "sigmoid": _sigmoid,
 }
 _INT_UNARY = {"recip": lambda x: _int_div(np.ones_like(x), x)}
+# rules for f32, f16 and bf16 operands that differ: erf as the cpu target computes it, in f32
+# (the float64 reference, whose operands are f64, keeps the exact one)
+_NARROW_UNARY = {"erf": _erf32}
 _BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
     "floordiv": np.floor_divide, "mod": np.mod, "fmod": np.fmod, "pow": np.power,
@@ -99,7 +103,9 @@ def apply_op(op: str, args: list, dtype: str, arg_dtypes: list[str]):
     np_dtype = dt.to_numpy(dtype)
     with np.errstate(all="ignore"):
         if op in _UNARY:
-            rule = (_INT_UNARY.get(op) if dt.is_int(arg_dtypes[0]) else None) or _UNARY[op]
+            rule = (_INT_UNARY.get(op) if dt.is_int(arg_dtypes[0]) else
+                    _NARROW_UNARY.get(op) if arg_dtypes[0] in ("f32", "f16", "bf16") else
+                    None) or _UNARY[op]
             return np.asarray(rule(args[0])).astype(np_dtype, copy=False)
         if op in _INT_BINARY and dt.is_int(dtype):
             return np.asarray(_INT_BINARY[op](*args, dtype)).astype(np_dtype, copy=False)

@@ -43,3 +43,29 @@ def test_erf_keeps_the_shape_across_chunks(shape):
     got = erf(x)
     assert got.shape == x.shape and got.dtype == np.float64
     np.testing.assert_allclose(got, REFERENCE(x.astype(np.float64)), rtol=1e-14, atol=0)
+
+
+def test_erf32_is_the_cpu_targets_approximation_in_float32():
+    """The portable interpreter's erf on f32 values: within the cpu target's documented 4.5e-7
+    (codegen/llvm/mathlib.py) of math.erf, in float32, its special values as erf's; the f64
+    rule stays the exact one (the float64 reference's)."""
+    from mlpack.spec.ir.erf import erf32
+    from mlpack.spec.ir.scalarops import apply_op
+
+    x = np.concatenate([np.linspace(-7, 7, 1_400_001), np.geomspace(1e-37, 7, 20_001),
+                        -np.geomspace(1e-37, 7, 2_001)]).astype(np.float32)
+    got = erf32(x)
+    want = REFERENCE(x.astype(np.float64))
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_allclose(got, want, rtol=4.5e-7, atol=4.5e-7)
+    special = erf32(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3e38], np.float32))
+    assert special[0] == 0 and not np.signbit(special[0]) and np.signbit(special[1])
+    assert list(special[[2, 3, 5]]) == [1.0, -1.0, 1.0] and np.isnan(special[4])
+    # the interpreter's rule by operand dtype: f32 (and narrower, widened) the cpu target's,
+    # f64 the exact series
+    np.testing.assert_array_equal(apply_op("erf", [x[:999]], "f32", ["f32"]), got[:999])
+    wide = x[:999].astype(np.float64)
+    np.testing.assert_array_equal(apply_op("erf", [wide], "f64", ["f64"]), erf(wide))
+    half = x[:999].astype(np.float16)
+    np.testing.assert_array_equal(apply_op("erf", [half], "f16", ["f16"]),
+                                  erf32(half).astype(np.float16))
