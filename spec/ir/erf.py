@@ -9,6 +9,10 @@ series evaluated over the whole array, 4-5x faster:
 - 2.5 <= |x| < 6: erf(x) = sign(x) * (1 - exp(-x^2) * Q(|x|)), Q = erfc(a) * exp(a^2), degree 18;
 - |x| >= 6 (erfc(6) = 2e-17, under half an ulp of 1): sign(x); NaN stays NaN, erf(-0) = -0.
 
+Each series is evaluated by Horner's rule on its power form in the Chebyshev variable t
+(``chebyshev.cheb2poly``): two operations a term where Clenshaw's recurrence takes three, and
+as accurate, since the power coefficients' magnitudes sum to 1.13 (P) and 0.21 (Q).
+
 The coefficients are interpolated at import from ``math.erf`` and ``math.erfc`` at the series'
 Chebyshev points (40 calls). Against ``math.erf`` the relative error is at most 4e-15 (about
 20 ulp; tests/spec/ir/test_erf.py holds it to 1e-14), far under the float32 rounding any
@@ -17,8 +21,8 @@ Arrays go through in chunks that stay in the L2 cache.
 
 ``erf32`` is erf for f32 (and narrower) values, which the portable artifact's program computes:
 the cpu target's own approximation (codegen/llvm/mathlib.py lowers the same coefficients),
-x P(x^2) / Q(x^2) on [-4, 4] in float32, within 4.5e-7 of erf, 4-5x faster than ``erf``
-and its float64 round trip (ViT-B/16's exact GELU was a third of its portable run).
+x P(x^2) / Q(x^2) on [-4, 4] in float32, within 4.5e-7 of erf, 7x faster than ``erf`` and
+its float64 round trip (ViT-B/16's exact GELU was a third of its portable run).
 """
 
 from __future__ import annotations
@@ -45,23 +49,9 @@ ERF32_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-0
 ERF32_BETA = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
               -7.37332916720468e-03, -1.42647390514189e-02)
 ERF32_CLAMP = 4.0
-
-
-def _clenshaw(c: np.ndarray, t: np.ndarray, b1: np.ndarray, b2: np.ndarray,
-              tmp: np.ndarray) -> np.ndarray:
-    """The Chebyshev series ``c`` at ``t`` (in [-1, 1]), in place in the three buffers given."""
-    t2 = t + t
-    b1.fill(c[-1])
-    b2.fill(0.0)
-    for ck in c[-2:0:-1]:
-        np.multiply(t2, b1, out=tmp)
-        tmp -= b2
-        tmp += ck
-        b1, b2, tmp = tmp, b1, b2
-    np.multiply(t, b1, out=tmp)
-    tmp -= b2
-    tmp += c[0]
-    return tmp
+# the series' power forms in t, highest degree first (Horner)
+_P_POWERS = tuple(chebyshev.cheb2poly(_P)[::-1])
+_Q_POWERS = tuple(chebyshev.cheb2poly(_Q)[::-1])
 
 
 def erf(x) -> np.ndarray:
@@ -69,30 +59,31 @@ def erf(x) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     flat = x.reshape(-1)
     out = np.empty(flat.size, np.float64)
-    buffers = [np.empty(min(CHUNK, flat.size)) for _ in range(4)]
+    buffers = [np.empty(min(CHUNK, flat.size)) for _ in range(2)]
     for start in range(0, flat.size, CHUNK):
         v = flat[start:start + CHUNK]
-        t, b1, b2, tmp = (b[:v.size] for b in buffers)
+        t, acc = (b[:v.size] for b in buffers)
         np.multiply(v, v, out=t)
         np.minimum(t, NEAR * NEAR, out=t)   # (NaN stays NaN: x * P gives NaN)
         t *= 2 / (NEAR * NEAR)
         t -= 1
         o = out[start:start + v.size]
-        np.multiply(v, _clenshaw(_P, t, b1, b2, tmp), out=o)
+        np.multiply(v, _horner(_P_POWERS, t, acc), out=o)
         far = np.abs(v) >= NEAR
         if far.any():
             a = np.abs(v[far])
             ta = np.minimum(a, FAR) * (2 / (FAR - NEAR)) - (FAR + NEAR) / (FAR - NEAR)
-            tail = np.exp(-a * a) * _clenshaw(_Q, ta, *(np.empty(a.size) for _ in range(3)))
+            tail = np.exp(-a * a) * _horner(_Q_POWERS, ta, np.empty(a.size))
             o[far] = np.copysign(np.where(a >= FAR, 1.0, 1.0 - tail), v[far])
     return out.reshape(x.shape)
 
 
 def _horner(coeffs, z: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The polynomial ``coeffs`` (highest degree first) at ``z``, in ``out``, in its dtype."""
     out.fill(coeffs[0])
     for c in coeffs[1:]:
         out *= z
-        out += np.float32(c)
+        out += c
     return out
 
 
