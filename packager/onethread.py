@@ -8,8 +8,9 @@ host, Whisper-tiny's float64 reference took 11.9 s of CPU with two BLAS threads 
 with one, at the same wall time alone, and every spinning second was taken from a worker.
 So those steps run with one thread while the workers or qemu are at work (``one_thread``,
 ``while_busy``: the float64 reference decides case by case, as a small model's workers are
-done long before it is; ONNX Runtime's session is given ``THREADS``). threadpoolctl finds the BLAS NumPy loaded (OpenBLAS, MKL, Accelerate) and sets
-its limit for the block, restoring it after.
+done long before it is; ONNX Runtime's session is given ``THREADS``). threadpoolctl finds the
+BLAS NumPy loaded (OpenBLAS, MKL, Accelerate) and sets its limit for the block, restoring it
+after.
 """
 
 from __future__ import annotations

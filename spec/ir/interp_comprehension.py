@@ -460,7 +460,8 @@ def _gemm_leads() -> int:
     (0 or 1): an implementation detail that differs between NumPy versions, so measured once
     on a tiny product."""
     a, b = np.ones((2, 3, 4)), np.ones((2, 5, 4))
-    return 0 if np.einsum("nik,njk->nij", a, b, optimize=["einsum_path", (0, 1)]).flags.c_contiguous else 1
+    product = np.einsum("nik,njk->nij", a, b, optimize=["einsum_path", (0, 1)])
+    return 0 if product.flags.c_contiguous else 1
 
 
 def _extreme(data: np.ndarray, axes: tuple[int, ...], kind: str, init):
