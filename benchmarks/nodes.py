@@ -38,10 +38,13 @@ def canonical(name: str) -> str:
 
 def mlpack_profile(container: str, feeds_npz: str, threads: int, runs: int) -> dict[str, float]:
     """{output: ms per run} of each dispatch of ``container`` (its parts added up)."""
-    code = ("import sys, warnings, numpy as np, mlpack; warnings.simplefilter('ignore'); "
-            "m = mlpack.load(sys.argv[1], threads=int(sys.argv[3])); "
-            "f = dict(np.load(sys.argv[2])); "
-            "[m.run(f) for _ in range(int(sys.argv[4]))]; del m")
+    # (each run's outputs let go at once: a list of them, hundreds of MB, made each run's
+    # output writes fault in fresh pages, charged to the kernels that write the outputs)
+    code = ("import sys, warnings, numpy as np, mlpack; warnings.simplefilter('ignore')\n"
+            "m = mlpack.load(sys.argv[1], threads=int(sys.argv[3]))\n"
+            "f = dict(np.load(sys.argv[2]))\n"
+            "for _ in range(int(sys.argv[4])):\n    m.run(f)\n"
+            "del m")
     env = dict(os.environ, MLPACK_PROFILE="1")
     proc = subprocess.run([sys.executable, "-c", code, container, feeds_npz, str(threads),
                            str(runs)], env=env, capture_output=True, text=True)
