@@ -319,7 +319,6 @@ def emit_direct(L, wg, count) -> None:
     rowlen = osz[d.row]
     ntiles = b.udiv(b.add(rowlen, i64(tile - 1)), i64(tile))
     lane_ix = [ir.Constant(ity, [t * d.vl + j for j in range(d.vl)]) for t in range(d.step)]
-    zeros_i = ir.Constant(ity, [0] * d.vl)
 
     def x_offset():
         """X's flat offset at the bound point and row."""
@@ -362,8 +361,10 @@ def emit_direct(L, wg, count) -> None:
         for t in range(d.step):
             first = b.add(pos, i64(i * d.vl * d.step))
             lane = b.add(splat(b, first, ity), lane_ix[t])
-            m = b.and_(b.icmp_signed(">=", lane, zeros_i),
-                       b.icmp_signed("<", lane, splat(b, wlen, ity)))
+            # 0 <= lane < wlen as one unsigned compare (a negative lane is past any size):
+            # a compare and an and less per load, 7% of LLVM's time on MobileNetV3-large's
+            # x86_64-v4 and aarch64 libraries, whose <16 x i64> masks it legalizes in halves
+            m = b.icmp_unsigned("<", lane, splat(b, wlen, ity))
             if okv is not None:
                 m = b.and_(m, okv)
             # (no inbounds: masked-off lanes may lie outside the buffer)
