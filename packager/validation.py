@@ -181,18 +181,17 @@ def emulated_cases(native: NativeRun | None, arch: str | None, count: int,
     return k, predicted_seconds(native.first(k), arch, nbytes)
 
 
-def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, runs=None,
-                       native: NativeRun | None = None, cases: list | None = None):
+def _validate_emulated(path: str, verdict, emu, pairs, output: str, progress, runs,
+                       cases: list, k: int, predicted: float | None):
     """Artifact ``verdict.artifact`` of another architecture under qemu-user
-    (packager/emulate.py): its ValidationResult, over the first of ``cases`` the build's limit
-    fits (``emulated_cases``, from ``native``: the fastest native run of the same vectors
-    here); DeadOnArrivalError as _outputs_of, or emulate.NotEmulated where qemu could not run
+    (packager/emulate.py): its ValidationResult, over the first ``k`` of ``cases``, the run
+    predicted to take ``predicted`` seconds (``emulated_cases``: the cases the build's limit
+    fits); DeadOnArrivalError as _outputs_of, or emulate.NotEmulated where qemu could not run
     it after all, or is predicted not to within the limit."""
     from mlpack.packager import emulate
 
     i = verdict.artifact.index
     target, precision = pairs[i]
-    k, predicted = emulated_cases(native, emu.arch, len(cases), hashed_bytes(verdict.artifact))
     if progress:
         some = f" (case{'s' * (k > 1)} {', '.join(map(str, range(k)))} of {len(cases)})" \
             if k < len(cases) else ""
@@ -240,13 +239,13 @@ def validate_container(path: str, pairs, output: str, progress=None,
     def start_emulated():
         for verdict, emu, why in to_emulate:
             cases = vector_cases(container, verdict.artifact)
-            _, predicted = emulated_cases(fastest, emu.arch, len(cases),
+            k, predicted = emulated_cases(fastest, emu.arch, len(cases),
                                           hashed_bytes(verdict.artifact))
             if predicted is None or predicted <= emulation_seconds():
                 running.append(verdict.artifact.index)
             emulated[verdict.artifact.index] = (why, pool.submit(
                 _validate_emulated, path, verdict, emu, pairs, output, progress, runs,
-                fastest, cases))
+                cases, k, predicted))
         to_emulate.clear()
     model = None
     stack = contextlib.ExitStack()

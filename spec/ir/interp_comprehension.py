@@ -188,11 +188,8 @@ class ComprehensionEval:
                 return res.data
         blocks = self.blocks()
         self.blocked = frozenset(d for d, _ in blocks)
-        if self.ufunc is not None and not blocks:
-            out = np.empty(shape, dtype=np_dtype)
-            self.store(out, tuple(slice(0, n) for n in shape))
-            return out
-        if not blocks:   # one block: a result already in the output's form is the output
+        if not blocks and self.ufunc is None:   # one block: a result already in the output's
+            # form is the output (a ufunc's map stores into it below, as one block)
             # (copying a float64 reference's attention scores took Whisper's a third)
             res = self.compute()
             if _laid_out(res, out_dims, np_dtype, shape):
