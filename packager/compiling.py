@@ -207,8 +207,13 @@ class _Workers:
         from mlpack.packager.progress import pool_options
 
         context = multiprocessing.get_context("spawn")
-        self.pool = ProcessPoolExecutor(min(len(slow), os.cpu_count() or 1), mp_context=context,
-                                        **pool_options(context))
+        # the compiles not yet finished: a worker's LLVM takes the cores the finished ones
+        # left (codegen/cores.py)
+        self.unfinished = context.Value("i", len(slow))
+        shown = pool_options(context)
+        self.pool = ProcessPoolExecutor(
+            min(len(slow), os.cpu_count() or 1), mp_context=context, initializer=_worker_init,
+            initargs=(self.unfinished, shown.get("initializer"), shown.get("initargs", ())))
         self.processes = self.pool._processes  # private, but the only handle on the workers
         self.futures, failed = {}, []
         sent = {p: weights_files.detach(models.graph(p), models.blob(p))
@@ -233,9 +238,15 @@ class _Workers:
             starter.join()
             if failed:
                 raise failed[0]
+            for future in self.futures.values():
+                future.add_done_callback(self._finished)
         except BaseException:
             self.cancel()
             raise
+
+    def _finished(self, _future) -> None:
+        with self.unfinished.get_lock():
+            self.unfinished.value -= 1
 
     def results(self) -> dict:
         try:
@@ -262,6 +273,16 @@ class _Workers:
         manager = getattr(self.pool, "_executor_manager_thread", None)
         if manager is not None:
             manager.join(timeout=1.0)
+
+
+def _worker_init(unfinished, init, args) -> None:
+    """In a compile worker: its LLVM's share of the cores counted from ``unfinished``, and
+    the progress display's initializer ``init(*args)``, if any (packager/progress.py)."""
+    from mlpack.codegen import cores
+
+    cores.set_unfinished(unfinished)
+    if init is not None:
+        init(*args)
 
 
 def _quiet_wakeup(wakeup) -> None:

@@ -161,7 +161,8 @@ def compile_cpu(graph: Graph, target: str, disabled=frozenset()) -> CpuArtifact:
     elf = link_shared(objs)
     times["link"] = time.perf_counter() - t2
     debug.log(f"cpu {target}: {len(kernels)} kernels, lower {times['lower']:.2f}s, "
-              f"llvm {times['llvm']:.2f}s, link {times['link']:.2f}s")
+              f"llvm {times['llvm']:.2f}s in {len(texts)} part{'s' * (len(texts) > 1)}, "
+              f"link {times['link']:.2f}s")
     inexact = (("winograd",) if state.winograd else ()) + \
         (("bf16_products",) if state.bf16_products else ())
     return CpuArtifact(elf, plan, weights, t.name, list(t.features),

@@ -14,12 +14,11 @@ LLVM compiles in parallel processes (``build_module``'s ``parts``, objects.py).
 
 from __future__ import annotations
 
-import os
 import re
 
 from llvmlite import ir
 
-from mlpack.codegen import progress
+from mlpack.codegen import cores, progress
 from mlpack.codegen.llvm.loops import LoopIds
 from mlpack.codegen.llvm.types import I32, PTR
 from mlpack.codegen.targets.cpu import objects
@@ -34,10 +33,11 @@ from mlpack.codegen.targets.cpu.target import CpuTarget
 
 TABLE_SYMBOL = "mlpack_kernel_table_v1"
 TABLE_VERSION = 2   # the table's layout (mlpack_abi.h's abi_version): with bindings, ABI 1.3
-# A module of at least this many bytes of IR text per core is cut into parts that LLVM
-# optimizes and emits in parallel processes (objects.py): about 3 s of LLVM per MB, against a
-# tenth of a second to start a helper and parse the parts' shared declarations again.
-PART_BYTES = 1_000_000
+# A module of at least this many bytes of IR text per spare core is cut into parts that LLVM
+# optimizes and emits in parallel processes (objects.py): about 3 s of LLVM per MB, so a part
+# of 250 KB is 0.75 s, against a tenth of a second to start a helper and parse the parts'
+# shared declarations again. Only cores no other compile holds count (codegen/cores.py).
+PART_BYTES = 250_000
 
 
 def target_machine(t: CpuTarget):
@@ -135,9 +135,9 @@ def _split(kernels: list[ir.Function], printed: dict[str, str], parts: int) -> l
 
 
 def _part_count(size: int) -> int:
-    """How many parts a module of ``size`` bytes of IR text is cut into (PART_BYTES)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cores or 1, size // PART_BYTES))
+    """How many parts a module of ``size`` bytes of IR text is cut into: one per core that no
+    other compile of the build holds (``cores.share``), each of at least PART_BYTES."""
+    return max(1, min(cores.share(), size // PART_BYTES))
 
 
 def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: list[str],
