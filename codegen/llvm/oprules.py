@@ -99,6 +99,28 @@ def float_minmax(b: ir.IRBuilder, kind: str, a, x):
     return b.select(take_a, a, x)
 
 
+def float_extreme_chain(b: ir.IRBuilder, kind: str, values: list):
+    """max (min for kind "min") of three or more ``values`` that propagates NaN, as one
+    select per value and one NaN test over them all: a pooling window's nine taps as
+    ``float_minmax`` each were four vector instructions a tap (two compares, a mask or, a
+    blend). Each select keeps the running extreme unless the value beats it (x86's vmaxps /
+    vminps: a NaN on either side keeps the running one), and the NaN tests of the values,
+    or-ed, LLVM pairs into one unordered compare of two values."""
+    rel = ">" if kind == "max" else "<"
+    ty = values[0].type
+    out, nan = values[0], None
+    for v in values[1:]:
+        out = b.select(b.fcmp_ordered(rel, v, out), v, out)
+    for v in values:
+        if isinstance(v, ir.Constant) and not math.isnan(v.constant):
+            continue
+        test = b.fcmp_unordered("uno", v, v)
+        nan = test if nan is None else b.or_(nan, test)
+    if nan is None:
+        return out
+    return b.select(nan, ir.Constant(ty, math.nan), out)
+
+
 def _float_mod(em, a, x, dtype, pure):
     """Python/NumPy mod: the remainder takes the divisor's sign."""
     b = em.b

@@ -145,6 +145,11 @@ class ScalarEmitter:
             a = self.cast(a, e.args[1].dtype, e.dtype)
             x = self.cast(x, e.args[2].dtype, e.dtype)
             return self.b.select(c, a, x)
+        if op in ("max", "min") and e.dtype in ("f32", "f64"):
+            leaves = _chain(e)
+            if len(leaves) > 2:   # a window's extreme: one NaN test for all (oprules.py)
+                return oprules.float_extreme_chain(
+                    self.b, op, [self.cast(self(x), x.dtype, e.dtype) for x in leaves])
         args = [self(a) for a in e.args]
         if len(args) == 1:
             return self._unary(op, args[0], e.args[0].dtype)
@@ -367,6 +372,19 @@ def _bounds(e: Expr) -> tuple[float, float]:
             return min(la, lb), min(ha, hb)
         return max(la, lb), max(ha, hb)
     return -math.inf, math.inf
+
+
+def _chain(e: Expr) -> list[Expr]:
+    """The operands of a nest of the same float max (or min) as ``e``, in order: the values
+    it takes the extreme of."""
+    out, todo = [], [e]
+    while todo:
+        x = todo.pop()
+        if x.op == e.op and x.dtype == e.dtype and len(x.args) == 2:
+            todo.extend(reversed(x.args))
+        else:
+            out.append(x)
+    return out
 
 
 def _in_i32(e: Expr) -> bool:
