@@ -112,13 +112,15 @@ def float_extreme_chain(b: ir.IRBuilder, kind: str, values: list):
     for v in values[1:]:
         out = b.select(b.fcmp_ordered(rel, v, out), v, out)
     for v in values:
-        if isinstance(v, ir.Constant) and not math.isnan(v.constant):
+        if isinstance(v, ir.Constant) and isinstance(v.constant, float) \
+                and not math.isnan(v.constant):
             continue
         test = b.fcmp_unordered("uno", v, v)
         nan = test if nan is None else b.or_(nan, test)
     if nan is None:
         return out
-    return b.select(nan, ir.Constant(ty, math.nan), out)
+    quiet = ir.Constant(ty, [math.nan] * ty.count if isinstance(ty, ir.VectorType) else math.nan)
+    return b.select(nan, quiet, out)
 
 
 def _float_mod(em, a, x, dtype, pure):

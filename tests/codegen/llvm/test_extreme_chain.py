@@ -91,3 +91,13 @@ def test_the_lowering_has_one_nan_test_per_value_and_one_select_for_nan():
     text = str(fn)
     assert text.count("fcmp uno") == 3          # not for the constant
     assert text.count("fcmp ogt") == 3 and text.count("select") == 4
+
+
+def test_the_lowering_takes_vectors_too():
+    vty = ir.VectorType(ir.FloatType(), 4)
+    mod = ir.Module()
+    fn = ir.Function(mod, ir.FunctionType(vty, [vty] * 3), "f")
+    b = ir.IRBuilder(fn.append_basic_block())
+    b.ret(oprules.float_extreme_chain(b, "min", list(fn.args)))
+    text = str(fn)
+    assert text.count("fcmp olt") == 2 and text.lower().count("float 0x7ff8000000000000") == 4
