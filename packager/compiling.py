@@ -16,12 +16,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlpack.codegen import cores
 from mlpack.codegen import precisions as precision_modules
 from mlpack.codegen.targets import registry
 from mlpack.codegen.targets.base import Code
@@ -212,7 +212,7 @@ class _Workers:
         self.unfinished = context.Value("i", len(slow))
         shown = pool_options(context)
         self.pool = ProcessPoolExecutor(
-            min(len(slow), os.cpu_count() or 1), mp_context=context, initializer=_worker_init,
+            min(len(slow), cores.machine()), mp_context=context, initializer=_worker_init,
             initargs=(self.unfinished, shown.get("initializer"), shown.get("initargs", ())))
         self.processes = self.pool._processes  # private, but the only handle on the workers
         self.futures, failed = {}, []
@@ -278,8 +278,6 @@ class _Workers:
 def _worker_init(unfinished, init, args) -> None:
     """In a compile worker: its LLVM's share of the cores counted from ``unfinished``, and
     the progress display's initializer ``init(*args)``, if any (packager/progress.py)."""
-    from mlpack.codegen import cores
-
     cores.set_unfinished(unfinished)
     if init is not None:
         init(*args)
@@ -320,7 +318,7 @@ class Started:
         self.stack.enter_context(tracking(progress, misses))
         slow = [pair for pair in misses if registry.get(pair[0]).parallel]
         self.workers = None
-        if min(len(slow), os.cpu_count() or 1) >= 2 and _worth_workers(models.base):
+        if min(len(slow), cores.machine()) >= 2 and _worth_workers(models.base):
             try:
                 self.workers = _Workers(one, models, slow)
             except BaseException:
