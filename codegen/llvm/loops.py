@@ -36,6 +36,37 @@ class Loops:
         overlap)."""
         never = unroll is False
         unroll = self.unroll if unroll is None else unroll
+        latch: list = []
+        with self._counted(start, end, name, [], latch) as (i, _):
+            yield i
+        br = latch[0]
+        if vectorize and interleave:
+            _hint(self.module, br, [("llvm.loop.interleave.count", interleave)]
+                  + ([] if unroll else [("llvm.loop.unroll.disable", None)]))
+        elif vectorize and not never:
+            self.latches.append(br)
+        elif not unroll:
+            _disable_unroll(self.module, br)
+
+    @contextmanager
+    def carrying(self, start, end, name: str, carried: list[tuple]):
+        """``loop(start, end, name, unroll=False)`` with values carried beside its counter:
+        each of ``carried`` an (initial, step) pair of i64, a phi that starts at the initial
+        value and adds the step each iteration. Yields (counter, [carried values]).
+
+        A micro-kernel's K loop walks its A rows and B panels this way: written as offsets
+        of the counter times a stride, LLVM's loop strength reduction kept the counter and
+        a countdown beside the offsets, and with a tile's row and panel pointers that was
+        more registers than x86-64 has (accumulators spilled)."""
+        latch: list = []
+        with self._counted(start, end, name, carried, latch) as got:
+            yield got
+        _disable_unroll(self.module, latch[0])
+
+    @contextmanager
+    def _counted(self, start, end, name: str, carried: list[tuple], latch: list):
+        """for (i = start; i < end; i++) with ``carried`` phis (``carrying``); the back
+        branch is appended to ``latch``, for its loop hints."""
         b = self.b
         pre = b.block
         fn = pre.function
@@ -46,19 +77,18 @@ class Loops:
         b.position_at_end(header)
         i = b.phi(I64, name=name)
         i.add_incoming(start, pre)
+        values = []
+        for k, (initial, _) in enumerate(carried):
+            v = b.phi(I64, name=f"{name}.{k}")
+            v.add_incoming(initial, pre)
+            values.append(v)
         b.cbranch(b.icmp_signed("<", i, end), body, exit_)
         b.position_at_end(body)
-        yield i
-        nxt = b.add(i, ir.Constant(I64, 1), flags=("nsw",))
-        i.add_incoming(nxt, b.block)
-        br = b.branch(header)
-        if vectorize and interleave:
-            _hint(self.module, br, [("llvm.loop.interleave.count", interleave)]
-                  + ([] if unroll else [("llvm.loop.unroll.disable", None)]))
-        elif vectorize and not never:
-            self.latches.append(br)
-        elif not unroll:
-            _disable_unroll(self.module, br)
+        yield i, values
+        i.add_incoming(b.add(i, ir.Constant(I64, 1), flags=("nsw",)), b.block)
+        for v, (_, step) in zip(values, carried):
+            v.add_incoming(b.add(v, step, flags=("nsw",)), b.block)
+        latch.append(b.branch(header))
         b.position_at_end(exit_)
 
 

@@ -214,7 +214,17 @@ class GemmEmitter:
                 csplat = splat(b, col0, ity)
                 self.bmasks = [b.icmp_signed("<", b.add(csplat, ir.Constant(
                     ity, [q * c.vl + i for i in range(c.vl)])), nsplat) for q in range(nv)]
+            # a tile's panels at constant steps from its first where every tile is whole: one
+            # base register and displacements in the K loop, where a pointer per panel held a
+            # register each (with the rows', GoogLeNet's 6x4 tiles ran out of registers and
+            # spilled accumulators)
+            whole = isinstance(blocks, ir.Constant) and blocks.constant % c.tb == 0
             for j in range(c.tb):
+                if whole and j:
+                    step = i64(j * PACK) if self.SB is not None else self.mul(panel_size, i64(j))
+                    panels.append(b.gep(panels[0], [step], inbounds=True,
+                                        source_etype=self.bety))
+                    continue
                 blk = self.umin(self.add(blk0, i64(j)), last_blk)
                 if self.SB is not None:   # (blocks past the end repeat the last, not stored)
                     at = self.add(bbase, b.mul(blk, i64(PACK)))
@@ -255,7 +265,14 @@ class GemmEmitter:
                     offs = [self.add(at, self.mul(run_step, i64(r))) if at is not None else
                             self.row_offset(base, self.umin(self.add(m0, i64(r)), last), S, osz)
                             for r in range(c.mr)]
-                    rows = [b.gep(A, [o], inbounds=True, source_etype=self.aety) for o in offs]
+                    if at is not None:   # (as the panels: steps from the first row)
+                        first = b.gep(A, [at], inbounds=True, source_etype=self.aety)
+                        rows = [first] + [b.gep(first, [self.mul(run_step, i64(r))],
+                                                inbounds=True, source_etype=self.aety)
+                                          for r in range(1, c.mr)]
+                    else:
+                        rows = [b.gep(A, [o], inbounds=True, source_etype=self.aety)
+                                for o in offs]
                     for r in range(c.mr):
                         for q in range(nv):
                             b.store(starts[q] if single else b.load(cvec(g, r, q), align=4),
@@ -307,6 +324,9 @@ class GemmEmitter:
                                  self.add(self.mul(kflat, half(ext)), i2), boff, rows, panels,
                                  accs, S, span)
                 return
+            if depth == len(self.loops) - 1 and c.pair is None and not self.int:
+                self._innermost(r, label, lo, hi, off, kflat, ext, boff, rows, panels, accs, S)
+                return
             with L.loops.loop(lo, hi, f"k.{label}", unroll=False) as i:
                 nb = boff
                 if self.SB is not None and r in self.SB:
@@ -320,9 +340,35 @@ class GemmEmitter:
         if self.int:
             self._int_step(kflat, off, rows, panels, accs)
             return
+        self._fma_step(boff if self.SB is not None else b.mul(kflat, i64(PACK)), off, rows,
+                       panels, accs)
+
+    def _innermost(self, r, label, lo, hi, off, kflat, ext, boff, rows, panels, accs, S):
+        """The innermost K loop (over ``r`` from ``lo`` to ``hi``) of a multiply-add tile, its
+        rows and panels advanced to its first step before it and walked by two offsets
+        carried beside its counter (Loops.carrying): A's by its stride along ``r``, B's by a
+        packed step (or B's stride, read in place)."""
+        b = self.b
+        a_step = S.get(r, i64(0))
+        if self.SB is not None:
+            b_step = self.SB.get(r, i64(0))
+            b0 = self.add(boff, self.mul(b_step, lo))
+        else:
+            b_step = i64(PACK)
+            b0 = self.mul(self.add(self.mul(kflat, ext), lo), i64(PACK))
+        a0 = self.add(off, self.mul(a_step, lo))
+        rows = [b.gep(row, [a0], inbounds=True, source_etype=self.aety) for row in rows]
+        panels = [b.gep(p, [b0], inbounds=True, source_etype=self.bety) for p in panels]
+        with self.L.loops.carrying(lo, hi, f"k.{label}", [(i64(0), a_step),
+                                                          (i64(0), b_step)]) as (_, (ao, bo)):
+            self._fma_step(bo, ao, rows, panels, accs)
+
+    def _fma_step(self, kp, off, rows, panels, accs) -> None:
+        """One K step of multiply-adds: B's vectors at ``kp`` of each panel, A's scalar at
+        ``off`` of each row broadcast, acc += a * b."""
+        c, b = self.c, self.b
         per_block = PACK // c.vl
         bv = []
-        kp = boff if self.SB is not None else b.mul(kflat, i64(PACK))
         for j in range(c.tb):
             for q in range(per_block):
                 p = b.gep(panels[j], [self.add(kp, i64(q * c.vl))], inbounds=True,

@@ -8,8 +8,10 @@ against; the string is built from the same list the lowering binds (``bound``), 
 cannot drift. Every function carries ``"no-builtins"`` so that LLVM does
 not turn a fill or copy loop into a ``memset``/``memcpy`` call the library could not resolve.
 Loops whose bodies are unrolled as written get ``llvm.loop.unroll.disable`` (a distinct,
-self-referencing loop id each: codegen/llvm/loops.py). A big library is cut into parts that
-LLVM compiles in parallel processes (``build_module``'s ``parts``, objects.py).
+self-referencing loop id each: codegen/llvm/loops.py). Kernels whose code is identical share
+one function (``_share_identical``); micro-kernels that differ only in sizes share one generic
+body (generic.py). A big library is cut into parts that LLVM compiles in parallel processes
+(``build_module``'s ``parts``, objects.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from llvmlite import ir
 from mlpack.codegen import cores, progress
 from mlpack.codegen.llvm.loops import LoopIds
 from mlpack.codegen.llvm.types import I32, PTR
-from mlpack.codegen.targets.cpu import objects
+from mlpack.codegen.targets.cpu import generic, objects
+from mlpack.codegen.targets.cpu.gemm import Contraction
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
 from mlpack.codegen.targets.cpu.lower import KernelLowering
 from mlpack.codegen.targets.cpu.sharing import kernel_key, renamed_checks
@@ -91,11 +94,7 @@ def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str]
     ``printed``: each kernel function's text by name (and its ``.impl``'s), filled in here, so
     the module is printed once. (Most repeats never get here: sharing.py finds them before
     lowering; a function listed twice is listed as it went the first time.)"""
-    canon: dict[str, str] = {}
-    for md in module.metadata:   # defined before use: operands are canonical already
-        body = str(md).split(" = ", 1)[1]
-        body = re.sub(r"!(\d+)", lambda m: canon.get(m.group(1), m.group(0)), body)
-        canon[md.name] = re.sub(r'"LOOPSELF\d+"', '"LOOPSELF"', body)
+    canon = _metadata_forms(module)
     first: dict[str, ir.Function] = {}
     out = []
     shared: dict[int, ir.Function] = {}   # a function already listed (sharing.py): as it went
@@ -120,17 +119,51 @@ def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str]
     return out
 
 
-def _split(kernels: list[ir.Function], printed: dict[str, str], parts: int) -> list[set[str]]:
+def _micro_kernel(k: Kernel) -> bool:
+    """Whether kernel ``k``'s body is the f32 (or int8) micro-kernel (microkernel.py)."""
+    return k.strategy == "gemm" and isinstance(k.gemm, Contraction) and not k.gemm.amx
+
+
+def _metadata_forms(module: ir.Module) -> dict[str, str]:
+    """Each metadata node's content by its name, its references replaced by their content and
+    a loop id's self-reference blanked: what a reference means, for comparing code."""
+    canon: dict[str, str] = {}
+    for md in module.metadata:   # defined before use: operands are canonical already
+        body = str(md).split(" = ", 1)[1]
+        body = re.sub(r"!(\d+)", lambda m: canon.get(m.group(1), m.group(0)), body)
+        canon[md.name] = re.sub(r'"LOOPSELF\d+"', '"LOOPSELF"', body)
+    return canon
+
+
+def _share_sizes(module: ir.Module, kernels: list[ir.Function], printed: dict[str, str],
+                 micro: set[str]) -> list[list[str]]:
+    """The bodies of the micro-kernels (``micro``: their kernel names) among ``kernels`` that
+    differ only in sizes made calls of one generic body each (generic.py), in ``printed``;
+    returns the groups of kernel names that share one, which must go into the same part."""
+    impls = {f"{f.name}.impl" for f in kernels if f.name in micro} & set(printed)
+    bodies = {name: printed[name] for name in sorted(impls)}
+    groups = generic.share_bodies(bodies, _metadata_forms(module))
+    printed.update(bodies)
+    return [[name.removesuffix(".impl") for name in group] for group in groups]
+
+
+def _split(kernels: list[ir.Function], printed: dict[str, str], parts: int,
+           together: list[list[str]] = ()) -> list[set[str]]:
     """The distinct kernels' function names (each with its ``.impl``) dealt into ``parts`` sets
     of about equal IR text, the largest first (a kernel's text is a fair proxy for LLVM's time
-    on it)."""
-    sizes = {}
+    on it); the kernels of each list in ``together`` (callers of one generic body) as one."""
+    unit = {name: group[0] for group in together for name in group}
+    sizes: dict[str, int] = {}
+    names: dict[str, set[str]] = {}
     for f in dict.fromkeys(kernels):
-        sizes[f.name] = len(printed[f.name]) + len(printed.get(f"{f.name}.impl", ""))
+        u = unit.get(f.name, f.name)
+        sizes[u] = sizes.get(u, 0) + len(printed[f.name]) + \
+            len(printed.get(f"{f.name}.impl", ""))
+        names.setdefault(u, set()).update({f.name, f"{f.name}.impl"})
     bins: list[tuple[int, set[str]]] = [(0, set()) for _ in range(parts)]
-    for name in sorted(sizes, key=lambda n: -sizes[n]):
+    for u in sorted(sizes, key=lambda n: -sizes[n]):
         i = min(range(parts), key=lambda j: bins[j][0])
-        bins[i] = (bins[i][0] + sizes[name], bins[i][1] | {name, f"{name}.impl"})
+        bins[i] = (bins[i][0] + sizes[u], bins[i][1] | names[u])
     return [names for _, names in bins if names] or [set()]
 
 
@@ -181,6 +214,8 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     printed: dict[str, str] = {}
     once = {k.name for k in kernels if k.prepare}
     distinct = _share_identical(module, fns, [k.name for k in kernels], printed)
+    together = _share_sizes(module, distinct, printed,
+                            {k.name for k in kernels if _micro_kernel(k)})
     before = set(module.globals)
     _table(module, distinct, [k.name for k in kernels], [binding_kinds(k) for k in kernels])
     table = set(module.globals) - before
@@ -194,7 +229,7 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     if parts is None:
         parts = _part_count(sum(len(printed[n]) for f in set(split)
                                 for n in (f.name, f"{f.name}.impl") if n in printed))
-    groups = _split(split, printed, parts)
+    groups = _split(split, printed, parts, together)
     owner = {name: i for i, names in enumerate(groups) for name in names}
     header = [f'; ModuleID = "{module.name}"', f'target triple = "{module.triple}"',
               f'target datalayout = "{module.data_layout}"', ""]
@@ -243,7 +278,8 @@ def _finish(text: str, once=frozenset()) -> str:
 
     def attrs(m) -> str:
         name = re.search(r'@"?([^"(]+)"?\(', m.group(1))
-        small = name is not None and name.group(1).removesuffix(".impl") in once
+        small = name is not None and \
+            name.group(1).removesuffix(".generic").removesuffix(".impl") in once
         return (f'{m.group(1)}{m.group(2) or ""} "no-builtins"{realign}'
                 f'{" minsize optsize" if small else ""}\n{{')
     return re.sub(r"^(define .*\))( [^\n{]*)?\n\{", attrs, text, flags=re.M)
