@@ -42,8 +42,9 @@ MAX_ARGUMENTS = 64   # a group whose bodies differ in more places is left as it 
 _DEFINE = re.compile(r'^define internal void @"?([^"(]+)"?\((.*)\) ([^\n{]*)$', re.M)
 
 
-def _parse(text: str) -> tuple[list[str], list[str]] | None:
-    """(the body's text cut at its liftable literals, the literals); None for no .impl shape."""
+def _parse(text: str) -> tuple[list[str], list[str]]:
+    """(the body's text cut at its liftable literals, the literals): the text is the pieces
+    with the literals between them."""
     pieces, values, current = [], [], []
     for line in text.split("\n"):
         for form in _FORMS:
