@@ -67,6 +67,13 @@ def _outputs_of(model, i: int, pairs, output: str, seconds: list | None = None) 
                                  f"host: {e}; nothing written to {output}") from None
 
 
+# The portable interpreter runs beside a native artifact only for a model up to this size (its
+# blobs): the two hold the weights twice (the interpreter's through the file, the native one's
+# packed), which raised GPT-2's build peak 1.75 -> 2.4x its file; a small model's tail is where
+# the time goes (Swin-T, 109 MiB, the slowest build of the real set)
+BESIDE_BYTES = 128 << 20
+
+
 def _interpreted(path: str, i: int, pairs, output: str) -> tuple[list[dict], tuple]:
     """The portable artifact ``i``'s outputs and its times (as the native runs store them),
     from an open of ``path`` of its own: it runs in a thread beside the native artifacts' runs
@@ -299,7 +306,9 @@ def validate_container(path: str, pairs, output: str, progress=None,
             # the native ones after the first, on a machine with a core for each (the first,
             # the fastest, times the emulated runs' predictions: alone, as they were calibrated)
             interpreted = [i for i in native if container.artifacts[i].device == "portable"
-                           and not isinstance(found[i][0], list)] if cores.machine() > 1 else []
+                           and not isinstance(found[i][0], list)
+                           and hashed_bytes(container.artifacts[i]) <= BESIDE_BYTES] \
+                if cores.machine() > 1 else []
             beside = {}
             chosen = None
             if any(not isinstance(got, list) for got, _ in found.values()):
