@@ -270,6 +270,11 @@ class _Workers:
         # that (CI saw it once more), so the hook's write to this pool's pipe is made to let a
         # closed pipe be, as Python 3.12 does.
         _quiet_wakeup(getattr(self.pool, "_executor_manager_thread_wakeup", None))
+        # (and every other process pool's the exit hook will write to: one more Ctrl-C in CI
+        # printed the message with this pool's made quiet)
+        from concurrent.futures import process as futures_process
+        for wakeup in list(getattr(futures_process, "_threads_wakeups", {}).values()):
+            _quiet_wakeup(wakeup)
         manager = getattr(self.pool, "_executor_manager_thread", None)
         if manager is not None:
             manager.join(timeout=1.0)
