@@ -267,11 +267,9 @@ class _Workers:
         # that were still under way at exit, CPython 3.11's exit hook would write to the pipe
         # as it closes ("Exception ignored ... Bad file descriptor", gh-125451). Bounded: a
         # Ctrl-C must not wait on it, and on a loaded machine the thread can take longer than
-        # that (CI saw it once more), so the hook's write to this pool's pipe is made to let a
-        # closed pipe be, as Python 3.12 does.
-        _quiet_wakeup(getattr(self.pool, "_executor_manager_thread_wakeup", None))
-        # (and every other process pool's the exit hook will write to: one more Ctrl-C in CI
-        # printed the message with this pool's made quiet)
+        # that (CI saw it once more), so the hook's writes are made to let a closed pipe be, as
+        # Python 3.12 does: to every pool's pipe it writes to (its registry), not only this
+        # pool's (a Ctrl-C in CI printed the message with this pool's alone made quiet).
         from concurrent.futures import process as futures_process
         for wakeup in list(getattr(futures_process, "_threads_wakeups", {}).values()):
             _quiet_wakeup(wakeup)

@@ -82,13 +82,19 @@ def _interpreted(path: str, i: int, pairs, output: str) -> tuple[list[dict], tup
 
     model = load(path, device="portable", trusted_keys="")
     try:
-        seconds: list = []
-        started = time.perf_counter()
         with onethread.one_thread():   # (the other core runs the native artifacts)
-            got = _outputs_of(model, i, pairs, output, seconds)
-        return got, (time.perf_counter() - started, *seconds)
+            return _timed_outputs(model, i, pairs, output)
     finally:
         model.close()
+
+
+def _timed_outputs(model, i: int, pairs, output: str) -> tuple[list[dict], tuple]:
+    """``_outputs_of`` artifact ``i`` and the times a run stores: (the whole run's seconds,
+    each case's)."""
+    seconds: list = []
+    started = time.perf_counter()
+    got = _outputs_of(model, i, pairs, output, seconds)
+    return got, (time.perf_counter() - started, *seconds)
 
 
 def run_key(art) -> str:
@@ -331,19 +337,16 @@ def validate_container(path: str, pairs, output: str, progress=None,
                 if progress:
                     progress(f"  validate {pairs[i][0]} {pairs[i][1]}" +
                              (" (its outputs from the kernel cache)" if isinstance(got, list) else ""))
+                ran = i in beside or not isinstance(got, list)
                 if i in beside:
                     got, stored = beside.pop(i).result()
-                    if key is not None:
-                        runs.put_outputs(key, got, stored)
-                elif not isinstance(got, list):
-                    started, seconds = time.perf_counter(), []
+                elif ran:
                     # (the interpreter's BLAS on one thread where qemu's runs hold the cores)
                     with onethread.one_thread() if art.device == "portable" and running \
                             else contextlib.nullcontext():
-                        got = _outputs_of(model, i, pairs, output, seconds)
-                    stored = (time.perf_counter() - started, *seconds)
-                    if key is not None:
-                        runs.put_outputs(key, got, stored)
+                        got, stored = _timed_outputs(model, i, pairs, output)
+                if ran and key is not None:
+                    runs.put_outputs(key, got, stored)
                 if i == chosen:
                     model.unload()
                 heap.release()   # (its packed weights, before the next one's)

@@ -74,7 +74,7 @@ def share_bodies(bodies: dict[str, str], meta: dict[str, str]) -> list[list[str]
     group becomes the generic body followed by a call of it, the others a call of it. Metadata
     references compare by their content (``meta``: a node's name -> its canonical text).
     Returns the groups (lists of body names) that now share a generic body."""
-    keyed: dict[str, list[tuple[str, list[str], list[str]]]] = {}
+    keyed: dict[str, list[tuple]] = {}   # key -> (name, pieces, literals, define match)
     for name, text in bodies.items():
         m = _DEFINE.match(text)
         if m is None or "alwaysinline" not in m.group(3):
@@ -82,12 +82,12 @@ def share_bodies(bodies: dict[str, str], meta: dict[str, str]) -> list[list[str]
         pieces, values = _parse(text)
         pieces[0] = pieces[0].replace(name, "K", 1)
         key = re.sub(r"!(\d+)", lambda n: meta.get(n.group(1), n.group(0)), "\0".join(pieces))
-        keyed.setdefault(key, []).append((name, pieces, values))
+        keyed.setdefault(key, []).append((name, pieces, values, m))
     groups = []
     for members in keyed.values():
         if len(members) < 2:
             continue
-        columns = list(zip(*(values for _, _, values in members)))
+        columns = list(zip(*(values for _, _, values, _ in members)))
         lifted: dict[tuple, int] = {}
         for column in columns:
             if len(set(column)) > 1:
@@ -95,7 +95,7 @@ def share_bodies(bodies: dict[str, str], meta: dict[str, str]) -> list[list[str]
         if not lifted or len(lifted) > MAX_ARGUMENTS:
             continue
         _rewrite(bodies, members, columns, lifted)
-        groups.append([name for name, _, _ in members])
+        groups.append([name for name, *_ in members])
     return groups
 
 
@@ -103,10 +103,9 @@ def _rewrite(bodies: dict[str, str], members: list, columns: list[tuple],
              lifted: dict[tuple, int]) -> None:
     """``bodies`` of one group rewritten: the generic body (the first member's, its differing
     literals made arguments ``%"size.J"``) and a call of it per member."""
-    first, pieces, _ = members[0]
+    first, pieces, _, define = members[0]
     generic = f"{first}.generic"
-    m = _DEFINE.match(bodies[first])
-    params, attributes = m.group(2), m.group(3)
+    params, attributes = define.group(2), define.group(3)
     declared = [p.strip().split(" ") for p in params.split(",") if p.strip()]
     passed = [f"{p[0]} {p[-1]}" for p in declared]   # (type, name): noalias stays the callee's
     sizes = [f'i64 %"size.{j}"' for j in range(len(lifted))]
@@ -116,7 +115,7 @@ def _rewrite(bodies: dict[str, str], members: list, columns: list[tuple],
     for column, piece in zip(columns, pieces[1:]):
         text.append(f'%"size.{lifted[column]}"' if column in lifted else column[0])
         text.append(piece)
-    for k, (name, _, _) in enumerate(members):
+    for k, (name, *_) in enumerate(members):
         args = passed + [f"i64 {c[k]}" for c in sorted(lifted, key=lifted.get)]
         call = (f'define internal void @"{name}"({params}) {attributes}\n{{\nentry:\n'
                 f'  call void @"{generic}"({", ".join(args)})\n  ret void\n}}\n')

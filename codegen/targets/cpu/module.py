@@ -84,7 +84,8 @@ def _table(module: ir.Module, fns: list[ir.Function], names: list[str], bindings
 
 
 def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str],
-                     printed: dict[str, str]) -> list[ir.Function]:
+                     printed: dict[str, str],
+                     canon: dict[str, str] | None = None) -> list[ir.Function]:
     """The table's functions, where a kernel whose code is identical to an earlier one's (a
     repeated layer: resnet50's 76 kernels are 52 distinct functions) is dropped from the module
     and its table entry points at the earlier function. Code is compared as LLVM text with the
@@ -94,7 +95,8 @@ def _share_identical(module: ir.Module, fns: list[ir.Function], names: list[str]
     ``printed``: each kernel function's text by name (and its ``.impl``'s), filled in here, so
     the module is printed once. (Most repeats never get here: sharing.py finds them before
     lowering; a function listed twice is listed as it went the first time.)"""
-    canon = _metadata_forms(module)
+    if canon is None:   # (``_metadata_forms``; the caller may have them already)
+        canon = _metadata_forms(module)
     first: dict[str, ir.Function] = {}
     out = []
     shared: dict[int, ir.Function] = {}   # a function already listed (sharing.py): as it went
@@ -135,14 +137,14 @@ def _metadata_forms(module: ir.Module) -> dict[str, str]:
     return canon
 
 
-def _share_sizes(module: ir.Module, kernels: list[ir.Function], printed: dict[str, str],
-                 micro: set[str]) -> list[list[str]]:
+def _share_sizes(kernels: list[ir.Function], printed: dict[str, str], micro: set[str],
+                 canon: dict[str, str]) -> list[list[str]]:
     """The bodies of the micro-kernels (``micro``: their kernel names) among ``kernels`` that
     differ only in sizes made calls of one generic body each (generic.py), in ``printed``;
     returns the groups of kernel names that share one, which must go into the same part."""
     impls = {f"{f.name}.impl" for f in kernels if f.name in micro} & set(printed)
     bodies = {name: printed[name] for name in sorted(impls)}
-    groups = generic.share_bodies(bodies, _metadata_forms(module))
+    groups = generic.share_bodies(bodies, canon)
     printed.update(bodies)
     return [[name.removesuffix(".impl") for name in group] for group in groups]
 
@@ -213,9 +215,10 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
                                  f"dispatch binds {kernel_bindings(k)}")
     printed: dict[str, str] = {}
     once = {k.name for k in kernels if k.prepare}
-    distinct = _share_identical(module, fns, [k.name for k in kernels], printed)
-    together = _share_sizes(module, distinct, printed,
-                            {k.name for k in kernels if _micro_kernel(k)})
+    canon = _metadata_forms(module)
+    distinct = _share_identical(module, fns, [k.name for k in kernels], printed, canon)
+    together = _share_sizes(distinct, printed, {k.name for k in kernels if _micro_kernel(k)},
+                            canon)
     before = set(module.globals)
     _table(module, distinct, [k.name for k in kernels], [binding_kinds(k) for k in kernels])
     table = set(module.globals) - before
