@@ -462,7 +462,10 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
     step = _Steps(progress)
     kernels = _kernel_cache(cache)
     with step("import"):
-        # (a rebuild of an unchanged file finds its graph by the file's digest: not parsed)
+        # (a rebuild of an unchanged file finds its graph by the file's digest: not parsed;
+        # the archive its last build used is checked meanwhile, on another core)
+        if kernels is not None and isinstance(model, (str, os.PathLike)):
+            kernels.check_ahead(model)
         source = ModelSource(model, budget, kernels is not None)
         found = _cached_file_graph(source, kernels)
         proto = source.proto() if found is None else None
@@ -485,6 +488,8 @@ def build(model, output, *, targets=None, precisions=None, inputs=None, dims=Non
         graph = models.graph("fp32")
         if graph_entry is not None and models.blob("fp32") is not None:
             kernels.put_graph(graph_entry, models.base, models.blob("fp32"))
+        if source.file_key is not None and models.blob("fp32") is not None:
+            kernels.put_hint(source.path, models.blob("fp32"))
         # (the import's copy of every weight freed: the archive's mapped file has them)
         models.rebase()
         heap.release()

@@ -28,7 +28,8 @@ weights into a new one. An entry holds only what its target made beside them (th
 Layout of the folder (MLPACK_CACHE_DIR, default ``$XDG_CACHE_HOME/mlpack/kernels``, else
 ``~/.cache/mlpack/kernels``): ``entries/<key>.json`` says which blobs make the code and carries
 the sha256 of its own text; ``weights/<key>.json`` names a precision's weights archive;
-``blobs/<sha256>`` holds the ELFs and archives; ``runs/<key>`` the outputs of an artifact's
+``blobs/<sha256>`` holds the ELFs and archives; ``hints/`` which archive a model file's last
+build used (``check_ahead``); ``runs/<key>`` the outputs of an artifact's
 vectors on this host or under qemu (packager/validation.py, emulate.py), ``vectors/<key>`` a
 model's test vectors, ``graphs/<key>`` a model's compiled graph (below). A rebuild of an
 unchanged model also skips the ONNX import and the graph passes (Swin-T: 3 of a warm rebuild's
@@ -280,6 +281,43 @@ class KernelCache:
         body = json.dumps({"digest": blob.digest, "size": blob.size}).encode()
         try:
             self._write(self.folder / "weights" / f"{k}.json", body)
+        except OSError:
+            pass
+
+    # Which archive a model file's last build used, by the file's path: a hint (``hints/``,
+    # keyed by the path's digest, naming the file's size and modification time), so that a
+    # rebuild checks that archive while it hashes the file (weights.check_ahead). Never trusted:
+    # the archive is checked whole as ever, and only the file's digest finds its graph.
+
+    def _hint(self, model_path) -> Path:
+        name = hashlib.sha256(os.path.realpath(model_path).encode()).hexdigest()
+        return self.folder / "hints" / name
+
+    @staticmethod
+    def _stamp(model_path) -> list[int]:
+        st = os.stat(model_path)
+        return [st.st_size, st.st_mtime_ns]
+
+    def check_ahead(self, model_path) -> None:
+        """Start checking the archive the last build of the file ``model_path`` used, if the
+        file looks unchanged since (its size and modification time)."""
+        from mlpack.packager.weights import check_ahead
+
+        try:
+            doc = json.loads(self._hint(model_path).read_text())
+            if doc["file"] == self._stamp(model_path):
+                check_ahead(self.folder / "blobs", str(doc["digest"]), int(doc["size"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+
+    def put_hint(self, model_path, blob) -> None:
+        """Remember that a build of the file ``model_path`` used the archive ``blob``."""
+        try:
+            body = json.dumps({"file": self._stamp(model_path), "digest": blob.digest,
+                               "size": blob.size}).encode()
+            path = self._hint(model_path)
+            if not path.is_file() or path.read_bytes() != body:
+                self._write(path, body)
         except OSError:
             pass
 

@@ -127,6 +127,58 @@ def test_warm_rebuild_reuses_the_compiled_graph(tmp_path, monkeypatch):
     assert _sha(tmp_path / "again.mlpack") == _sha(tmp_path / "cold.mlpack")
 
 
+def test_rebuild_checks_its_archive_beside_the_file_hash(tmp_path, monkeypatch):
+    """A build of a model file leaves a hint of the weights archive it used (hints/); a
+    rebuild of the unchanged file checks that archive in a thread while it hashes the file,
+    and hashes the archive once. A changed file starts no check; a wrong or damaged hint
+    costs nothing but the check: the same container either way."""
+    import json
+    import shutil
+
+    from mlpack.packager import weights
+
+    model = tmp_path / "mlp.onnx"
+    shutil.copyfile(MLP, model)
+    folder = tmp_path / "k"
+
+    def rebuild(name):
+        weights._CHECKED.clear()   # (as a new process finds it)
+        weights._AHEAD.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            build(str(model), tmp_path / name, targets=TARGETS, cache=folder)
+        return tmp_path / name
+
+    cold = rebuild("cold.mlpack")
+    (hint,) = (folder / "hints").iterdir()
+    doc = json.loads(hint.read_text())
+    archive = folder / "blobs" / doc["digest"].split(":", 1)[1]
+    assert archive.stat().st_size == doc["size"]
+
+    started, hashed = [], []
+    real_ahead, real_sha = weights.check_ahead, hashlib.sha256
+    monkeypatch.setattr(weights, "check_ahead", lambda *a: started.append(a) or real_ahead(*a))
+    monkeypatch.setattr(weights, "hashlib", type("counting", (), {
+        "sha256": staticmethod(lambda *a: hashed.append(1) or real_sha(*a))}))
+    warm = rebuild("warm.mlpack")
+    assert started == [(folder / "blobs", doc["digest"], doc["size"])]
+    assert len(hashed) == 1   # the thread's check; the graph's lookup waited for it
+    assert _sha(warm) == _sha(cold)
+
+    started.clear()
+    os.utime(model, ns=(1, 1))   # changed as far as its stamp tells: no check ahead
+    assert _sha(rebuild("touched.mlpack")) == _sha(cold) and started == []
+    for bad in ({**doc, "file": [0, 0], "digest": "sha256:" + "0" * 64},   # a wrong archive
+                None):                                                       # a damaged hint
+        if bad is None:
+            hint.write_bytes(b"{not json")
+        else:
+            bad["file"] = cache_mod.KernelCache._stamp(model)
+            hint.write_text(json.dumps(bad))
+        assert _sha(rebuild("hinted.mlpack")) == _sha(cold)
+        assert json.loads(hint.read_text())["digest"] == doc["digest"]   # written right again
+
+
 @pytest.mark.parametrize("damage", ["blob", "entry", "truncate"])
 def test_corrupt_entry_is_compiled_again(tmp_path, compiles, damage):
     folder = tmp_path / "k"
