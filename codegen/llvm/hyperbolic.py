@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from mlpack.codegen.llvm.mathbase import Math, exp, log
+from mlpack.codegen.llvm.mathbase import EXP_BOUNDED, Math, exp, exp_bounded, log
 
 
 # ---------------------------------------------------------------- tanh, sigmoid
@@ -22,7 +22,7 @@ def tanh(M: Math, x):
     ax = M.call("llvm.fabs", x)
     z = b.fmul(x, x)
     small = M.fma(b.fmul(M.poly(z, _TANH_P), z), x, x)
-    e = exp(M, b.fmul(M.clamp(ax, 0.0, 20.0), M.c(2.0)))
+    e = exp_bounded(M, b.fmul(M.clamp(ax, 0.0, 20.0), M.c(2.0)))
     big = b.fsub(M.c(1.0), b.fdiv(M.c(2.0), b.fadd(e, M.c(1.0))))
     big = M.call("llvm.copysign", big, x)
     out = b.select(b.fcmp_ordered("<", ax, M.c(0.625)), small, big)
@@ -30,9 +30,14 @@ def tanh(M: Math, x):
 
 
 def sigmoid(M: Math, x):
-    """1 / (1 + e^-x): e^-x overflows to inf for x < -88.8, giving exactly 0."""
+    """1 / (1 + e^-x): e^-x is inf for x < -88.7, giving exactly 0, and 1 + e^-x is 1 where
+    e^-x would be denormal (``exp_bounded``)."""
     b = M.b
-    return b.fdiv(M.c(1.0), b.fadd(M.c(1.0), exp(M, b.fneg(x))))
+    lo, hi = EXP_BOUNDED
+    t = b.fneg(x)   # (clamped by compares, which keep a nan: it comes out of the arithmetic)
+    t = M.sel(M.gt(t, hi), M.c(hi), t)
+    t = M.sel(M.lt(t, lo), M.c(lo), t)
+    return b.fdiv(M.c(1.0), b.fadd(M.c(1.0), exp_bounded(M, t)))
 
 
 # ---------------------------------------------------------------- hyperbolic
