@@ -86,13 +86,21 @@ _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
           1.6666665459e-1, 5.0000001201e-1)
 
 
-def exp(M: Math, x):
-    """Cephes expf: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-7 polynomial, times 2^n.
+# below this e^x is not a normal f32 (ln of the smallest normal, 1.17549e-38, is -87.3365)
+EXP_FLUSH = -87.336
 
-    2^n is applied as two factors 2^(n//2) * 2^(n - n//2), so results down to the smallest
-    denormal and up to overflow come out right without a branch."""
+
+def exp(M: Math, x):
+    """Cephes expf: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-7 polynomial, times 2^n (two
+    factors 2^(n//2) * 2^(n - n//2), so up to overflow without a branch).
+
+    Below EXP_FLUSH the result is 0, not the denormal e^x is there: a denormal costs an Intel
+    core a microcode assist of some hundred cycles wherever it is produced or read, and a
+    softmax over a masked score (Swin's shifted windows add -100) made thousands of them in
+    every attention (Swin-T ran 1.3x faster at one thread without them). The argument is
+    clamped there first, so no step makes one either."""
     b = M.b
-    xc = M.clamp(x, -104.0, 88.8)
+    xc = M.clamp(x, EXP_FLUSH, 88.8)
     n = M.call("llvm.rint", b.fmul(xc, M.c(1.0 / math.log(2.0))))
     r = M.fma(n, M.c(-_LN2_HI), xc)
     r = M.fma(n, M.c(-_LN2_LO), r)
@@ -102,8 +110,9 @@ def exp(M: Math, x):
     ni = b.fptosi(n, I32)
     half = b.ashr(ni, M.ci(1))
     out = b.fmul(b.fmul(er, M.pow2i(half)), M.pow2i(b.sub(ni, half)))
-    # inputs past the clamp: overflow to inf above, and nan stays nan
+    # inputs past the clamp: overflow to inf above, flushed to 0 below; nan stays nan
     out = b.select(b.fcmp_ordered(">", x, M.c(88.8)), M.c(math.inf), out)
+    out = b.select(b.fcmp_ordered("<", x, M.c(EXP_FLUSH)), M.c(0.0), out)
     return b.select(M.isnan(x), x, out)
 
 
