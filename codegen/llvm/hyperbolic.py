@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from mlpack.codegen.llvm.mathbase import EXP_BOUNDED, Math, exp, exp_bounded, log
+from mlpack.codegen.llvm.mathbase import EXP_BOUNDED, EXP_FLUSH, Math, exp, exp_bounded, log
 
 
 # ---------------------------------------------------------------- tanh, sigmoid
@@ -30,14 +30,16 @@ def tanh(M: Math, x):
 
 
 def sigmoid(M: Math, x):
-    """1 / (1 + e^-x): e^-x is inf for x < -88.7, giving exactly 0, and 1 + e^-x is 1 where
-    e^-x would be denormal (``exp_bounded``)."""
+    """1 / (1 + e^-x), with no denormal on the way or out (mathbase.exp's reason): e^-x is
+    ``exp_bounded``'s, whose smallest value is normal, and where 1 / (1 + e^-x) would be a
+    denormal (x < EXP_FLUSH) the result is 0."""
     b = M.b
     lo, hi = EXP_BOUNDED
     t = b.fneg(x)   # (clamped by compares, which keep a nan: it comes out of the arithmetic)
     t = M.sel(M.gt(t, hi), M.c(hi), t)
     t = M.sel(M.lt(t, lo), M.c(lo), t)
-    return b.fdiv(M.c(1.0), b.fadd(M.c(1.0), exp_bounded(M, t)))
+    out = b.fdiv(M.c(1.0), b.fadd(M.c(1.0), exp_bounded(M, t)))
+    return M.sel(M.lt(x, EXP_FLUSH), M.c(0.0), out)
 
 
 # ---------------------------------------------------------------- hyperbolic

@@ -116,20 +116,19 @@ def exp(M: Math, x):
     return b.select(M.isnan(x), x, out)
 
 
-# the range ``exp_bounded`` takes: 2^n then runs from 2^-127 (its bits 0: 0.0) to 2^128 (its
-# bits those of inf)
-EXP_BOUNDED = (-88.0, 89.0)
+# the range ``exp_bounded`` takes: e^x is a normal f32 from its low end (EXP_FLUSH) on, and 2^n
+# one factor up to 2^128 (its bits those of inf)
+EXP_BOUNDED = (EXP_FLUSH, 89.0)
 # x log2(e) plus this rounds to an integer n (its ulp is 1) and leaves n + 127 in the low bits
 _EXP_MAGIC = 1.5 * 2.0 ** 23 + 127.0
 
 
 def exp_bounded(M: Math, x):
-    """e^x for ``x`` in EXP_BOUNDED (or nan: nan out), as ``exp`` is where e^x is a normal f32,
-    but 0 below (where exp gives a denormal) and inf above e^88.7. For the functions that add
-    e^x to 1 (sigmoid, tanh), where a denormal is lost in the sum, it takes a third fewer
-    vector instructions than ``exp``: n is rounded by adding a constant whose low bits are then
-    2^n's exponent (no rint, no conversion to an integer), 2^n is one factor, and there is no
-    test for overflow or nan (nan propagates through the arithmetic)."""
+    """e^x for ``x`` in EXP_BOUNDED (or nan: nan out), as ``exp`` is there, but inf from e^88.4
+    on, where exp is finite up to e^88.7. For the functions that add e^x to 1 (sigmoid, tanh),
+    it takes a third fewer vector instructions than ``exp``: n is rounded by adding a constant
+    whose low bits are then 2^n's exponent (no rint, no conversion to an integer), 2^n is one
+    factor, and there is no test for overflow or nan (nan propagates through the arithmetic)."""
     b = M.b
     k = M.fma(x, M.c(1.0 / math.log(2.0)), M.c(_EXP_MAGIC))
     n = b.fsub(k, M.c(_EXP_MAGIC))

@@ -21,7 +21,8 @@ exp        [-87.33, 88]                relative 1e-7 (~1 ulp); 0 below -87.336 (
                                        denormal), inf above 88.8
 log        [1e-38, 3e38] and denormals relative 1e-7 where |log x| >= 0.05, absolute 1e-8 nearer 1
 tanh       all                         relative 1.5e-7 (absolute 1e-7)
-sigmoid    [-80, inf)                  relative 1.5e-7 (absolute 1e-7); 0 or denormal below
+sigmoid    [-80, inf)                  relative 1.5e-7 (absolute 1e-7); 0 below -87.336 (no
+                                       denormal)
 erf        all                         absolute and relative 4.5e-7 (7 ulp near +-1)
 sin, cos   |x| <= 1.6e6                absolute 9e-8, relative 1.25e-7 (1.5 ulp); reduction by
                                        pi/2 in f64 (3-part Cody-Waite), exact up to 1.6e6;

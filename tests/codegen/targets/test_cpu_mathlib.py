@@ -71,13 +71,17 @@ def test_accuracy(name, target):
 
 
 @pytest.mark.parametrize("target", NARROW_AND_WIDE)
-def test_exp_makes_no_denormal(target):
-    """Where e^x is below the smallest normal f32, exp gives 0 (a denormal costs Intel cores a
-    microcode assist wherever it is produced or read); just above, it is e^x, a normal value."""
+@pytest.mark.parametrize("name", ["exp", "sigmoid"])
+def test_no_denormal_comes_out(name, target):
+    """Where e^x (or sigmoid(x)) is below the smallest normal f32, the result is 0 (a denormal
+    costs Intel cores a microcode assist wherever it is produced or read); just above, it is
+    the value, a normal one. Sigmoid's far side (x > 87, where e^-x is that small) is 1."""
     tiny = np.finfo(np.float32).tiny
     x = np.linspace(-120.0, -80.0, 40001).astype(np.float32)
-    got = run_unary("exp", x, target)
-    ref = np.exp(x.astype(np.float64))
+    if name == "sigmoid":
+        x = np.concatenate([x, -x])
+    got = run_unary(name, x, target)
+    ref = (np.exp if name == "exp" else _sigmoid)(x.astype(np.float64))
     assert not ((got != 0) & (np.abs(got) < tiny)).any()   # no denormal at all
     assert (got[ref < tiny * 0.9999] == 0).all()
     normal = ref >= tiny * 1.0001
