@@ -51,6 +51,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import time
 import weakref
 from pathlib import Path
@@ -75,6 +76,9 @@ def default_folder() -> Path:
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")   # a blob's name, as a hint may give it
 
 
 def _version(dist: str) -> str:
@@ -305,8 +309,9 @@ class KernelCache:
 
         try:
             doc = json.loads(self._hint(model_path).read_text())
-            if doc["file"] == self._stamp(model_path):
-                check_ahead(self.folder / "blobs", str(doc["digest"]), int(doc["size"]))
+            digest = doc["digest"]
+            if doc["file"] == self._stamp(model_path) and _DIGEST.fullmatch(digest):
+                check_ahead(self.folder / "blobs", digest, int(doc["size"]))
         except (OSError, ValueError, KeyError, TypeError):
             pass
 

@@ -168,8 +168,10 @@ def test_rebuild_checks_its_archive_beside_the_file_hash(tmp_path, monkeypatch):
     started.clear()
     os.utime(model, ns=(1, 1))   # changed as far as its stamp tells: no check ahead
     assert _sha(rebuild("touched.mlpack")) == _sha(cold) and started == []
-    for bad in ({**doc, "file": [0, 0], "digest": "sha256:" + "0" * 64},   # a wrong archive
-                None):                                                       # a damaged hint
+    for bad in ({**doc, "digest": "sha256:" + "0" * 64},          # a wrong archive
+                {**doc, "digest": "sha256:../../" + doc["digest"]},  # not a blob's name
+                {**doc, "digest": "nocolon"},
+                None):                                                # a damaged hint
         if bad is None:
             hint.write_bytes(b"{not json")
         else:
