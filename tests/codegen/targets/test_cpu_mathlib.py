@@ -8,6 +8,7 @@ docstring states.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -86,6 +87,30 @@ def test_no_denormal_comes_out(name, target):
     assert (got[ref < tiny * 0.9999] == 0).all()
     normal = ref >= tiny * 1.0001
     assert (np.abs(got[normal] - ref[normal]) / ref[normal]).max() < 1.5e-7
+
+
+@pytest.mark.parametrize("target", NARROW_AND_WIDE)
+def test_erf_of_a_quotient_multiplies(target, monkeypatch):
+    """GELU's erf(x / sqrt(2)): the quotient by a constant is a product by its reciprocal (one
+    division left in the kernel, erf's own), within erf's bound of the float64 value."""
+    from mlpack.codegen.targets.cpu import compile as cpu_compile
+    from mlpack.codegen.targets.cpu import module
+
+    n, c = 20001, np.float32(1.4142135)
+    g = Graph("gelu_erf")
+    g.add_input("x", TensorType("f32", {"i": n}), ("i",))
+    q = ex.binary("div", ex.read("x", {"i": ex.var("i")}, "f32"), ex.const(float(c), "f32"))
+    g.add_op(Comprehension("y", TensorType("f32", {"i": n}), ex.unary("erf", q)))
+    g.outputs.append(Port("y", ("i",)))
+    texts = []
+    build = module.build_module
+    monkeypatch.setattr(cpu_compile, "build_module",
+                        lambda *a, **k: texts.extend(build(*a, **{**k, "parts": 1})) or texts)
+    x = np.linspace(-8, 8, n).astype(np.float32)
+    got = run_plan(compile_cpu(g, target), g, {"x": x})["y"].astype(np.float64)
+    ref = _erf(x.astype(np.float64) / np.float64(c))
+    assert np.abs(got - ref).max() <= 5e-7
+    assert len(re.findall(r"= fdiv ", texts[0])) == 1, "one division: erf's p / q"
 
 
 def test_small_arguments_keep_relative_accuracy():
