@@ -153,7 +153,7 @@ class ScalarEmitter:
         if op == "erf" and e.dtype == "f32" and _by_constant(e.args[0]):
             # erf(x / c), GELU's erf(x / sqrt(2)): x times 1/c, which may round once more (an
             # ulp of erf's argument, against erf's own 4.5e-7), instead of a division, the
-            # slowest instruction of the epilogue (ONNX Runtime's Gelu multiplies too)
+            # slowest instruction of the epilogue
             x, c = e.args[0].args
             scaled = self.b.fmul(self.cast(self(x), x.dtype, "f32"), const("f32", 1.0 / c.arg))
             return self._unary(op, scaled, "f32")
