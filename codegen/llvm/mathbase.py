@@ -90,6 +90,16 @@ _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
 EXP_FLUSH = -87.336
 
 
+def _exp_reduced(M: Math, x, n):
+    """e^r for r = x - n ln2 (|r| <= ln2/2; ln2 in two parts), by Cephes' polynomial: what exp
+    and exp_bounded multiply by 2^n, each rounding n its own way."""
+    b = M.b
+    r = M.fma(n, M.c(-_LN2_HI), x)
+    r = M.fma(n, M.c(-_LN2_LO), r)
+    z = b.fmul(r, r)
+    return b.fadd(M.fma(M.poly(r, _EXP_P), z, r), M.c(1.0))
+
+
 def exp(M: Math, x):
     """Cephes expf: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-7 polynomial, times 2^n (two
     factors 2^(n//2) * 2^(n - n//2), so up to overflow without a branch).
@@ -102,11 +112,7 @@ def exp(M: Math, x):
     b = M.b
     xc = M.clamp(x, EXP_FLUSH, 88.8)
     n = M.call("llvm.rint", b.fmul(xc, M.c(1.0 / math.log(2.0))))
-    r = M.fma(n, M.c(-_LN2_HI), xc)
-    r = M.fma(n, M.c(-_LN2_LO), r)
-    z = b.fmul(r, r)
-    p = M.poly(r, _EXP_P)
-    er = b.fadd(M.fma(p, z, r), M.c(1.0))
+    er = _exp_reduced(M, xc, n)
     ni = b.fptosi(n, I32)
     half = b.ashr(ni, M.ci(1))
     out = b.fmul(b.fmul(er, M.pow2i(half)), M.pow2i(b.sub(ni, half)))
@@ -131,10 +137,7 @@ def exp_bounded(M: Math, x):
     factor, and there is no test for overflow or nan (nan propagates through the arithmetic)."""
     b = M.b
     k = M.fma(x, M.c(1.0 / math.log(2.0)), M.c(_EXP_MAGIC))
-    n = b.fsub(k, M.c(_EXP_MAGIC))
-    r = M.fma(n, M.c(-_LN2_HI), x)
-    r = M.fma(n, M.c(-_LN2_LO), r)
-    er = b.fadd(M.fma(M.poly(r, _EXP_P), b.fmul(r, r), r), M.c(1.0))
+    er = _exp_reduced(M, x, b.fsub(k, M.c(_EXP_MAGIC)))
     bits = b.shl(b.bitcast(k, M.ity), M.ci(23))
     return b.fmul(er, b.bitcast(bits, M.ty))
 
