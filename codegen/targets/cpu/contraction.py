@@ -40,7 +40,7 @@ import numpy as np
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.targets.cpu import amx, depthwise, panels
+from mlpack.codegen.targets.cpu import amx, depthwise, groupwise, panels
 from mlpack.codegen.targets.cpu.gemm import (PACK, PAIR_PRODUCTS, SIGNED_A, Contraction,
                                             bf16_dot, int8_dot, pack_b)
 from mlpack.codegen.targets.cpu.gemmview import (MIN_N, const_view, extent, int8_view,
@@ -336,6 +336,11 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         dot = _dot_of(info, t)
         # pmaddwd multiplies i16: A is copied widened, once per run, so that a row's pair of K
         # is one 32-bit broadcast (the copy is a pass over A; the GEMM reads it N / 16 times)
+        grouped = groupwise.plan(k, info, bufs, t) if tiles is None else None
+        rotated = None if grouped is None else groupwise.fit(k, grouped, info, bufs, _masks(t))
+        if rotated is not None:   # a few channels a group: whole vectors of groups
+            out.extend([rotated, k])
+            continue
         hit = _unguard(k, info, bufs, f"{k.out}#a", tiles[0] if tiles else info.get("relayout"),
                        "u16" if dot in PAIR_PRODUCTS else None)
         if hit is None:
@@ -589,6 +594,8 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
     c = k.gemm
     if isinstance(c, depthwise.Direct):
         return depthwise.workgroups(k, out)
+    if isinstance(c, groupwise.Grouped):
+        return groupwise.workgroups(k, out)
     m = ex.product([out.sizes[d] for d in c.m])
     bsz = ex.product([out.sizes[d] for d in c.batch])
     groups = ex.ceildiv(ex.ceildiv(m, ex.const(c.mr)), ex.const(c.group))

@@ -50,7 +50,7 @@ from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.llvm.intrinsics import intrinsic, line_alloca, masked_load, splat
 from mlpack.codegen.llvm.types import F32, I1, I32, I64, i64
 from mlpack.codegen.targets.cpu.indexing import coeff
-from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, share
 from mlpack.codegen.targets.cpu.kernels import MAX_WORKGROUPS, WORK_PER_WORKGROUP, row_dim
 from mlpack.codegen.targets.cpu.target import CpuTarget
 
@@ -313,9 +313,7 @@ def emit_direct(L, wg, count) -> None:
     units = i64(1)
     for o in d.outer:
         units = b.mul(units, sizes[o], flags=("nsw",))
-    w64, c64 = b.zext(wg, I64), b.zext(count, I64)
-    start = b.udiv(b.mul(units, w64), c64)
-    end = b.udiv(b.mul(units, b.add(w64, i64(1))), c64)
+    start, end = share(b, L.k, units, wg, count)
     rowlen = osz[d.row]
     ntiles = b.udiv(b.add(rowlen, i64(tile - 1)), i64(tile))
     lane_ix = [ir.Constant(ity, [t * d.vl + j for j in range(d.vl)]) for t in range(d.step)]

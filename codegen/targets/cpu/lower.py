@@ -29,7 +29,7 @@ from mlpack.codegen.llvm.oprules import CONTRACT
 from mlpack.codegen.llvm.scalar import ScalarEmitter
 from mlpack.codegen.llvm.types import I32, I64, NARROW_FLOATS, PTR, llvm_type, storage_type
 from mlpack.codegen.targets.cpu import checks as chk
-from mlpack.codegen.targets.cpu import depthwise, hoist, narrowconv, rowvector
+from mlpack.codegen.targets.cpu import depthwise, groupwise, hoist, narrowconv, rowvector
 from mlpack.codegen.targets.cpu.abi import DISPATCH, KERNEL_FN
 from mlpack.codegen.targets.cpu.amxkernel import AmxGemm
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, share
@@ -157,6 +157,8 @@ class KernelLowering:
         gemm = self.k.gemm
         if isinstance(gemm, depthwise.Direct):
             depthwise.emit_direct(self, wg, count)
+        elif isinstance(gemm, groupwise.Grouped):
+            groupwise.emit_grouped(self, wg, count)
         elif gemm.amx:
             AmxGemm(self, wg, count).emit()
         else:

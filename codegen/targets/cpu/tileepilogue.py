@@ -21,7 +21,7 @@ from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.llvm.loops import delinearize
 from mlpack.codegen.llvm.types import i64
 from mlpack.codegen.targets.cpu.gemm import PACK
-from mlpack.codegen.targets.cpu.indexing import is_one
+from mlpack.codegen.targets.cpu.indexing import coeff, is_one
 from mlpack.codegen.targets.cpu.kernel import Buffer
 
 
@@ -124,7 +124,9 @@ def _adjacent(buf: Buffer, bdims: list[str], sizes: list[Expr]) -> bool:
 def flat_bindable(epilogue: Expr | None, out: Buffer, dims: list[str], bufs) -> bool:
     """Whether the epilogue's inner loop over ``dims`` (flattened, last fastest) may bind them
     as one flat index: the output and every read that uses them hold them adjacent and in
-    order, each indexed by the plain var (once), unguarded, and no other use of them."""
+    order, each indexed by the plain var (once), unguarded, or index one dim by their flat
+    position itself (``_flattened``: a grouped convolution's bias, ``b[4 * g + co]``), and no
+    other use of them."""
     sizes = [out.sizes[d] for d in dims]
     if not dims or not _adjacent(out, dims, sizes):
         return False
@@ -141,6 +143,9 @@ def flat_bindable(epilogue: Expr | None, out: Buffer, dims: list[str], bufs) -> 
                 if ix.arg in at:
                     return False   # one var indexing two dims (a diagonal): not a flat walk
                 at[ix.arg] = d
+            elif want & ex.free_vars(ix):
+                if at or not _flattened(ix, dims, sizes):
+                    return False
             elif not ok(ix):
                 return False
         if not at:
@@ -149,3 +154,20 @@ def flat_bindable(epilogue: Expr | None, out: Buffer, dims: list[str], bufs) -> 
             return False
         return _adjacent(bufs[e.arg[0]], [at[v] for v in dims], sizes)
     return epilogue is None or ok(epilogue)
+
+
+def _flattened(ix: Expr, dims: list[str], sizes: list[Expr]) -> bool:
+    """Whether index ``ix`` is ``a`` times the flat position of ``dims`` (of constant
+    ``sizes``, last fastest) plus terms of other vars: then the flat index bound to the last
+    dim, the others 0, gives it the same value."""
+    if any(n.op == "read" for n in ex.walk(ix)) or not all(s.is_const for s in sizes[1:]):
+        return False
+    stride, want = 1, []
+    for s in reversed(sizes):
+        want.append(stride)
+        stride *= s.value
+    want.reverse()
+    got = [coeff(ix, d) for d in dims]
+    if not all(isinstance(c, int) for c in got) or got[-1] == 0:
+        return False
+    return all(c == got[-1] * w for c, w in zip(got, want))

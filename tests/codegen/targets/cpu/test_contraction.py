@@ -248,6 +248,26 @@ def test_epilogue_flat_binding_refuses_a_diagonal_read():
     assert not flat_bindable(diagonal, out, ["h", "w"], {"s": cube})
 
 
+def test_epilogue_flat_binding_takes_a_groups_flat_channel():
+    """A grouped convolution's output [.., g, co] with a bias read at b[4 * g + co]: the flat
+    index over (g, co), bound to co with g at 0, addresses the bias as the pair does (so the
+    epilogue vectorizes, no division a lane); b[2 * g + co] or b[4 * g] it does not."""
+    from mlpack.codegen.targets.cpu.tileepilogue import flat_bindable
+    from mlpack.codegen.targets.cpu.kernel import Buffer
+    from mlpack.codegen.targets.cpu.kernels import ACC
+    from mlpack.spec.ir import expr as ex
+    size = {d: ex.const(n) for d, n in (("w", 7), ("g", 8), ("co", 4))}
+    out = Buffer("y", ("w", "g", "co"), size, "f32")
+    bias = {"b": Buffer("b", ("d0",), {"d0": ex.const(32)}, "f32")}
+    g, co = ex.var("g"), ex.var("co")
+
+    def epilogue(index):
+        return ex.maximum(ex.add(ex.var(ACC, "f32"), ex.read("b", {"d0": index}, "f32")), 0.0)
+    assert flat_bindable(epilogue(g * 4 + co), out, ["g", "co"], bias)
+    assert not flat_bindable(epilogue(g * 2 + co), out, ["g", "co"], bias)
+    assert not flat_bindable(epilogue(g * 4), out, ["g", "co"], bias)
+
+
 def test_packed_weights_are_target_independent():
     """Every cpu target packs B the same way, so a container stores one weights archive."""
     m, _ = conv_case(16, 48, 8, 3)

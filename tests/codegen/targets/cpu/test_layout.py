@@ -277,10 +277,12 @@ def test_a_grouped_convolution_goes_channels_last_with_its_groups_before_the_cha
         grp, ch = list(op.type.dims)[1:3]
         assert moved[op.out][-2:] == [grp, ch], (op.out, moved[op.out])
     assert moved[g.ops[0].out][-1] == list(g.ops[0].type.dims)[1]   # its input as well
-    # the bias and relu run in the convolution's epilogue, a vector of one group's channels
+    # the bias and relu run in the convolution's epilogue, on vectors of whole groups
+    # (groupwise.py: one group of 8 channels a vector on AVX2)
+    from mlpack.codegen.targets.cpu.groupwise import Grouped
     _, kernels, *_ = schedule_kernels(g, get_target("x86_64-v3"))
     [k] = [k for k in kernels if conv_out.out in k.fused and k.strategy == "gemm"]
-    assert len(k.fused) == 2 and k.gemm.nvec == 1
+    assert len(k.fused) == 2 and isinstance(k.gemm, Grouped) and (k.gemm.c, k.gemm.vl) == (8, 8)
 
 
 def test_debug_says_why_a_tensor_keeps_its_order(monkeypatch, capsys):
