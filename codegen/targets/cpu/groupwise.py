@@ -1,11 +1,11 @@
-"""Grouped convolutions of 4 or 8 channels per group as direct kernels on whole vectors.
+"""Grouped convolutions of 4, 8 or 16 channels per group as direct kernels on whole vectors.
 
 A grouped convolution with ``c`` input and ``c`` output channels per group, laid out channels
 last (layout.py), is a contraction whose batch is the group ``g`` and whose N is the group's
 ``c`` output channels (contraction.py): ``y[.., g, co] = sum{ci, kh, kw} x[.., c*g + ci] *
 W[c*g + co, ci, kh, kw]``. As a GEMM its tile holds ``c`` useful columns of each 16-lane vector
-(ResNeXt-50's first stage has 4 channels a group, RegNet's every stage 8), a quarter or half
-of the machine. Here a vector instead holds ``vl / c`` whole groups, ``vl`` consecutive output
+(ResNeXt-50's first stage has 4 channels a group, its second and RegNet's every stage 8), a
+quarter or half of the machine, and 16 (ResNeXt-50's third stage) a tile one vector wide. Here a vector instead holds ``vl / c`` whole groups, ``vl`` consecutive output
 channels, and the reduction over a group's input channels is a rotation within each group's
 lanes: at step ``s`` lane ``(g, co)`` takes input channel ``c*g + (co + s) % c``, a shuffle of
 the input vector of those same ``vl`` channels, times ``W'[kh, kw, s, c*g + co] = W[c*g + co,
@@ -46,9 +46,9 @@ from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGRO
 from mlpack.codegen.targets.cpu.target import CpuTarget
 from mlpack.codegen.targets.cpu.tileepilogue import flat_bindable
 
-# channels per group that run here: more fill a GEMM tile's vector well; fewer are no GEMM
-# (gemmview.MIN_BATCHED_N) and stay depthwise.py's row kernels
-GROUP_SIZES = (4, 8)
+# channels per group that run here (where they divide a vector): fewer are no GEMM
+# (gemmview.MIN_BATCHED_N) and stay depthwise.py's row kernels; 32 and more fill a GEMM's tile
+GROUP_SIZES = (4, 8, 16)
 MAX_ROWS = 12             # output columns per unit
 RESERVED = 4              # vector registers left to the weights' vectors and a rotation
 MAX_WINDOW = 7            # window columns (unrolled)

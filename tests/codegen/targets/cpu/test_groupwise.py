@@ -1,4 +1,4 @@
-"""Grouped convolutions of 4 and 8 channels per group as direct kernels of whole vectors
+"""Grouped convolutions of 4, 8 and 16 channels per group as direct kernels of whole vectors
 (codegen/targets/cpu/groupwise.py) against the float64 reference (ONNX Runtime's outputs agree
 with it to the same tolerance), on x86_64-v2, v3 and v4 (each the host runs) and on aarch64
 under qemu where the host has it.
@@ -67,6 +67,7 @@ CASES = {   # grouped_case's arguments
     "4_per_group_3x1": (16, 4, 8, (3, 1)),
     "8_per_group_dynamic_batch": (48, 8, 7, (3, 3), 1, 2, True),
     "4_per_group_silu": (32, 4, 12, (3, 3), 1, 1, False, True),
+    "16_per_group_stride2": (64, 16, 9, (3, 3), 2),
 }
 LANES = {"x86_64-v2": 4, "x86_64-v3": 8, "x86_64-v4": 16, "aarch64": 4}
 
@@ -101,16 +102,17 @@ def test_grouped_matches_the_reference(case, target):
 
 
 def test_which_grouped_convolutions_run_here():
-    """Whole vectors of groups: 4 or 8 channels a group dividing the target's vector, the
+    """Whole vectors of groups: 4, 8 or 16 channels a group dividing the target's vector, the
     input laid out channels last; channels that are not whole vectors are masked (AVX2 on).
-    Two channels a group are no GEMM (gemmview.MIN_BATCHED_N) and stay depthwise.py's; 16 fill
-    a GEMM tile's vector as they are."""
+    Two channels a group are no GEMM (gemmview.MIN_BATCHED_N) and stay depthwise.py's; 32 fill
+    a GEMM's tile as they are."""
     def grouped(case, target):
         return _grouped(compile_onnx(case[0]), target)
     assert [d.c for d in grouped(grouped_case(20, 4, 8), "x86_64-v3")] == [4]
     assert [d.c for d in grouped(grouped_case(16, 8, 8), "x86_64-v2")] == []   # 4 lanes
     assert grouped(grouped_case(12, 2, 8), "x86_64-v4") == []
-    assert grouped(grouped_case(64, 16, 8), "x86_64-v4") == []
+    assert grouped(grouped_case(64, 16, 8), "x86_64-v3") == []   # 8 lanes
+    assert grouped(grouped_case(64, 32, 8), "x86_64-v4") == []
     [d] = grouped(grouped_case(64, 8, 15, stride=2), "x86_64-v4")
     assert (d.vl, d.stride, d.kws, d.khs) == (16, 2, 3, 3)
     assert d.rows * -(-8 // d.rows) - 8 < d.rows   # 8 columns in units of even width
