@@ -134,6 +134,13 @@ def test_where_winograd_does_not_pay_convolutions_stay_direct(why, case):
     assert _rewritten(m) == 0, why
 
 
+def test_a_narrow_image_takes_winograd_when_the_gemm_is_deep_enough():
+    """Rows of 14 are short for the transforms' vector loops; 96 channels in (a depth of 288 a
+    point: GoogLeNet's inception4a) repay them, 64 (192) do not."""
+    assert _rewritten(conv_relu(cin=96, size=14)[0]) == 1
+    assert _rewritten(conv_relu(cin=64, size=14)[0]) == 0
+
+
 def test_rewrite_leaves_the_shared_graph_alone_and_disable_passes_switches_it_off(monkeypatch):
     m, feeds = chain()
     g = compile_onnx(m)
