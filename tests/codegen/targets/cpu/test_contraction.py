@@ -533,6 +533,27 @@ def _llvm_ir(m, target, monkeypatch, capsys) -> str:
     return capsys.readouterr().err.split("LLVM IR before optimization:")[1].split("[mlpack]")[0]
 
 
+def test_weights_read_once_are_shared_among_threads_sooner():
+    """A batch-1 fully connected layer streams its weights from memory once per run: an
+    EfficientNet squeeze-excitation's 48 -> 1152 (55k multiply-adds) is cut for several threads,
+    which fetch their parts of the weights side by side; a 1x1 convolution of 8 channels on
+    32x32 (65k), which reads its weights from cache for every group of pixels, in two."""
+    from mlpack.codegen.targets.cpu import contraction
+    from mlpack.codegen.targets.cpu.kernels import build_kernels
+    from mlpack.codegen.targets.cpu.plan import tensor_buffers
+    from mlpack.codegen.targets.cpu.target import get_target
+    from mlpack.spec.ir import expr as ex
+
+    def workgroups(m):
+        g = compile_onnx(m)
+        bufs = tensor_buffers(g)
+        [k] = [k for k in contraction.apply(g, build_kernels(g, bufs), bufs,
+                                            get_target("x86_64-v4")) if k.strategy == "gemm"]
+        return k.gemm.stream, ex.index_value(contraction.workgroups(k, bufs[k.out]), {})
+    assert workgroups(matmul_case(1, 48, 1152)[0]) == (True, 13)
+    assert workgroups(conv_case(8, 8, 32, 1)[0]) == (False, 2)
+
+
 @pytest.mark.parametrize("target", ["x86_64-v4", "aarch64"])
 def test_weights_read_once_are_prefetched(target, monkeypatch, capsys):
     """A batch-1 fully connected layer reads each weight once per run, from memory: its
