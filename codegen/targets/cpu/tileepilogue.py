@@ -162,10 +162,10 @@ def _flattened(ix: Expr, dims: list[str], sizes: list[Expr]) -> bool:
     dim, the others 0, gives it the same value."""
     if any(n.op == "read" for n in ex.walk(ix)) or not all(s.is_const for s in sizes[1:]):
         return False
-    stride, want = 1, []
-    for s in reversed(sizes):
-        want.append(stride)
+    stride, want = 1, [1]
+    for s in reversed(sizes[1:]):
         stride *= s.value
+        want.append(stride)
     want.reverse()
     got = [coeff(ix, d) for d in dims]
     if not all(isinstance(c, int) for c in got) or got[-1] == 0:
