@@ -28,8 +28,8 @@ neither the poses nor their patches are copied. A whose runs are neither is copi
 the dims only K reads innermost (``a_layout``); a convolution's input, channels last, is read
 in place.
 
-This module decides where AMX runs and packs B (NumPy, at build time); amxkernel.py emits the
-kernels.
+This module decides where AMX runs, packs B (NumPy, at build time) and makes a kernel's record
+(``gemm``); amxkernel.py emits the kernels.
 """
 
 from __future__ import annotations
@@ -38,9 +38,12 @@ import numpy as np
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.targets.cpu.gemm import PACK
+from mlpack.codegen.targets.cpu.gemm import PACK, Contraction
+from mlpack.codegen.targets.cpu.gemm import pack_b as gemm_pack_b
+from mlpack.codegen.targets.cpu.gemmview import extent
 from mlpack.codegen.targets.cpu.indexing import affine, read_step
-from mlpack.codegen.targets.cpu.kernel import Buffer
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
+from mlpack.codegen.targets.cpu.kernels import fresh_name
 
 TILE_K = 32                 # bf16 values of K per tile row (64 bytes)
 TILE_ROWS = 16              # rows of a tile (A's M, B's K pairs)
@@ -204,3 +207,49 @@ def unit_blocks(k_steps: int, tb: int, m_size: Expr, others: Expr) -> int:
             break
         best = g
     return best
+
+
+def gemm(k: Kernel, info: dict, ra: Expr, g, bufs: dict[str, Buffer], packs: dict,
+         cache: dict) -> bool:
+    """Make ``k`` (a contraction of contraction.py's, classified as ``info``) an AMX gemm,
+    which amxkernel.py emits, reading A through ``ra``: B split and packed as tiles (once per
+    graph), K in A's stride order. False when A's K cannot be read in whole vectors."""
+    ob, rb = bufs[k.out], info["b"]
+    extents = {v: extent(v, ob, k.rdims).value for v in info["batch"] + info["n"] + info["k"]}
+    found = k_order(ra, bufs[ra.arg[0]], info["k"], extents)
+    if found is None:
+        return False
+    order, run, group = found
+    dims = info["batch"] + info["n"] + order
+    key = ("amx", rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]))
+    const = g.constants[rb.arg[0]]
+    name, data = _weights_pack(
+        key, f"{rb.arg[0]}#amx", ("b", "nb", "ks", "part", "pair", "l", "e"), "u16",
+        lambda: pack_b(gemm_pack_b(const.data, const.layout, rb, info["aff_b"], dims,
+                                   extents, info["n"], order)), bufs, packs, cache)
+    blocks = data.shape[1]
+    tb = min(MAX_N // PACK, -(-blocks // 2) * 2)
+    others = ex.const(data.shape[0] * -(-blocks // tb))
+    nblk = unit_blocks(data.shape[2], tb, info["m_size"], others)
+    k.gemm = Contraction(ra, name, data, info["batch"], info["m"], info["n"], order,
+                         info["n_size"], info["k_size"], ex.const(blocks), RUN, tb,
+                         TILE_ROWS, True, 2 * nblk, 1, amx=True, k_steps=data.shape[2],
+                         run_dims=run, run_group=group)
+    k.strategy = "gemm"
+    return True
+
+
+def _weights_pack(key: tuple, stem: str, axes: tuple[str, ...], dtype: str, make,
+                  bufs: dict[str, Buffer], packs: dict, cache: dict) -> tuple[str, np.ndarray]:
+    """(buffer name, data) of constant weights packed at build time: ``make()``d once per
+    graph (``cache``, which every target of a build shares) and declared once per kernel list
+    (``packs``), as a buffer named after ``stem`` with ``axes``."""
+    if key not in packs:
+        if key not in cache:
+            cache[key] = make()
+        data = cache[key]
+        name = fresh_name(stem, bufs)
+        bufs[name] = Buffer(name, axes, {d: ex.const(n) for d, n in zip(axes, data.shape)},
+                            dtype)
+        packs[key] = (name, data)
+    return packs[key]

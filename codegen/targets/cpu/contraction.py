@@ -42,7 +42,7 @@ from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.targets.cpu import amx, depthwise, groupwise, panels
 from mlpack.codegen.targets.cpu.gemm import (PACK, PAIR_PRODUCTS, SIGNED_A, Contraction,
-                                            bf16_dot, int8_dot, pack_b)
+                                            bf16_dot, int8_dot)
 from mlpack.codegen.targets.cpu.gemmview import (MIN_N, const_view, extent, int8_view,
                                                  narrow_view, pair_size, panel_dtype, split,
                                                  widened)
@@ -349,7 +349,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         ra, pad = hit
         rb = info["b"]
         pre = [] if pad is None else [pad]
-        if tiles is not None and _amx_gemm(k, info, ra, g, bufs, packs, cache):
+        if tiles is not None and amx.gemm(k, info, ra, g, bufs, packs, cache):
             k.reads = _gemm_reads(k, ra, k.gemm.packed)
             out.extend(pre)
             out.append(k)
@@ -401,7 +401,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         plain = k.acc_dtype == "f32" and info.get("pair") is None
         k_runs = _k_runs(ra, bufs, info, k.rdims, direct) if plain else ()
         group = _group(m_size, mr)
-        # (B's data is the AMX tiles' alone, _amx_gemm: every other panel is packed at load)
+        # (B's data is the AMX tiles' alone, amx.gemm: every other panel is packed at load)
         k.gemm = Contraction(ra, name, None, info["batch"], info["m"], info["n"], info["k"],
                              info["n_size"], info["k_size"], blocks, vl, tb, mr,
                              t.fma, group, _k_chunk(tb, info, k.rdims),
@@ -466,51 +466,6 @@ def _dot_of(info: dict, t: CpuTarget) -> str | None:
     if info.get("pair") is None:
         return None
     return int8_dot(t) if info["b"].dtype == "i8" else bf16_dot(t)
-
-
-def _amx_gemm(k: Kernel, info: dict, ra: Expr, g, bufs: dict[str, Buffer], packs: dict,
-              cache: dict) -> bool:
-    """Make ``k`` an AMX gemm (amx.py) reading A through ``ra``: B split and packed as tiles
-    (once per graph), K in A's stride order. False when A's K cannot be read in whole vectors."""
-    ob, rb = bufs[k.out], info["b"]
-    extents = {v: extent(v, ob, k.rdims).value for v in info["batch"] + info["n"] + info["k"]}
-    found = amx.k_order(ra, bufs[ra.arg[0]], info["k"], extents)
-    if found is None:
-        return False
-    order, run, group = found
-    dims = info["batch"] + info["n"] + order
-    key = ("amx", rb.arg[0], rb, tuple(dims), tuple(extents.items()), tuple(info["n"]))
-    const = g.constants[rb.arg[0]]
-    name, data = _weights_pack(
-        key, f"{rb.arg[0]}#amx", ("b", "nb", "ks", "part", "pair", "l", "e"), "u16",
-        lambda: amx.pack_b(pack_b(const.data, const.layout, rb, info["aff_b"], dims, extents,
-                                  info["n"], order)), bufs, packs, cache)
-    blocks = data.shape[1]
-    tb = min(amx.MAX_N // PACK, -(-blocks // 2) * 2)
-    others = ex.const(data.shape[0] * -(-blocks // tb))
-    nblk = amx.unit_blocks(data.shape[2], tb, info["m_size"], others)
-    k.gemm = Contraction(ra, name, data, info["batch"], info["m"], info["n"], order,
-                         info["n_size"], info["k_size"], ex.const(blocks), amx.RUN, tb,
-                         amx.TILE_ROWS, True, 2 * nblk, 1, amx=True, k_steps=data.shape[2],
-                         run_dims=run, run_group=group)
-    k.strategy = "gemm"
-    return True
-
-
-def _weights_pack(key: tuple, stem: str, axes: tuple[str, ...], dtype: str, make,
-                  bufs: dict[str, Buffer], packs: dict, cache: dict) -> tuple[str, np.ndarray]:
-    """(buffer name, data) of constant weights packed at build time: ``make()``d once per
-    graph (``cache``, which every target of a build shares) and declared once per kernel list
-    (``packs``), as a buffer named after ``stem`` with ``axes``."""
-    if key not in packs:
-        if key not in cache:
-            cache[key] = make()
-        data = cache[key]
-        name = fresh_name(stem, bufs)
-        bufs[name] = Buffer(name, axes, {d: ex.const(n) for d, n in zip(axes, data.shape)},
-                            dtype)
-        packs[key] = (name, data)
-    return packs[key]
 
 
 def _group(m_size: Expr, mr: int) -> int:

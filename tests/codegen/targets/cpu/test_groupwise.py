@@ -79,6 +79,35 @@ def runs_here(channels: int, per_group: int, target: str) -> bool:
     return vl % per_group == 0 and (channels % vl == 0 or vl >= 8)
 
 
+def conv1d_case(channels=64, per_group=4, length=50, taps=5):
+    """A 1-D grouped convolution between 1x1 ones over a dynamic batch: the window is one row,
+    its columns the sequence."""
+    c = channels
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["e"]),
+             helper.make_node("Relu", ["e"], ["r"]),
+             helper.make_node("Conv", ["r", "w1", "b1"], ["g"], group=c // per_group,
+                              pads=[taps // 2] * 2),
+             helper.make_node("Relu", ["g"], ["a"]),
+             helper.make_node("Conv", ["a", "w2"], ["y"])]
+    inits = [("w0", rand(c, c, 1, seed=1, scale=1 / np.sqrt(c))),
+             ("w1", rand(c, per_group, taps, seed=2, scale=1 / np.sqrt(per_group * taps))),
+             ("b1", rand(c, seed=3)),
+             ("w2", rand(c, c, 1, seed=4, scale=1 / np.sqrt(c)))]
+    m = one_output_model(nodes, [("x", F, ["N", c, length])], inits)
+    return m, {"x": rand(2, c, length)}
+
+
+@pytest.mark.parametrize("target", HOST_TARGETS)
+def test_a_1d_grouped_convolution_matches_the_reference(target):
+    m, feeds = conv1d_case()
+    g = compile_onnx(m)
+    [d] = _grouped(g, target)
+    assert (d.kh, d.kws) == (None, 5)
+    got = run_plan(compile_cpu(g, target), g, feeds)[g.outputs[0].name]
+    [want] = float64_outputs(as_written(m), [feeds])
+    np.testing.assert_allclose(got, want["y"], rtol=RTOL, atol=ATOL)
+
+
 def _grouped(g, target: str) -> list:
     from mlpack.codegen.targets.cpu.compile import schedule_kernels
     from mlpack.codegen.targets.cpu.groupwise import Grouped
@@ -113,6 +142,12 @@ def test_which_grouped_convolutions_run_here():
     assert grouped(grouped_case(12, 2, 8), "x86_64-v4") == []
     assert grouped(grouped_case(64, 16, 8), "x86_64-v3") == []   # 8 lanes
     assert grouped(grouped_case(64, 32, 8), "x86_64-v4") == []
+    # a dilated window's taps are no unit steps of the input's columns: a GEMM
+    dilated = grouped_case(32, 4, 11)[0]
+    next(n for n in dilated.graph.node if n.attribute and any(
+        a.name == "group" for a in n.attribute)).attribute.append(
+        helper.make_attribute("dilations", [2, 2]))
+    assert _grouped(compile_onnx(dilated), "x86_64-v4") == []
     [d] = grouped(grouped_case(64, 8, 15, stride=2), "x86_64-v4")
     assert (d.vl, d.stride, d.kws, d.khs) == (16, 2, 3, 3)
     assert d.rows * -(-8 // d.rows) - 8 < d.rows   # 8 columns in units of even width
