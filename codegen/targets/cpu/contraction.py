@@ -333,14 +333,15 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             # extent is a constant)
             tiles = amx.plan(info, bufs, {v: extent(v, ob, k.rdims).value for v in info["k"]},
                              ob.contiguous_dim())
-        dot = _dot_of(info, t)
-        # pmaddwd multiplies i16: A is copied widened, once per run, so that a row's pair of K
-        # is one 32-bit broadcast (the copy is a pass over A; the GEMM reads it N / 16 times)
         grouped = groupwise.plan(k, info, bufs, t) if tiles is None else None
         rotated = None if grouped is None else groupwise.fit(k, grouped, info, bufs, _masks(t))
         if rotated is not None:   # a few channels a group: whole vectors of groups
+            k.reads = _gemm_reads(k, info["a"], k.gemm.weights)
             out.extend([rotated, k])
             continue
+        dot = _dot_of(info, t)
+        # pmaddwd multiplies i16: A is copied widened, once per run, so that a row's pair of K
+        # is one 32-bit broadcast (the copy is a pass over A; the GEMM reads it N / 16 times)
         hit = _unguard(k, info, bufs, f"{k.out}#a", tiles[0] if tiles else info.get("relayout"),
                        "u16" if dot in PAIR_PRODUCTS else None)
         if hit is None:
@@ -550,10 +551,8 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
     layer), which memory bounds: threads fetching their parts side by side (EfficientNet-B0's
     squeeze-excitation layers and classifier at 2 threads: 0.40-0.42 -> 0.31-0.32 ms a run)."""
     c = k.gemm
-    if isinstance(c, depthwise.Direct):
+    if isinstance(c, (depthwise.Direct, groupwise.Grouped)):
         return depthwise.workgroups(k, out)
-    if isinstance(c, groupwise.Grouped):
-        return groupwise.workgroups(k, out)
     m = ex.product([out.sizes[d] for d in c.m])
     bsz = ex.product([out.sizes[d] for d in c.batch])
     groups = ex.ceildiv(ex.ceildiv(m, ex.const(c.mr)), ex.const(c.group))

@@ -272,7 +272,8 @@ def apply(k: Kernel, bufs: dict[str, Buffer], t: CpuTarget) -> bool:
 
 
 def workgroups(k: Kernel, out: Buffer) -> Expr:
-    """As plan.workgroups for a row kernel: one unit per output row."""
+    """As plan.workgroups for a row kernel: one unit per output row, or per block of ``rows``
+    of the last outer dim; groupwise.py's kernels share units the same way."""
     d = k.gemm
     rows = ex.product([out.sizes[o] if o != d.outer[-1] or d.rows == 1
                        else ex.ceildiv(out.sizes[o], ex.const(d.rows)) for o in d.outer])

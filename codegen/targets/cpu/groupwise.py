@@ -41,8 +41,7 @@ from mlpack.codegen.llvm.intrinsics import intrinsic, line_alloca, masked_load, 
 from mlpack.codegen.llvm.types import F32, I32, I64, i64
 from mlpack.codegen.targets.cpu.indexing import coeff, is_one
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, share
-from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, fresh_name,
-                                                schedule)
+from mlpack.codegen.targets.cpu.kernels import fresh_name, schedule
 from mlpack.codegen.targets.cpu.target import CpuTarget
 from mlpack.codegen.targets.cpu.tileepilogue import flat_bindable
 
@@ -147,21 +146,18 @@ def fit(k: Kernel, found: dict, info: dict, bufs: dict[str, Buffer], masks: bool
     and the target has no cheap masked loads (``masks``), or a step of the input's columns is
     not known at build time."""
     ra = info["a"]
-    d = Grouped(x=ex.substitute(ra, {found["ci"]: ex.const(0)}), weights="", **found)
-    if (d.groups * d.c) % d.vl and not masks:
+    if (found["groups"] * found["c"]) % found["vl"] and not masks:
         return None
     xbuf = bufs[ra.arg[0]]
-    at = xbuf.layout.index(d.xcol)
+    at = xbuf.layout.index(found["xcol"])
     if not all(xbuf.sizes[dim].is_const for dim in xbuf.layout[at + 1:]):
         return None
-    d.weights = fresh_name(f"{info['b'].arg[0]}#rot", bufs)
+    d = Grouped(x=ex.substitute(ra, {found["ci"]: ex.const(0)}),
+                weights=fresh_name(f"{info['b'].arg[0]}#rot", bufs), **found)
     pk = _weights_kernel(k, d, info["b"], bufs)
     k.gemm = d
     k.strategy = "gemm"
     k.row_chunks = 1
-    k.reads = list(dict.fromkeys([ra.arg[0], d.weights, *(
-        [] if k.epilogue is None else [n.arg[0] for n in ex.walk(k.epilogue)
-                                       if n.op == "read" and n.arg[0] != k.out])]))
     return pk
 
 
@@ -187,18 +183,6 @@ def _weights_kernel(k: Kernel, d: Grouped, rb: Expr, bufs: dict[str, Buffer]) ->
                 fused=list(k.fused), prepare=True)
     schedule(pk, buf, bufs)
     return pk
-
-
-def workgroups(k: Kernel, out: Buffer) -> Expr:
-    """One unit per block of ``rows`` output columns (every other outer dim fixed)."""
-    d: Grouped = k.gemm
-    col = d.outer[-1]
-    units = ex.product([ex.ceildiv(out.sizes[o], ex.const(d.rows)) if o == col
-                        else out.sizes[o] for o in d.outer])
-    work = ex.product([*out.sizes.values(), *k.rdims.values()])
-    per = ex.binary("max", ex.const(1), ex.binary(
-        "min", ex.const(MAX_WORKGROUPS), ex.floordiv(work, ex.const(WORK_PER_WORKGROUP))))
-    return ex.binary("min", units, per)
 
 
 # ---------------------------------------------------------------- lowering
