@@ -1024,6 +1024,17 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True, callba
 from mlpack.packager import registry_cli, trust_cli  # noqa: E402,F401
 
 
+def _ignore_further_ctrl_c() -> None:
+    """SIGINT ignored for the rest of an interrupted program: it already has its message out,
+    its scratch files gone and its status (130) decided. The interpreter's shutdown puts
+    SIGINT's default action back first, so a second Ctrl-C (a terminal's repeat) arriving
+    during it would kill the process by the signal instead of the status; CI saw that once
+    (the message, then status -2)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The console script ``mlpack``."""
     try:
@@ -1031,6 +1042,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if argv is None:
+            if code == EXIT_INTERRUPTED:
+                _ignore_further_ctrl_c()
             raise
         return code
     return 0
