@@ -48,16 +48,12 @@ from mlpack.codegen.targets.cpu.gemmview import (MIN_N, const_view, extent, int8
                                                  widened)
 from mlpack.codegen.targets.cpu.indexing import affine, index_range, is_one, read_step
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
-from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, fresh_name,
-                                                schedule)
+from mlpack.codegen.targets.cpu.kernels import (WORK_PER_WORKGROUP, fresh_name, schedule,
+                                                shared_units)
 from mlpack.codegen.targets.cpu.target import CpuTarget
 from mlpack.codegen.targets.cpu.tileshape import narrow, row_runs, tile_shape
 
 MIN_M = 4                    # a run-time B needs rows enough to repay its pack (or strided loads)
-# workgroups as for the other kernels (kernels.py): small-M layers are memory bound and want
-# every thread, and a tile group's setup is small next to its K loop
-GEMM_WORK_PER_WORKGROUP = WORK_PER_WORKGROUP
-GEMM_MAX_WORKGROUPS = MAX_WORKGROUPS
 L1_PANEL_BYTES = 24 << 10    # a K chunk's slice of the packed B panel stays in L1
 L1_SETS, L1_WAYS = 64, 8     # a 32 KiB L1 data cache of 64-byte lines (Zen; Intel's has more ways)
 GROUP_ROWS = 48              # rows of M (over several tiles) that share one K chunk
@@ -545,8 +541,9 @@ def packed_weights(kernels: list[Kernel]) -> dict[str, np.ndarray]:
 
 
 def workgroups(k: Kernel, out: Buffer) -> Expr:
-    """The dispatch's workgroup count: tiles shared out in chunks of about
-    GEMM_WORK_PER_WORKGROUP multiply-adds, at most GEMM_MAX_WORKGROUPS; an eighth of that for
+    """The dispatch's workgroup count: tiles shared out in chunks of about as many
+    multiply-adds as the other kernels' (kernels.shared_units: small-M layers are memory bound
+    and want every thread, and a tile group's setup is small next to its K loop); an eighth for
     a GEMM that streams its weights once per run (``stream``: a batch-1 fully connected
     layer), which memory bounds: threads fetching their parts side by side (EfficientNet-B0's
     squeeze-excitation layers and classifier at 2 threads: 0.40-0.42 -> 0.31-0.32 ms a run)."""
@@ -558,7 +555,4 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
     groups = ex.ceildiv(ex.ceildiv(m, ex.const(c.mr)), ex.const(c.group))
     units = ex.simplify_size(bsz * c.ntiles * groups)
     work = ex.simplify_size(bsz * m * c.n_size * c.k_size)
-    share = GEMM_WORK_PER_WORKGROUP // (8 if c.stream else 1)
-    per = ex.binary("max", ex.const(1), ex.binary(
-        "min", ex.const(GEMM_MAX_WORKGROUPS), ex.floordiv(work, ex.const(share))))
-    return ex.binary("min", units, per)
+    return shared_units(units, work, WORK_PER_WORKGROUP // (8 if c.stream else 1))

@@ -51,7 +51,7 @@ from mlpack.codegen.llvm.intrinsics import intrinsic, line_alloca, masked_load, 
 from mlpack.codegen.llvm.types import F32, I1, I32, I64, i64
 from mlpack.codegen.targets.cpu.indexing import coeff
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, share
-from mlpack.codegen.targets.cpu.kernels import MAX_WORKGROUPS, WORK_PER_WORKGROUP, row_dim
+from mlpack.codegen.targets.cpu.kernels import row_dim, shared_units
 from mlpack.codegen.targets.cpu.target import CpuTarget
 
 MAX_POINTS = 64       # reduction points unrolled per tile (3x3, 5x5, 7x7 windows fit)
@@ -278,12 +278,26 @@ def workgroups(k: Kernel, out: Buffer) -> Expr:
     rows = ex.product([out.sizes[o] if o != d.outer[-1] or d.rows == 1
                        else ex.ceildiv(out.sizes[o], ex.const(d.rows)) for o in d.outer])
     work = ex.product([*out.sizes.values(), *k.rdims.values()])
-    per = ex.binary("max", ex.const(1), ex.binary(
-        "min", ex.const(MAX_WORKGROUPS), ex.floordiv(work, ex.const(WORK_PER_WORKGROUP))))
-    return ex.binary("min", rows, per)
+    return shared_units(rows, work)
 
 
 # ---------------------------------------------------------------- lowering
+
+
+def unit_range(L, outer: list[str], rows: int, wg, count):
+    """(sizes, start, end): each outer dim's extent in units, the last in blocks of ``rows``
+    (as ``workgroups`` counts them), and the range of units workgroup ``wg`` of ``count``
+    runs; for this module's kernels and groupwise.py's."""
+    b = L.b
+    osz = L.E.sizes[L.out.name]
+    sizes = {o: osz[o] for o in outer}
+    if rows > 1:
+        sizes[outer[-1]] = b.udiv(b.add(osz[outer[-1]], i64(rows - 1)), i64(rows))
+    units = i64(1)
+    for o in outer:
+        units = b.mul(units, sizes[o], flags=("nsw",))
+    start, end = share(b, L.k, units, wg, count)
+    return sizes, start, end
 
 
 def emit_direct(L, wg, count) -> None:
@@ -307,14 +321,7 @@ def emit_direct(L, wg, count) -> None:
     wlen = xsizes[d.xdim]
     xindex = dict(zip(x.arg[1], x.args))
     hdim = d.outer[-1] if d.outer else None
-    # units: the outer dims, the last in blocks of d.rows
-    sizes = {o: osz[o] for o in d.outer}
-    if d.rows > 1:
-        sizes[hdim] = b.udiv(b.add(osz[hdim], i64(d.rows - 1)), i64(d.rows))
-    units = i64(1)
-    for o in d.outer:
-        units = b.mul(units, sizes[o], flags=("nsw",))
-    start, end = share(b, L.k, units, wg, count)
+    sizes, start, end = unit_range(L, d.outer, d.rows, wg, count)
     rowlen = osz[d.row]
     ntiles = b.udiv(b.add(rowlen, i64(tile - 1)), i64(tile))
     lane_ix = [ir.Constant(ity, [t * d.vl + j for j in range(d.vl)]) for t in range(d.step)]

@@ -39,8 +39,9 @@ from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.codegen.llvm.intrinsics import intrinsic, line_alloca, masked_load, splat
 from mlpack.codegen.llvm.types import F32, I32, I64, i64
+from mlpack.codegen.targets.cpu import depthwise
 from mlpack.codegen.targets.cpu.indexing import coeff, is_one
-from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, share
+from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
 from mlpack.codegen.targets.cpu.kernels import fresh_name, schedule
 from mlpack.codegen.targets.cpu.target import CpuTarget
 from mlpack.codegen.targets.cpu.tileepilogue import flat_bindable
@@ -198,12 +199,7 @@ def emit_grouped(L, wg, count) -> None:
     accs = [b.alloca(vty, name=f"acc{r}") for r in range(d.rows)]
     buf = line_alloca(b, ir.ArrayType(F32, d.vl), "tile")
     col = d.outer[-1]
-    sizes = {o: osz[o] for o in d.outer}
-    sizes[col] = i64(-(-osz[col].constant // d.rows))
-    units = i64(1)
-    for o in d.outer:
-        units = b.mul(units, sizes[o], flags=("nsw",))
-    start, end = share(b, L.k, units, wg, count)
+    sizes, start, end = depthwise.unit_range(L, d.outer, d.rows, wg, count)
     nchan = d.groups * d.c
     flat = flat_bindable(L.k.epilogue, L.out, [d.group, d.chan], L.buffers)
     x = _Input(L, d)

@@ -204,6 +204,15 @@ def _row_chunks(k: Kernel, out: Buffer) -> int:
     return max(1, min(-(-want // rows), ex.value_at_one(out.sizes[row]) // MIN_ROW_CHUNK))
 
 
+def shared_units(units: Expr, work: Expr, per: int = WORK_PER_WORKGROUP) -> Expr:
+    """A dispatch's workgroup count as an expression: its ``units`` (what the kernel shares
+    out), but one workgroup per ``per`` multiply-adds of ``work`` at most, and at least one and
+    at most MAX_WORKGROUPS (plan.py's, contraction.py's and depthwise.py's dispatches)."""
+    per_work = ex.binary("max", ex.const(1), ex.binary(
+        "min", ex.const(MAX_WORKGROUPS), ex.floordiv(work, ex.const(per))))
+    return ex.binary("min", units, per_work)
+
+
 def schedule(k: Kernel, out: Buffer, buffers: dict[str, Buffer]) -> None:
     """Pick the kernel's strategy, its reduction loop order and its row chunks."""
     k.row_chunks = _row_chunks(k, out)

@@ -28,8 +28,7 @@ from mlpack.codegen.errors import UnsupportedTargetError
 from mlpack.codegen.targets.cpu import contraction, procedure, tiles
 from mlpack.codegen.targets.cpu.concat import root
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
-from mlpack.codegen.targets.cpu.kernels import (MAX_WORKGROUPS, WORK_PER_WORKGROUP, copy_kernel,
-                                                row_dim)
+from mlpack.codegen.targets.cpu.kernels import copy_kernel, row_dim, shared_units
 
 ARENA_ALIGN = 64
 PREPARE_ABI_MINOR = 4   # plan "abi_minor" of a plan with "prepare" dispatches and packed buffers
@@ -263,8 +262,8 @@ def symbol_sources(g: Graph) -> tuple[list[str], list[dict]]:
 
 
 def workgroups(k: Kernel, out: Buffer, bufs: dict[str, Buffer] | None = None) -> Expr:
-    """min(units, clamp(work / WORK_PER_WORKGROUP, 1, MAX_WORKGROUPS)) as an expression,
-    where units = rows * row_chunks (what the kernel shares out)."""
+    """The dispatch's workgroup count as an expression (kernels.shared_units) for the rows *
+    row_chunks units a row kernel shares out."""
     if isinstance(k, procedure.ProcedureKernel):   # sequential code: one workgroup
         return ex.const(1)
     if k.gemm is not None:   # a gemm kernel shares out tiles (contraction.py)
@@ -274,9 +273,7 @@ def workgroups(k: Kernel, out: Buffer, bufs: dict[str, Buffer] | None = None) ->
     outer, _ = row_dim(out, k.blocked, k.points)
     rows = ex.product([*[out.sizes[d] for d in outer], ex.const(k.row_chunks)])
     work = ex.product([*out.sizes.values(), *k.rdims.values(), ex.const(k.window)])
-    per = ex.binary("max", ex.const(1), ex.binary(
-        "min", ex.const(MAX_WORKGROUPS), ex.floordiv(work, ex.const(WORK_PER_WORKGROUP))))
-    return ex.binary("min", rows, per)
+    return shared_units(rows, work)
 
 
 def make_plan(g: Graph, kernels: list[Kernel], bufs: dict[str, Buffer],
