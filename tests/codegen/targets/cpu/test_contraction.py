@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from mlpack.codegen.compile import compile_onnx
 from mlpack.codegen.targets.cpu import compile_cpu
+from mlpack.codegen.targets.cpu.contraction import even_rows
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 from support import (MODELS_DIR, best_host_target, host_lacks, load_models_module,
@@ -480,17 +481,26 @@ def test_a_channels_last_depthwise_unit_of_several_columns_matches_ort(target, s
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_rows_of_a_small_image_split_evenly_into_tiles(target, dyn):
     """A 7x7 image's 49 rows (M, all of it one group at a batch of one) are tiles of even
-    height, not full tiles and a last one of a row or two (whose step loads B's vectors for
-    one FMA); a fully connected layer's one row keeps the full height, which a dynamic batch
-    fills."""
-    m, feeds = conv_case(64, 32, 7, 1, dyn=dyn)
-    [c] = _gemms(compile_onnx(m), target)
-    tiles = -(-49 // c.mr)
-    assert tiles * c.mr - 49 < tiles, c.mr
+    height that compute 50 rows at most (a last tile's rows past M are computed all the
+    same): not 9 tiles of 6 (54 rows), nor full tiles and a last one of a row or two (whose
+    step loads B's vectors for one FMA), for a narrow N (32 channels) and a wide one (128);
+    a fully connected layer's one row keeps the full height, which a dynamic batch fills."""
+    for cout in (32, 128):
+        m, feeds = conv_case(64, cout, 7, 1, dyn=dyn)
+        [c] = _gemms(compile_onnx(m), target)
+        assert -(-49 // c.mr) * c.mr <= 50, (cout, c.mr)
+        if host_lacks(target) is None:
+            assert_matches_ort(m, feeds, target)
     [fc] = _gemms(compile_onnx(matmul_case(1, 64, 32)[0]), target)
     assert fc.mr > 1
-    if host_lacks(target) is None:
-        assert_matches_ort(m, feeds, target)
+
+
+@pytest.mark.parametrize("m, mr, height", [(49, 6, 5), (49, 12, 10), (49, 8, 7), (96, 6, 6),
+                                           (49, 2, 2), (49, 4, 4), (7, 6, 4)])
+def test_the_tile_height_computes_the_fewest_rows(m, mr, height):
+    """even_rows: the height whose tiles compute the fewest rows, one row shorter than the
+    register tile at most, never shorter where the tile has 4 rows or fewer."""
+    assert even_rows(m, mr) == height
 
 
 @pytest.mark.parametrize("dyn", [False, True])
