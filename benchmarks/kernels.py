@@ -100,6 +100,7 @@ LAYERS = {
     "gconv3x3_104_g13_28": lambda: conv(104, 104, 28, 3, groups=13),
     "gconv3x3_208_g26_14": lambda: conv(208, 208, 14, 3, groups=26),
     "matmul_64x784x1024": lambda: matmul(64, 784, 1024),
+    "matmul_49x192x1152": lambda: matmul(49, 192, 1152),   # a mobile net's last expansion, 7x7
     "fc_1x2048x1000": lambda: matmul(1, 2048, 1000),
     "capsule_einsum": lambda: capsule(),
 }
