@@ -1027,9 +1027,9 @@ from mlpack.packager import registry_cli, trust_cli  # noqa: E402,F401
 def _ignore_further_ctrl_c() -> None:
     """SIGINT ignored for the rest of an interrupted program: it already has its message out,
     its scratch files gone and its status (130) decided. The interpreter's shutdown puts
-    SIGINT's default action back first, so a second Ctrl-C (a terminal's repeat) arriving
-    during it would kill the process by the signal instead of the status; CI saw that once
-    (the message, then status -2)."""
+    SIGINT's default action back, so a Ctrl-C arriving during it would end the process by
+    the signal instead of the status: the likeliest reading of the one CI run whose build
+    printed the message and then ended by SIGINT (-2)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
