@@ -578,6 +578,17 @@ def test_weights_read_once_are_prefetched(target, monkeypatch, capsys):
     assert "llvm.prefetch" not in _llvm_ir(conv, target, monkeypatch, capsys)
 
 
+@pytest.mark.parametrize("target", ["x86_64-v4", "aarch64"])
+def test_rows_read_once_are_prefetched(target, monkeypatch, capsys):
+    """A GEMM whose N is one tile reads each row of A once per run, tile after tile (a 1x1
+    convolution of 32 -> 16 channels, channels last): its K loop fetches the next tile's rows
+    ahead. With N in several tiles the rows are read again for each, from cache: no fetch."""
+    one, _ = matmul_case(1024, 32, 16)
+    assert "@\"llvm.prefetch.p0\"(" in _llvm_ir(one, target, monkeypatch, capsys)
+    several, _ = matmul_case(1024, 32, 256)
+    assert "llvm.prefetch" not in _llvm_ir(several, target, monkeypatch, capsys)
+
+
 def conv_pool_case(batch=3):
     """A 1x1 convolution and Relu over a dynamic batch whose output is also concatenated along
     the channels, then pooled (an Inception block's branch): the concatenation keeps the
