@@ -370,14 +370,16 @@ class GemmEmitter:
     def _next_rows(self, rows, S, a_step, ext):
         """Where the next tile's rows of A begin, for a tile whose rows lie one after another,
         each its whole K at unit stride (activations channels last, or a MatMul's rows: one K
-        loop of ``ext`` steps), and are read
-        once per run (N is one tile; M more than one group: one group's A stays in L1); else
-        None. Fetched a line per K step ahead of use, the unit after this one being the next
-        tile: a 1x1 convolution of 32 -> 16 channels on 112x112 pixels waited on its rows
-        (0.82 -> 1.0 of ONNX Runtime's speed). Where N has several tiles, A's rows are read
-        again for each, from cache, and the fetches made DistilBERT's GEMMs 5-10% slower."""
+        loop of ``ext`` steps), and are read once per run (N is one tile; M more than one
+        group: one group's A stays in L1); else None. Fetched a line per K step ahead of use,
+        the next tile being the next one run: a 1x1 convolution of 32 -> 16 channels on
+        112x112 pixels waited on its rows (0.82 -> 1.0 of ONNX Runtime's speed). Where N has
+        several tiles, A's rows are read again for each, from cache, and the fetches made
+        DistilBERT's GEMMs 5-10% slower."""
         c = self.c
-        const = lambda v, n=None: isinstance(v, ir.Constant) and (n is None or v.constant == n)  # noqa: E731
+
+        def const(v, n=None) -> bool:
+            return isinstance(v, ir.Constant) and (n is None or v.constant == n)
         if (c.stream or len(self.loops) != 1 or not c.m or c.m[-1] not in S
                 or self.adt != "f32" or not (c.ntiles.is_const and c.ntiles.value == 1)
                 or not const(a_step, 1) or not const(ext)
