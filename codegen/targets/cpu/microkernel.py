@@ -174,6 +174,9 @@ class GemmEmitter:
         # layer at batch 1, a late convolution's 7x7 image): the hardware prefetcher alone
         # leaves the loads waiting (alexnet's fc6 15.4 -> 13.8 ms with it)
         self.stream_b = self.SB is None and c.stream
+        # (c.stream counts a dynamic batch as one; B read in place is never "streamed")
+        self.one_group = c.stream or (isinstance(m_size, ir.Constant)
+                                      and m_size.constant <= c.group * c.mr)
         mtiles = b.udiv(self.add(m_size, i64(c.mr - 1)), i64(c.mr))
         mgroups = b.udiv(self.add(mtiles, i64(c.group - 1)), i64(c.group))
         points = self.dims_size(c.batch, osz)
@@ -380,7 +383,7 @@ class GemmEmitter:
 
         def const(v, n=None) -> bool:
             return isinstance(v, ir.Constant) and (n is None or v.constant == n)
-        if (c.stream or len(self.loops) != 1 or not c.m or c.m[-1] not in S
+        if (self.one_group or len(self.loops) != 1 or not c.m or c.m[-1] not in S
                 or self.adt != "f32" or not (c.ntiles.is_const and c.ntiles.value == 1)
                 or not const(a_step, 1) or not const(ext)
                 or not const(S[c.m[-1]], ext.constant)):
