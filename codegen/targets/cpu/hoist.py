@@ -8,12 +8,20 @@ loads from both inputs at clamped indices and blends them, which keeps the loop 
 plain vector loop (squeezenet's pooled concats ran 10x slower than a plain pooling).
 ``invariant_select`` finds such a select and ``expr.replace_node`` gives the body with it replaced by
 one arm, so the lowering can branch once per row and emit each arm's row loop separately.
+
+When the concatenated dim is the row itself (a concatenation of channels-last images along
+their channel), ``row_select`` finds the select on it, ``lt(c, 64)``, and the lowering splits
+the row's loop at 64 instead: one loop per arm, each over its part of the row. Within a part
+the arm's clamped index of its input (``min(max(c - 64, 0), 127)``: both arms of a select may
+be evaluated) is always in range, and ``unclamp`` takes the clamp out, so the part's loop reads
+its input with plain vector loads.
 """
 
 from __future__ import annotations
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
+from mlpack.codegen.targets.cpu.indexing import affine
 
 MAX_HOISTED = 8   # nested selects hoisted per kernel (a concat of 9+ inputs keeps the rest)
 
@@ -35,3 +43,29 @@ def invariant_select(exprs: list[Expr], outer: set[str]) -> Expr | None:
     return None
 
 
+def row_select(exprs: list[Expr], row: str) -> Expr | None:
+    """The first select in ``exprs`` whose condition is ``lt(row, K)``, K a constant."""
+    for e in exprs:
+        for n in ex.walk(e) if e is not None else ():
+            if n.op == "select":
+                cond = n.args[0]
+                if cond.op == "lt" and cond.args[0].op == "var" and cond.args[0].arg == row \
+                        and cond.args[1].is_const:
+                    return n
+    return None
+
+
+def unclamp(e: Expr | None, v: str, lo: int, hi: int | None) -> Expr | None:
+    """``e`` with each ``min(max(v + a, 0), b)`` that ``v`` in ``[lo, hi)`` keeps in range
+    replaced by ``v + a``."""
+    if e is None or not e.args or hi is None:
+        return e
+    if e.op == "min" and e.args[1].is_const and e.args[0].op == "max" and \
+            e.args[0].args[1].is_const and e.args[0].args[1].value == 0:
+        inner = e.args[0].args[0]
+        form = affine(inner, {v})
+        if form is not None and form[0] == {v: 1} and form[1].is_const and \
+                lo + form[1].value >= 0 and hi - 1 + form[1].value <= e.args[1].value:
+            return inner
+    args = tuple(unclamp(a, v, lo, hi) for a in e.args)
+    return e if all(a is b for a, b in zip(args, e.args)) else ex.rebuild(e, args)

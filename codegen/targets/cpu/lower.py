@@ -140,6 +140,8 @@ class KernelLowering:
                 self.j_range = None
                 if row is not None:
                     self.j_range = (ir.Constant(I64, 0), E.sizes[self.out.name][row])
+                    size = self.out.sizes[row]   # the row's bounds, known at build time
+                    self.row_bounds = (0, size.value if size.is_const else None)
                 if self.k.row_chunks > 1:
                     r, c = b.udiv(u, chunks), b.urem(u, chunks)
                     n = E.sizes[self.out.name][row]
@@ -250,7 +252,13 @@ class KernelLowering:
         sel = hoist.invariant_select([k.body, k.epilogue], outer) if depth < hoist.MAX_HOISTED \
             else None
         if sel is None:
-            self._row_body(row)
+            split = hoist.row_select([k.body, k.epilogue], row) if (
+                k.strategy in ("map", "row") and row is not None and depth < hoist.MAX_HOISTED) \
+                else None
+            if split is None:
+                self._row_body(row)
+            else:
+                self._split_row(row, split, depth)
             return
         cond = self.E(sel.args[0])
         fn = b.block.function
@@ -266,6 +274,26 @@ class KernelLowering:
             b.branch(merge)
         self.k = k
         b.position_at_end(merge)
+
+    def _split_row(self, row: str, sel, depth: int) -> None:
+        """The row as two loops, split where ``sel``'s condition ``row < K`` turns (a
+        concatenation along the row: hoist.py), each with its arm of ``sel``."""
+        k, b = self.k, self.b
+        cut = sel.args[0].args[1].value
+        j0, j1 = self.j_range
+        lo, hi = self.row_bounds
+        mid = ir.Constant(I64, cut)
+        mid = b.select(b.icmp_signed("<", mid, j0), j0, b.select(b.icmp_signed(
+            ">", mid, j1), j1, mid))
+        parts = ((j0, mid, sel.args[1], (lo, cut if hi is None else min(hi, cut))),
+                 (mid, j1, sel.args[2], (max(lo, cut), hi)))
+        for start, end, arm, bounds in parts:
+            self.j_range, self.row_bounds = (start, end), bounds
+            self.k = replace(k, **{f: hoist.unclamp(replace_node(getattr(k, f), sel, arm), row,
+                                                    *bounds) for f in ("body", "epilogue")})
+            with self.E.scope():
+                self._row(row, depth + 1)
+        self.k, self.j_range, self.row_bounds = k, (j0, j1), (lo, hi)
 
     def _row_body(self, row: str | None) -> None:
         k = self.k

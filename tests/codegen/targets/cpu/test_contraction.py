@@ -590,15 +590,14 @@ def test_rows_read_once_are_prefetched(target, monkeypatch, capsys):
 
 
 def conv_pool_case(batch=3):
-    """A 1x1 convolution and Relu over a dynamic batch whose output is also concatenated along
-    the channels, then pooled (an Inception block's branch): the concatenation keeps the
-    convolution's output NCHW (layout.py), where (n, h, w) are not adjacent."""
+    """A 1x1 convolution and Relu over a dynamic batch whose output is then averaged along its
+    rows (a mean over the columns of each row): that reader keeps the convolution's output
+    NCHW (layout.py), where (n, h, w) are not adjacent."""
     cin, cout, size = 32, 48, 7
     w = rand(cout, cin, 1, 1, seed=1, scale=1 / np.sqrt(cin))
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]),
              helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("Concat", ["r", "x"], ["t"], axis=1),
-             helper.make_node("GlobalAveragePool", ["t"], ["y"])]
+             helper.make_node("ReduceMean", ["r"], ["y"], axes=[3])]
     m = model(nodes, [("x", F, ["N", cin, size, size])], [("w", w), ("b", rand(cout, seed=2))])
     return m, {"x": rand(batch, cin, size, size)}
 

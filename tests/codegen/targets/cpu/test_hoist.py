@@ -4,12 +4,14 @@ lower.py, against ONNX Runtime on x86_64-v2, v3 and v4, fp32 rtol 1e-4 / atol 1e
 Concatenations inlined into a pooling, a relu and a batchnorm-like map (two- and four-way, a
 symbolic batch so the concatenated channel is not the first dim), pooling with padding, and
 NaN propagation through max/min, relu, MaxPool and ReduceMax (against the IR interpreter:
-ONNX Runtime's MaxPool and ReduceMax drop NaN).
+ONNX Runtime's MaxPool and ReduceMax drop NaN). A concatenation along its row (channels last)
+is split into one row loop per part, its clamps taken out (``row_select``, ``unclamp``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import numpy as np
@@ -119,3 +121,35 @@ def test_invariant_select_finds_outer_conditions():
     assert hoist.invariant_select([on_w, on_c], {"c"}) is on_c
     assert hoist.invariant_select([on_w], {"c"}) is None
     assert ex.replace_node(on_c, on_c, a) is a
+
+
+def test_row_select_and_unclamp():
+    c, w = ex.var("c"), ex.var("w")
+    a = ex.read("A", {"c": c, "w": w}, "f32")
+    clamped = ex.binary("min", ex.binary("max", c - ex.const(4), ex.const(0)), ex.const(5))
+    b = ex.read("B", {"c": clamped, "w": w}, "f32")
+    on_c = ex.select(ex.binary("lt", c, ex.const(4)), a, b)
+    on_w = ex.select(ex.binary("lt", w, ex.const(4)), a, b)
+    assert hoist.row_select([on_w, on_c], "c") is on_c
+    assert hoist.row_select([on_w], "c") is None
+    # c in [4, 10) keeps c - 4 within [0, 5]; [4, 11) does not, nor an unknown end
+    assert hoist.unclamp(b, "c", 4, 10).args[0] == c - ex.const(4)
+    assert hoist.unclamp(b, "c", 4, 11) is b
+    assert hoist.unclamp(b, "c", 3, 10) is b
+    assert hoist.unclamp(b, "c", 4, None) is b
+
+
+def test_a_concatenation_along_the_row_runs_a_loop_per_part(monkeypatch, capsys):
+    """Three parts concatenated along their channel, laid out last (a dynamic batch: the
+    concatenation is a kernel, layout.py): one row loop per part and no per-element select of
+    the part (test_layout.py's test_matches_ort runs the model against ONNX Runtime)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_layout import concat_batched
+
+    monkeypatch.setenv("MLPACK_DEBUG", "3")
+    compile_cpu(compile_onnx(concat_batched()[0]), "x86_64-v3")
+    llvm = capsys.readouterr().err.split("LLVM IR before optimization:")[1]
+    kernel = re.search(r'@"k\d+_t\.impl".*?\n}\n', llvm, re.S).group(0)
+    assert len(re.findall(r"^j\.co\.head(\.\d+)?:", kernel, re.M)) == 3
+    # each part loads at its own channel, unclamped: the two relus are the only float selects
+    assert len(re.findall(r"select\s+i1 %\S+, float", kernel)) == 2, kernel

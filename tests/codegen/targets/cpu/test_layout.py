@@ -2,7 +2,9 @@
 
 Which image tensors are laid out channels last is checked on small models: a convolution chain
 with a pooling and a residual add (all of them), local response normalization (its window along
-the channel too), a concatenation's parts (kept in their order), a depthwise convolution's input,
+the channel too), a concatenation of images along the channel (channels last with its parts,
+at batch 1 and under a dynamic batch; kept in its order with a graph input for a part), a
+depthwise convolution's input,
 output and weights (channels last too, unless its input is a graph input), a grouped
 convolution's input, output and readers (its group dim just before the channel), graph outputs
 (their ports' layout), and ``MLPACK_DISABLE_PASSES=channels_last``. Each model
@@ -59,13 +61,41 @@ def lrn():
     return one_output_model(nodes, [("x", F, [1, 4, 12, 12])], w1 + w2), {"x": rand(1, 4, 12, 12)}
 
 
-def concat():
+def concat(with_input=False):
+    """Two convolutions concatenated along the channel, then a convolution; ``with_input``:
+    the second part is the graph input itself, which has its port's order."""
     c1, w1 = conv("x", "c1", "a", 8, 16)
     c2, w2 = conv("x", "c2", "b", 8, 16, k=1, seed=2)
-    c3, w3 = conv("t", "y", "c", 32, 8, seed=4)
-    nodes = [c1, c2, helper.make_node("Concat", ["c1", "c2"], ["t"], axis=1), c3]
-    return one_output_model(nodes, [("x", F, [1, 8, 10, 10])], w1 + w2 + w3), \
+    c3, w3 = conv("t", "y", "c", 24 if with_input else 32, 8, seed=4)
+    parts = ["c1", "x"] if with_input else ["c1", "c2"]
+    nodes = [c1] + ([] if with_input else [c2]) + [
+        helper.make_node("Concat", parts, ["t"], axis=1), c3]
+    weights = w1 + w3 if with_input else w1 + w2 + w3
+    return one_output_model(nodes, [("x", F, [1, 8, 10, 10])], weights), \
         {"x": rand(1, 8, 10, 10)}
+
+
+def concat_batched(head=False):
+    """An Inception block's end over a dynamic batch: three convolutions (16, 12 and 5
+    channels, two with a relu) concatenated, then a padded 3x3 max pooling and a 1x1
+    convolution, or (``head``) a global average pooling. concat.py writes a concatenation in
+    place only where every size is constant, so this one runs as a kernel (a copy)."""
+    c1, w1 = conv("x", "c1", "a", 8, 16)
+    c2, w2 = conv("x", "c2", "b", 8, 12, k=1, seed=2)
+    c3, w3 = conv("x", "c3", "d", 8, 5, seed=6)
+    nodes = [c1, c2, c3, helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Relu", ["c3"], ["r3"]),
+             helper.make_node("Concat", ["r1", "c2", "r3"], ["t"], axis=1)]
+    weights = w1 + w2 + w3
+    if head:
+        nodes.append(helper.make_node("GlobalAveragePool", ["t"], ["y"]))
+    else:
+        c4, w4 = conv("p", "y", "e", 33, 8, k=1, seed=4)
+        nodes += [helper.make_node("MaxPool", ["t"], ["p"], kernel_shape=[3, 3], pads=[1] * 4),
+                  c4]
+        weights += w4
+    return one_output_model(nodes, [("x", F, ["N", 8, 10, 10])], weights), \
+        {"x": rand(2, 8, 10, 10)}
 
 
 def depthwise(channels=16, k=3, stride=1):
@@ -161,7 +191,9 @@ def convnext_block(c=24):
         {"x": rand(1, 8, 12, 12)}
 
 
-MODELS = {"chain": chain, "lrn": lrn, "concat": concat, "depthwise": depthwise,
+MODELS = {"chain": chain, "lrn": lrn, "concat": concat,
+          "concat_with_input": lambda: concat(with_input=True), "concat_batched": concat_batched,
+          "concat_batched_head": lambda: concat_batched(head=True), "depthwise": depthwise,
           "depthwise_wide_strided": lambda: depthwise(40, k=5, stride=2),
           "depthwise_input": depthwise_input, "depthwise_topk": depthwise_topk,
           "grouped": grouped, "grouped_narrow_strided": lambda: grouped(4, 6, stride=2),
@@ -193,14 +225,33 @@ def test_a_window_along_the_channel_follows_it():
     assert sq and all(after[t] != before[t] for t in sq)   # the sum of squares walks c too
 
 
-@pytest.mark.parametrize("name", ["concat", "depthwise_input"])
+@pytest.mark.parametrize("name", ["concat_with_input", "depthwise_input"])
 def test_concatenated_tensors_and_a_depthwise_input_port_keep_their_order(name):
+    """A concatenation with a part that cannot go channels last (a graph input: its port's
+    order) keeps its order and its parts', written in place (concat.py)."""
     g = compile_onnx(MODELS[name]()[0])
     kept = layout.channels_last(g)
     producers = {op.out: op for op in g.ops}
     for op in kept.ops:
-        if name == "concat" or op.out != "y":
+        if name == "concat_with_input" or op.out != "y":
             assert list(op.type.dims) == list(producers[op.out].type.dims), op.out
+
+
+@pytest.mark.parametrize("batch", ["dynamic", 1])
+def test_a_concatenation_of_images_goes_channels_last_with_its_parts(batch):
+    """The parts, the concatenation (a copy kernel now, not written in place) and the pooling
+    that reads it lay their channels last (GoogLeNet's and SqueezeNet's blocks: their
+    convolutions store whole vectors of channels, their poolings take one per window point),
+    at batch 1 and under a dynamic batch alike."""
+    m = concat_batched()[0] if batch == "dynamic" else concat()[0]
+    g = compile_onnx(m)
+    before, after = last_dims(g), last_dims(layout.channels_last(g))
+    cat = next(op for op in g.ops if op.out == "t")
+    assert before["t"] != after["t"] == list(cat.type.dims)[1]   # the concatenated channel
+    moved = {t for t in before if before[t] != after[t]}
+    parts = [t for t in before if t.startswith(("c1", "c2", "c3", "r1", "r3"))]
+    assert parts and set(parts) <= moved and "y" not in moved, (before, after)
+    assert batch == 1 or "p" in moved
 
 
 def test_a_depthwise_convolution_goes_channels_last_with_its_input_and_weights():
@@ -290,15 +341,15 @@ def test_debug_says_why_a_tensor_keeps_its_order(monkeypatch, capsys):
     rule that keeps a model NCHW is the first thing to look at when it runs slow (ConvNeXt's
     LayerNorm and a classifier's pooling were found so)."""
     monkeypatch.setenv("MLPACK_DEBUG", "2")
-    g = compile_onnx(concat()[0])
+    g = compile_onnx(concat(with_input=True)[0])
     capsys.readouterr()
     moved = last_dims(layout.channels_last(g))
     said = dict(line.split(": ", 2)[1:] for line in capsys.readouterr().err.splitlines()
                 if line.startswith("[mlpack] channels_last: "))
     kept = {t.removesuffix(" keeps its order"): why for t, why in said.items()}
     assert kept and all(moved[t] == last_dims(g)[t] for t in kept)
-    parts = [op.out for op in g.ops if op.out.startswith(("c1", "c2"))]
-    assert all(kept[t].startswith("read by a concatenation") for t in parts if t in kept)
+    parts = [op.out for op in g.ops if op.out.startswith("c1")]
+    assert parts and all(kept[t].startswith("read by a concatenation") for t in parts)
     # a reader whose unit-stride loop is not the channel: a mean over the rows alone
     c1, w1 = conv("x", "c1", "a", 8, 16)
     nodes = [c1, helper.make_node("Relu", ["c1"], ["r"]),

@@ -67,12 +67,14 @@ def chain():
 
 
 def into_concat():
+    """Two Winograd convolutions written into their slices of a concatenation (concat.py),
+    which the graph input as its third part keeps in its type's order (layout.py)."""
     nodes = [conv_node("x", "c1", "a"), helper.make_node("Relu", ["c1"], ["r1"]),
              conv_node("x", "c2", "b"), helper.make_node("Relu", ["c2"], ["r2"]),
-             helper.make_node("Concat", ["r1", "r2"], ["cat"], axis=1),
+             helper.make_node("Concat", ["r1", "r2", "x"], ["cat"], axis=1),
              conv_node("cat", "y", "o", k=1)]
     return model(nodes, [*weights("a", 24, 24, seed=1), *weights("b", 24, 16, seed=3),
-                         *weights("o", 40, 8, k=1, seed=5)])
+                         *weights("o", 64, 8, k=1, seed=5)])
 
 
 CASES = {
