@@ -19,8 +19,9 @@ lower.py splits at the parts (hoist.py), one plain vector loop each. That once c
 14% (the copy then selected each element's part); now GoogLeNet's inception blocks, NCHW
 before, their 3x3 poolings 2-4x behind ONNX Runtime's, run 1.07x faster at 1 thread and 1.18x
 at 2 under a dynamic batch, SqueezeNet 1.1 1.23x and 1.20x, and the batch-1 models whose
-concatenations were written in place gain too (``benchmarks.ab``, x86_64-v4, 1 thread:
-inception_v2 1.61x, inception_v1 1.05x, densenet121 1.03x, squeezenet 1.10x).
+concatenations were written in place gain too (``benchmarks.ab``, x86_64-v4, 1 / 2 threads:
+inception_v2 1.20x / 1.21x, inception_v1 1.04x / 1.08x, densenet121 1.04x / 1.11x,
+squeezenet 1.08x / 1.13x).
 
 A depthwise convolution (one input channel per output channel) goes channels last together with
 its input, and its weights are stored channels last: depthwise.py then takes a vector of
