@@ -28,19 +28,24 @@ class Loops:
 
     @contextmanager
     def loop(self, start, end, name: str, vectorize: bool = False, unroll: bool | None = None,
-             interleave: int = 0):
+             interleave: int = 0, predicate: bool = False):
         """``unroll=False`` tells LLVM not to unroll the loop (a micro-kernel's K loop, whose
         body is unrolled already: unrolling it further only costs compile time), a vectorized
         one's too; None: the default the Loops was made with. ``interleave``: the vectorized
         loop keeps that many vectors in flight (a reduction's accumulators: their chains
-        overlap)."""
+        overlap). ``predicate``: vectorized with its tail folded into masked loads and stores
+        instead of a scalar remainder (a trip count below a vector: a depthwise tile's last
+        lanes, depthwise.MASKED_LANES); LLVM keeps the remainder where it cannot mask."""
         never = unroll is False
         unroll = self.unroll if unroll is None else unroll
         latch: list = []
         with self._counted(start, end, name, [], latch) as (i, _):
             yield i
         br = latch[0]
-        if vectorize and interleave:
+        if vectorize and predicate:
+            _hint(self.module, br, [("llvm.loop.vectorize.enable", 1),
+                                    ("llvm.loop.vectorize.predicate.enable", 1)])
+        elif vectorize and interleave:
             _hint(self.module, br, [("llvm.loop.interleave.count", interleave)]
                   + ([] if unroll else [("llvm.loop.unroll.disable", None)]))
         elif vectorize and not never:
