@@ -48,13 +48,21 @@ def select_arms(body: Expr, c: str, total: int) -> list[tuple[int, int, Expr]] |
     return arms
 
 
+def clamp_of(e: Expr) -> tuple[Expr, int] | None:
+    """(x, hi) of a concatenation's clamp of its part's index, ``min(max(x, 0), hi)`` (both
+    arms of its select may be evaluated), or None if ``e`` is not one."""
+    if (e.op == "min" and e.args[1].is_const and e.args[0].op == "max"
+            and e.args[0].args[1].is_const and e.args[0].args[1].value == 0):
+        return e.args[0].args[0], e.args[1].value
+    return None
+
+
 def _unclamp(e: Expr, c: str, n: int) -> Expr:
     """``e`` with each ``min(max(c, 0), n - 1)`` (the concat's clamp, now always in range while
     ``c`` runs over [0, n)) replaced by ``c``."""
-    if (e.op == "min" and e.args[1].is_const and e.args[1].value == n - 1
-            and e.args[0].op == "max" and e.args[0].args[1].is_const
-            and e.args[0].args[1].value == 0):
-        inner = ex.simplify_size(e.args[0].args[0])
+    clamp = clamp_of(e)
+    if clamp is not None and clamp[1] == n - 1:
+        inner = ex.simplify_size(clamp[0])
         if inner.op == "var" and inner.arg == c:
             return inner
     if not e.args:
@@ -153,4 +161,4 @@ def root(t: str, aliases: Aliases) -> tuple[str, int]:
     return t, off
 
 
-__all__ = ["split_concats", "root", "select_arms", "Aliases"]
+__all__ = ["split_concats", "root", "select_arms", "clamp_of", "Aliases"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
+from mlpack.codegen.targets.cpu.concat import clamp_of
 from mlpack.codegen.targets.cpu.indexing import affine
 
 MAX_HOISTED = 8   # nested selects hoisted per kernel (a concat of 9+ inputs keeps the rest)
@@ -60,12 +61,12 @@ def unclamp(e: Expr | None, v: str, lo: int, hi: int | None) -> Expr | None:
     replaced by ``v + a``."""
     if e is None or not e.args or hi is None:
         return e
-    if e.op == "min" and e.args[1].is_const and e.args[0].op == "max" and \
-            e.args[0].args[1].is_const and e.args[0].args[1].value == 0:
-        inner = e.args[0].args[0]
+    clamp = clamp_of(e)
+    if clamp is not None:
+        inner, top = clamp
         form = affine(inner, {v})
         if form is not None and form[0] == {v: 1} and form[1].is_const and \
-                lo + form[1].value >= 0 and hi - 1 + form[1].value <= e.args[1].value:
+                lo + form[1].value >= 0 and hi - 1 + form[1].value <= top:
             return inner
     args = tuple(unclamp(a, v, lo, hi) for a in e.args)
     return e if all(a is b for a, b in zip(args, e.args)) else ex.rebuild(e, args)

@@ -49,6 +49,7 @@ from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph, TensorType, tensors_read
 from mlpack.codegen.targets.cpu import derived
+from mlpack.codegen.targets.cpu.concat import clamp_of
 from mlpack.codegen.targets.cpu.concat import select_arms as _arms
 from mlpack.codegen.targets.cpu.indexing import affine as _affine
 from mlpack.codegen.targets.cpu.indexing import is_one as _is_one
@@ -72,9 +73,9 @@ def _walk_var(ix: Expr | None, op: Comprehension) -> str | None:
     reduction variables (a window along it: local response normalization's sum of squares)."""
     if ix is None:
         return None
-    if ix.op == "min" and ix.args[1].is_const and ix.args[0].op == "max" and \
-            ix.args[0].args[1].is_const and ix.args[0].args[1].value == 0:
-        ix = ix.args[0].args[0]   # a concatenation's clamp of its part's index (in range there)
+    clamp = clamp_of(ix)
+    if clamp is not None:
+        ix = clamp[0]   # a concatenation's clamp of its part's index (in range there)
     if ix.op == "var":
         return ix.arg
     form = _affine(ix, set(op.type.dims) | set(op.rdims))
