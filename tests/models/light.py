@@ -52,6 +52,20 @@ def expected_output(name: str) -> np.ndarray:
     return numpy_helper.to_array(t)
 
 
+def without_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """The model with its output's Softmax taken off (its output the Softmax's input), or None
+    when the output is not a Softmax's."""
+    last = model.graph.node[-1]
+    if last.op_type != "Softmax" or last.output[0] != model.graph.output[0].name:
+        return None
+    cut = onnx.ModelProto()
+    cut.CopyFrom(model)
+    del cut.graph.node[-1]
+    del cut.graph.output[:]
+    cut.graph.output.add(name=last.input[0])  # no type: the importer and ONNX Runtime infer it
+    return cut
+
+
 def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """The graph inputs that are not initializers (each light model has one: the image)."""
     inits = {t.name for t in model.graph.initializer}
