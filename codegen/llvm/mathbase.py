@@ -86,6 +86,10 @@ _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
           1.6666665459e-1, 5.0000001201e-1)
 
 
+# x log2(e) plus this rounds to an integer n (its ulp is 1) and leaves n + 127 in the low bits
+_EXP_MAGIC = 1.5 * 2.0 ** 23 + 127.0
+
+
 # below this e^x is not a normal f32 (ln of the smallest normal, 1.17549e-38, is -87.3365)
 EXP_FLUSH = -87.336
 
@@ -101,8 +105,12 @@ def _exp_reduced(M: Math, x, n):
 
 
 def exp(M: Math, x):
-    """Cephes expf: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-7 polynomial, times 2^n (two
-    factors 2^(n//2) * 2^(n - n//2), so up to overflow without a branch).
+    """Cephes expf: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-7 polynomial, times 2^n.
+
+    n is rounded by adding a constant whose low bits are then 2^n's exponent (``exp_bounded``'s
+    way: no rint, no conversion to an integer, 2^n one shift), capped at 2^127; where n is 128
+    (x from 88.38 on) the product is doubled after, so e^x stays finite up to e^88.72 and
+    overflows to inf past it (the argument is clamped at 89, past which e^x is inf anyway).
 
     Below EXP_FLUSH the result is 0, not the denormal e^x is there: a denormal costs an Intel
     core a microcode assist of some hundred cycles wherever it is produced or read, and a
@@ -110,14 +118,14 @@ def exp(M: Math, x):
     every attention (Swin-T ran 1.3x faster at one thread without them). The argument is
     clamped there first, so no step makes one either."""
     b = M.b
-    xc = M.clamp(x, EXP_FLUSH, 88.8)
-    n = M.call("llvm.rint", b.fmul(xc, M.c(1.0 / math.log(2.0))))
-    er = _exp_reduced(M, xc, n)
-    ni = b.fptosi(n, I32)
-    half = b.ashr(ni, M.ci(1))
-    out = b.fmul(b.fmul(er, M.pow2i(half)), M.pow2i(b.sub(ni, half)))
-    # inputs past the clamp: overflow to inf above, flushed to 0 below; nan stays nan
-    out = b.select(b.fcmp_ordered(">", x, M.c(88.8)), M.c(math.inf), out)
+    xc = M.clamp(x, EXP_FLUSH, 89.0)
+    k = M.fma(xc, M.c(1.0 / math.log(2.0)), M.c(_EXP_MAGIC))
+    er = _exp_reduced(M, xc, b.fsub(k, M.c(_EXP_MAGIC)))
+    capped = M.call("llvm.minnum", k, M.c(_EXP_MAGIC + 127.0))
+    scale = b.bitcast(b.shl(b.bitcast(capped, M.ity), M.ci(23)), M.ty)
+    out = b.fmul(er, scale)
+    out = M.fma(out, b.fsub(k, capped), out)   # (k - capped: 1 where n is 128, else 0)
+    # below the clamp: flushed to 0; nan stays nan
     out = b.select(b.fcmp_ordered("<", x, M.c(EXP_FLUSH)), M.c(0.0), out)
     return b.select(M.isnan(x), x, out)
 
@@ -125,16 +133,13 @@ def exp(M: Math, x):
 # the range ``exp_bounded`` takes: e^x is a normal f32 from its low end (EXP_FLUSH) on, and 2^n
 # one factor up to 2^128 (its bits those of inf)
 EXP_BOUNDED = (EXP_FLUSH, 89.0)
-# x log2(e) plus this rounds to an integer n (its ulp is 1) and leaves n + 127 in the low bits
-_EXP_MAGIC = 1.5 * 2.0 ** 23 + 127.0
 
 
 def exp_bounded(M: Math, x):
     """e^x for ``x`` in EXP_BOUNDED (or nan: nan out), as ``exp`` is there, but inf from e^88.4
     on, where exp is finite up to e^88.7. For the functions that add e^x to 1 (sigmoid, tanh),
-    it takes a third fewer vector instructions than ``exp``: n is rounded by adding a constant
-    whose low bits are then 2^n's exponent (no rint, no conversion to an integer), 2^n is one
-    factor, and there is no test for overflow or nan (nan propagates through the arithmetic)."""
+    it takes fewer vector instructions than ``exp``: no clamp, no cap on 2^n, and no test for
+    a flush or nan (nan propagates through the arithmetic)."""
     b = M.b
     k = M.fma(x, M.c(1.0 / math.log(2.0)), M.c(_EXP_MAGIC))
     er = _exp_reduced(M, x, b.fsub(k, M.c(_EXP_MAGIC)))
