@@ -63,3 +63,33 @@ def arg_better(E: ScalarEmitter, kind: str, x, best, dtype: str):
     rel = ("<=" if last else "<") if kind.startswith("argmin") else (">=" if last else ">")
     return cmp(rel, x, best)
 
+
+# an inner float max/min keeps its running extreme as x86's vmaxps / vminps would (a NaN term
+# is skipped) and the NaN test of its terms beside it (``extreme_step``, ``extreme_result``)
+RELAXED = ("nnan", "nsz")
+
+
+def is_float_extreme(kind: str, dtype: str) -> bool:
+    """Whether a scalar-accumulator reduction takes ``extreme_step``: a float max or min."""
+    return kind in ("max", "min") and dtype in FLOAT_TYPES
+
+
+def extreme_step(b: ir.IRBuilder, kind: str, acc, x, nan):
+    """(running extreme, any NaN so far) with the term ``x`` joined.
+
+    llvm.maximum propagates a NaN and orders -0 below +0 in every step, five vector
+    instructions on x86 chained from one step to the next (Whisper's attention's row maxes,
+    1500 terms a row). Here a step is a compare and a select that LLVM vectorizes as vmaxps,
+    its flags saying that NaN and the sign of zero need not be kept (a NaN term makes the
+    compare poison, which ``extreme_result`` never returns), and the NaN test of the terms is
+    or-ed beside it: off the chain. Signed zeros may come out either way (they compare equal
+    at any tolerance, as ``float_minmax`` says)."""
+    better = b.fcmp_ordered(">" if kind == "max" else "<", x, acc, flags=RELAXED)
+    return (b.select(better, x, acc, flags=RELAXED),
+            b.or_(nan, b.fcmp_unordered("uno", x, x)))
+
+
+def extreme_result(b: ir.IRBuilder, acc, nan):
+    """The reduction's value: NaN where any term was, else the running extreme."""
+    return b.select(nan, ir.Constant(acc.type, float("nan")), acc)
+

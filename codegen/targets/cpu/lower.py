@@ -24,7 +24,8 @@ from llvmlite import ir
 from mlpack.spec.ir.expr import Expr, replace_node
 from mlpack.codegen.errors import UnsupportedTargetError
 from mlpack.codegen.llvm.loops import Loops, delinearize
-from mlpack.codegen.llvm.reduce import arg_better, combine, identity
+from mlpack.codegen.llvm.reduce import (arg_better, combine, extreme_result, extreme_step,
+                                        identity, is_float_extreme)
 from mlpack.codegen.llvm.oprules import CONTRACT
 from mlpack.codegen.llvm.scalar import ScalarEmitter
 from mlpack.codegen.llvm.types import I32, I64, NARROW_FLOATS, PTR, llvm_type, storage_type
@@ -202,6 +203,8 @@ class KernelLowering:
         out = {"acc": b.alloca(acc_type, name="acc")}
         if arg:
             out["idx"] = b.alloca(I64, name="idx")
+        if is_float_extreme(k.reduce, k.acc_dtype):
+            out["nan"] = b.alloca(ir.IntType(1), name="nan")
         return out
 
     def bind_unit(self, r, outer: list[str], sizes: dict | None = None) -> None:
@@ -375,9 +378,9 @@ class KernelLowering:
             return
         d = dims[0]
         vec = vectorize_last and len(dims) == 1
-        # (a scalar accumulator's vectorized loop: each vector's step waits on the last,
-        # llvm.maximum's five instructions for a max; four chains overlap where the
-        # reduction is long enough to fill them)
+        # (a scalar accumulator's vectorized loop: each vector's step waits on the last, an
+        # add's latency for a sum; four chains overlap where the reduction is long enough to
+        # fill them)
         size = self.k.rdims[d]
         long_ = vec and (not size.is_const or size.value >= INTERLEAVE_MIN)
         with self.loops.loop(ir.Constant(I64, 0), self.extents[d], f"r.{d}", vec,
@@ -398,10 +401,18 @@ class KernelLowering:
                 raise UnsupportedTargetError(f"cpu: kernel {k.name}: {k.reduce} over "
                                              f"{len(k.rdims)} dims")
             b.store(ir.Constant(I64, 0), self.allocas["idx"])
+        nan = self.allocas.get("nan")
+        if nan is not None:
+            b.store(ir.Constant(ir.IntType(1), 0), nan)
 
         def step():
             x = self._term(vdt)
             cur = b.load(acc)
+            if nan is not None:
+                value, seen = extreme_step(b, k.reduce, cur, x, b.load(nan))
+                b.store(value, acc)
+                b.store(seen, nan)
+                return
             if not arg:
                 b.store(combine(E, k.reduce, cur, x, vdt, inner=True), acc)
                 return
@@ -413,6 +424,8 @@ class KernelLowering:
         self._nest(list(k.rdims), step, vectorize_last=not arg)
         if arg:
             return b.load(self.allocas["idx"])
+        if nan is not None:
+            return extreme_result(b, b.load(acc), b.load(nan))
         return b.load(acc)
 
 

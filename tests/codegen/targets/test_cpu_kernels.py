@@ -187,6 +187,25 @@ def case_reduce_ops():
     return m, {"x": rand(4, 6, 8) * 0.3}
 
 
+def case_max_min_over_rows_with_nan():
+    """Rows of 300 (a vectorized body and a remainder): a NaN in the body, in the remainder
+    and first, infinities, signed zeros; a NaN anywhere in a row makes its max and min NaN
+    (the inner reduction tests its terms for NaN beside its running vmaxps, lower.py), and a
+    softmax over such a row is NaN too."""
+    x = rand(8, 300) * 10
+    x[1, 17] = x[2, 299] = x[3, 0] = np.nan
+    x[4, :] = -0.0
+    x[4, 100] = 0.0
+    x[5, 50], x[5, 60] = np.inf, -np.inf
+    x[6, :] = -np.inf
+    nodes = [helper.make_node("ReduceMax", ["x"], ["mx"], axes=[1], keepdims=0),
+             helper.make_node("ReduceMin", ["x"], ["mn"], axes=[1], keepdims=0),
+             helper.make_node("Softmax", ["x"], ["sm"], axis=1)]
+    m = model(nodes, [("x", F, [8, 300])], [("mx", F, None), ("mn", F, None), ("sm", F, None)],
+              opset=17)
+    return m, {"x": x}
+
+
 def case_integer_math():
     nodes = [helper.make_node("Div", ["a", "b"], ["d"]), helper.make_node("Mod", ["a", "b"], ["m"]),
              helper.make_node("Mul", ["d", "m"], ["y"])]
