@@ -317,12 +317,18 @@ def block_rows(k: Kernel, out: Buffer) -> None:
 
 
 def unroll_window(k: Kernel) -> None:
-    """A max or min over a small constant window (a pooling) as a map whose body combines
+    """A max, min or sum over a small constant window (a pooling) as a map whose body combines
     the window's terms, in the order the reduction loop would take them: the row strategy
     would read and write the output row once per window position, the map keeps the running
-    value in a register and is one vector loop. A select whose condition holds for the whole
-    window (a concatenation inlined into the pooling) is kept outside, for hoist.py."""
-    if k.reduce not in ("max", "min") or k.acc_dtype not in ("f32", "u8", "i8") or not k.rdims:
+    value in a register and is one vector loop, and halo.py can then read a padded input in
+    bounds. A sum is one only where each term is the input itself (an average pooling's, not
+    a convolution's products). A select whose condition holds for the whole window (a
+    concatenation inlined into the pooling) is kept outside, for hoist.py."""
+    if k.reduce == "sum":
+        if k.acc_dtype != "f32" or not k.rdims or not _window_terms(k.body, set(k.rdims)):
+            return
+    elif k.reduce not in ("max", "min") or k.acc_dtype not in ("f32", "u8", "i8") \
+            or not k.rdims:
         return   # (8-bit: a pooling of int8's bytes, codegen/precisions/int8.py)
     sizes = list(k.rdims.values())
     if not all(s.is_const for s in sizes):
@@ -332,7 +338,8 @@ def unroll_window(k: Kernel) -> None:
         return
     names = list(k.rdims)
     acc = k.acc_dtype
-    start = ex.const(dt.lowest(acc) if k.reduce == "max" else dt.highest(acc), acc)
+    combine = "add" if k.reduce == "sum" else k.reduce
+    start = ex.const({"sum": 0, "max": dt.lowest(acc), "min": dt.highest(acc)}[k.reduce], acc)
 
     def unroll(body: Expr) -> Expr:
         if body.op == "select":
@@ -340,13 +347,13 @@ def unroll_window(k: Kernel) -> None:
             if not (ex.free_vars(cond) & set(names)) and not any(
                     n.op == "read" for n in ex.walk(cond)):
                 return ex.select(cond, unroll(body.args[1]), unroll(body.args[2]))
-        inner = _monotone_core(body, set(names))
+        inner = body if combine == "add" else _monotone_core(body, set(names))
         if inner is not body:   # max over g(x) is g(max over x) for a non-decreasing g
             return ex.replace_node(body, inner, unroll(inner))
         acc = start
         for point in itertools.product(*[range(s.value) for s in sizes]):
             term = ex.substitute(body, {r: ex.const(v) for r, v in zip(names, point)})
-            acc = ex.binary(k.reduce, term, acc)
+            acc = ex.binary(combine, term, acc)
         return acc
     value = unroll(k.body)
     if k.epilogue is not None:
@@ -369,6 +376,14 @@ def unroll_point_sum(k: Kernel) -> None:
         value = ex.substitute(k.epilogue, {ACC: value})
     k.body, k.reduce, k.rdims, k.epilogue = value, None, {}, None
     k.acc_dtype = value.dtype
+
+
+def _window_terms(body: Expr, window: set[str]) -> bool:
+    """Whether a sum's terms are reads of its input at window-shifted indices (through a
+    select whose condition the window does not change): an average pooling's window."""
+    if body.op == "select" and not (ex.free_vars(body.args[0]) & window):
+        return all(_window_terms(a, window) for a in body.args[1:])
+    return body.op == "read" and bool(ex.free_vars(body) & window)
 
 
 def _monotone_core(e: Expr, window: set[str]) -> Expr:

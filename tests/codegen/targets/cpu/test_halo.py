@@ -6,7 +6,8 @@ A 3x3 max pooling over an NCHW concatenation (a concatenation keeps its tensor N
 with pads, or ceil_mode past the edge: its input copied with a halo of -inf, the pooling reading
 that without guards; a window that never leaves its input: no guard and no copy; a stride-2 one
 over a short row keeps its guards; one whose guard holds along its row (channels last) too.
-NaN in the padded input still propagates (against the IR interpreter).
+NaN in the padded input still propagates (against the IR interpreter). An average pooling's
+window sum goes the same way (kernels.unroll_window), a convolution's sum of products does not.
 """
 
 from __future__ import annotations
@@ -109,3 +110,46 @@ def test_nan_in_the_halo_copy_still_propagates(target):
     want = run_graph(g, feeds)["y"]
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, equal_nan=True)
     assert np.isnan(got[0, 1, 0, 0]) and np.isnan(got[0, 8, 5, 7])
+
+
+def concat_avgpool(size: int, stride: int, include_pad: int, channels=(6, 10)):
+    """``concat_pool`` with a padded 3x3 AveragePool (ShuffleNet's stride-2 units, NCHW)."""
+    nodes = [helper.make_node("Relu", [f"x{i}"], [f"r{i}"]) for i in range(len(channels))]
+    nodes += [helper.make_node("Concat", [f"r{i}" for i in range(len(channels))], ["c"], axis=1),
+              helper.make_node("AveragePool", ["c"], ["y"], kernel_shape=[3, 3],
+                               strides=[stride] * 2, pads=[1] * 4,
+                               count_include_pad=include_pad)]
+    m = one_output_model(nodes, [(f"x{i}", F, ["N", c, size, size])
+                                 for i, c in enumerate(channels)])
+    feeds = {f"x{i}": rand(1, c, size, size, seed=i) for i, c in enumerate(channels)}
+    return m, feeds
+
+
+@pytest.mark.parametrize("target", HOST_TARGETS)
+@pytest.mark.parametrize("case", [dict(size=28, stride=2, include_pad=0),   # a short row
+                                  dict(size=56, stride=2, include_pad=0),   # a halo copy
+                                  dict(size=14, stride=1, include_pad=1)])
+def test_an_average_pooling_window_matches_onnx_runtime(case, target):
+    m, feeds = concat_avgpool(**case)
+    g = compile_onnx(m)
+    got = run_plan(compile_cpu(g, target), g, feeds)["y"]
+    np.testing.assert_allclose(got, oracle_outputs(m, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_an_average_pooling_sums_its_window_as_a_map_and_a_convolution_does_not():
+    """An average pooling's sum over its 3x3 window is written out as one map of 9 terms (an
+    NCHW stride-2 one was a reduction reading each tap through a guard: ShuffleNet's 0.118 ->
+    0.030 ms), and a wide enough padded row reads a halo copy; a depthwise convolution's sum of
+    products over the same window stays a reduction (depthwise.py schedules it)."""
+    pool, copy = pool_kernels(concat_avgpool(56, 2, 0)[0])
+    assert pool.window == 9 and pool.reduce is None and guarded(pool) == 0
+    assert copy is not None and pool.reads[0] == copy.out
+    pool, copy = pool_kernels(concat_avgpool(28, 2, 0)[0])   # a row of 14: guards, no copy
+    assert pool.window == 9 and pool.reduce is None and copy is None
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Conv", ["r", "w"], ["y"], group=8, pads=[1] * 4)]
+    m = one_output_model(nodes, [("x", F, ["N", 8, 20, 20])],
+                         inits=[("w", rand(8, 1, 3, 3, seed=4))])
+    _, kernels, _, _, _ = schedule_kernels(compile_onnx(m), get_target("x86_64-v3"))
+    conv = next(k for k in kernels if k.out.startswith("y"))
+    assert conv.window == 1 and conv.reduce == "sum"
