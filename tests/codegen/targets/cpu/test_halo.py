@@ -33,12 +33,14 @@ from plan_runner import ATOL, HOST_TARGETS, RTOL, rand, run_plan  # tests/codege
 F = TP.FLOAT
 
 
-def concat_pool(size: int, stride: int, pads: int = 0, ceil: int = 0, channels=(6, 10)):
-    """Relu'd inputs concatenated along channels (NCHW), then a 3x3 MaxPool."""
+def concat_pool(size: int, stride: int, pads: int = 0, ceil: int = 0, channels=(6, 10),
+                op: str = "MaxPool", **attrs):
+    """Relu'd inputs concatenated along channels (NCHW), then a 3x3 MaxPool (or ``op``, with
+    ``attrs``: an AveragePool's count_include_pad)."""
     nodes = [helper.make_node("Relu", [f"x{i}"], [f"r{i}"]) for i in range(len(channels))]
     nodes += [helper.make_node("Concat", [f"r{i}" for i in range(len(channels))], ["c"], axis=1),
-              helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[3, 3],
-                               strides=[stride] * 2, pads=[pads] * 4, ceil_mode=ceil)]
+              helper.make_node(op, ["c"], ["y"], kernel_shape=[3, 3], strides=[stride] * 2,
+                               pads=[pads] * 4, ceil_mode=ceil, **attrs)]
     m = one_output_model(nodes, [(f"x{i}", F, ["N", c, size, size])
                                  for i, c in enumerate(channels)])
     feeds = {f"x{i}": rand(1, c, size, size, seed=i) for i, c in enumerate(channels)}
@@ -62,7 +64,12 @@ def guarded(k) -> int:
                                   dict(size=28, stride=2, ceil=1),            # guards kept
                                   dict(size=56, stride=2, ceil=1),            # past the edge
                                   dict(size=55, stride=2, ceil=1),            # fits: no copy
-                                  dict(size=56, stride=2, pads=1)])
+                                  dict(size=56, stride=2, pads=1),
+                                  # ShuffleNet's average poolings: a short row, a halo copy
+                                  dict(size=28, stride=2, pads=1, op="AveragePool"),
+                                  dict(size=56, stride=2, pads=1, op="AveragePool"),
+                                  dict(size=14, stride=1, pads=1, op="AveragePool",
+                                       count_include_pad=1)])
 def test_a_pooling_over_a_concatenation_matches_onnx_runtime(case, target):
     m, feeds = concat_pool(**case)
     g = compile_onnx(m)
@@ -112,39 +119,16 @@ def test_nan_in_the_halo_copy_still_propagates(target):
     assert np.isnan(got[0, 1, 0, 0]) and np.isnan(got[0, 8, 5, 7])
 
 
-def concat_avgpool(size: int, stride: int, include_pad: int, channels=(6, 10)):
-    """``concat_pool`` with a padded 3x3 AveragePool (ShuffleNet's stride-2 units, NCHW)."""
-    nodes = [helper.make_node("Relu", [f"x{i}"], [f"r{i}"]) for i in range(len(channels))]
-    nodes += [helper.make_node("Concat", [f"r{i}" for i in range(len(channels))], ["c"], axis=1),
-              helper.make_node("AveragePool", ["c"], ["y"], kernel_shape=[3, 3],
-                               strides=[stride] * 2, pads=[1] * 4,
-                               count_include_pad=include_pad)]
-    m = one_output_model(nodes, [(f"x{i}", F, ["N", c, size, size])
-                                 for i, c in enumerate(channels)])
-    feeds = {f"x{i}": rand(1, c, size, size, seed=i) for i, c in enumerate(channels)}
-    return m, feeds
-
-
-@pytest.mark.parametrize("target", HOST_TARGETS)
-@pytest.mark.parametrize("case", [dict(size=28, stride=2, include_pad=0),   # a short row
-                                  dict(size=56, stride=2, include_pad=0),   # a halo copy
-                                  dict(size=14, stride=1, include_pad=1)])
-def test_an_average_pooling_window_matches_onnx_runtime(case, target):
-    m, feeds = concat_avgpool(**case)
-    g = compile_onnx(m)
-    got = run_plan(compile_cpu(g, target), g, feeds)["y"]
-    np.testing.assert_allclose(got, oracle_outputs(m, feeds)[0], rtol=RTOL, atol=ATOL)
-
-
 def test_an_average_pooling_sums_its_window_as_a_map_and_a_convolution_does_not():
     """An average pooling's sum over its 3x3 window is written out as one map of 9 terms (an
     NCHW stride-2 one was a reduction reading each tap through a guard: ShuffleNet's 0.118 ->
     0.030 ms), and a wide enough padded row reads a halo copy; a depthwise convolution's sum of
     products over the same window stays a reduction (depthwise.py schedules it)."""
-    pool, copy = pool_kernels(concat_avgpool(56, 2, 0)[0])
+    pool, copy = pool_kernels(concat_pool(56, 2, 1, op="AveragePool")[0])
     assert pool.window == 9 and pool.reduce is None and guarded(pool) == 0
     assert copy is not None and pool.reads[0] == copy.out
-    pool, copy = pool_kernels(concat_avgpool(28, 2, 0)[0])   # a row of 14: guards, no copy
+    # a row of 14 (MIN_STRIDED_ROW): guards, no copy
+    pool, copy = pool_kernels(concat_pool(28, 2, 1, op="AveragePool")[0])
     assert pool.window == 9 and pool.reduce is None and copy is None
     nodes = [helper.make_node("Relu", ["x"], ["r"]),
              helper.make_node("Conv", ["r", "w"], ["y"], group=8, pads=[1] * 4)]
