@@ -92,6 +92,9 @@ _EXP_MAGIC = 1.5 * 2.0 ** 23 + 127.0
 
 # below this e^x is not a normal f32 (ln of the smallest normal, 1.17549e-38, is -87.3365)
 EXP_FLUSH = -87.336
+# the range ``exp_bounded`` takes, and ``exp`` clamps to: e^x is a normal f32 from its low end
+# (EXP_FLUSH) on, and 2^n one factor up to 2^128 (its bits those of inf)
+EXP_BOUNDED = (EXP_FLUSH, 89.0)
 
 
 def _exp_reduced(M: Math, x, n):
@@ -102,6 +105,19 @@ def _exp_reduced(M: Math, x, n):
     r = M.fma(n, M.c(-_LN2_LO), r)
     z = b.fmul(r, r)
     return b.fadd(M.fma(M.poly(r, _EXP_P), z, r), M.c(1.0))
+
+
+def _exp_parts(M: Math, x):
+    """(k, e^r) for x = n ln2 + r: k is x log2(e) plus _EXP_MAGIC, rounded to n + 127 in its low
+    bits (``_pow2``), and e^r the polynomial's (``_exp_reduced``); exp and exp_bounded share
+    them."""
+    k = M.fma(x, M.c(1.0 / math.log(2.0)), M.c(_EXP_MAGIC))
+    return k, _exp_reduced(M, x, M.b.fsub(k, M.c(_EXP_MAGIC)))
+
+
+def _pow2(M: Math, k):
+    """2^n from a ``k`` of ``_exp_parts``: its low bits, n + 127, shifted into the exponent."""
+    return M.b.bitcast(M.b.shl(M.b.bitcast(k, M.ity), M.ci(23)), M.ty)
 
 
 def exp(M: Math, x):
@@ -118,21 +134,13 @@ def exp(M: Math, x):
     every attention (Swin-T ran 1.3x faster at one thread without them). The argument is
     clamped there first, so no step makes one either."""
     b = M.b
-    xc = M.clamp(x, EXP_FLUSH, 89.0)
-    k = M.fma(xc, M.c(1.0 / math.log(2.0)), M.c(_EXP_MAGIC))
-    er = _exp_reduced(M, xc, b.fsub(k, M.c(_EXP_MAGIC)))
+    k, er = _exp_parts(M, M.clamp(x, *EXP_BOUNDED))
     capped = M.call("llvm.minnum", k, M.c(_EXP_MAGIC + 127.0))
-    scale = b.bitcast(b.shl(b.bitcast(capped, M.ity), M.ci(23)), M.ty)
-    out = b.fmul(er, scale)
+    out = b.fmul(er, _pow2(M, capped))
     out = M.fma(out, b.fsub(k, capped), out)   # (k - capped: 1 where n is 128, else 0)
     # below the clamp: flushed to 0; nan stays nan
     out = b.select(b.fcmp_ordered("<", x, M.c(EXP_FLUSH)), M.c(0.0), out)
     return b.select(M.isnan(x), x, out)
-
-
-# the range ``exp_bounded`` takes: e^x is a normal f32 from its low end (EXP_FLUSH) on, and 2^n
-# one factor up to 2^128 (its bits those of inf)
-EXP_BOUNDED = (EXP_FLUSH, 89.0)
 
 
 def exp_bounded(M: Math, x):
@@ -140,11 +148,8 @@ def exp_bounded(M: Math, x):
     on, where exp is finite up to e^88.7. For the functions that add e^x to 1 (sigmoid, tanh),
     it takes fewer vector instructions than ``exp``: no clamp, no cap on 2^n, and no test for
     a flush or nan (nan propagates through the arithmetic)."""
-    b = M.b
-    k = M.fma(x, M.c(1.0 / math.log(2.0)), M.c(_EXP_MAGIC))
-    er = _exp_reduced(M, x, b.fsub(k, M.c(_EXP_MAGIC)))
-    bits = b.shl(b.bitcast(k, M.ity), M.ci(23))
-    return b.fmul(er, b.bitcast(bits, M.ty))
+    k, er = _exp_parts(M, x)
+    return M.b.fmul(er, _pow2(M, k))
 
 
 # ---------------------------------------------------------------- log

@@ -1,8 +1,9 @@
 """Reductions' steps in LLVM IR: the identity a reduction starts from, how one more term joins
 the running value, and when a term replaces an argmax/argmin's running best.
 
-Max and min propagate NaN (``oprules.float_minmax``); argmax and argmin keep the first NaN, as
-NumPy does; sums and products may reassociate (``FAST_SUM``), which the fp32 tolerance allows.
+Max and min propagate NaN (``oprules.float_minmax``; into a scalar accumulator, the NaN test
+beside a vmaxps step, ``extreme_step``, as ``oprules.float_extreme_chain`` does over a pooling
+window's terms); argmax and argmin keep the first NaN, as NumPy does; sums and products may reassociate (``FAST_SUM``), which the fp32 tolerance allows.
 A target's schedule decides where the running value lives (a register, an output row).
 """
 
