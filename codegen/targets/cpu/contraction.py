@@ -407,6 +407,9 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                              nvec=nvec, k_runs=k_runs, batch_inner=_batch_inside(ob, info),
                              stream=direct is None and m_size.is_const
                              and m_size.value <= group * mr)
+        # (one tile of rows reads each chunk once: ``stream``'s fetches serve it)
+        k.gemm.fetch_ahead = direct is None and plain and _passes_l2(bufs[name], ob, info, one) \
+            and not (m_size.is_const and m_size.value <= mr)
         if k_runs:   # chunks count steps of the outermost K loop
             k.gemm.kc = _k_chunk(tb, {**info, "k": [r for run in k.gemm.k_loops[1:]
                                                    for r in run]}, k.rdims, first=k_runs[0])
@@ -528,6 +531,16 @@ def _n_inner(a: Buffer, b: Buffer, out: Buffer, info: dict, one: dict[str, Expr]
     if sb > CACHE_REUSE_BYTES:
         return sa > CACHE_REUSE_BYTES and sb < sa
     return (sa > SMALL_L2_BYTES and sb < sa) or so > SMALL_L2_BYTES
+
+
+def _passes_l2(b: Buffer, out: Buffer, info: dict, one: dict[str, Expr]) -> bool:
+    """Whether a batch point's packed B is bigger than an L2 keeps (CACHE_REUSE_BYTES), so
+    that its panels come from L3 or memory each time an M group reads them: a transformer's
+    weights (GPT-2's 768 x 3072, 9.4 MB), a late convolution's (ResNeXt-50's 1024 x 2048)."""
+    points = _batch_points(out, info, one)
+    sb = typical(exact_bytes(b), one)
+    return points.is_const and points.value >= 1 and sb.is_const \
+        and sb.value // points.value > CACHE_REUSE_BYTES
 
 
 def _gemm_reads(k: Kernel, ra: Expr, b_name: str) -> list[str]:

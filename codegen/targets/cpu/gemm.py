@@ -126,6 +126,10 @@ class Contraction:
     # B's panels are read once per run (one M group at the batch size the model is built for):
     # each is fetched ahead (microkernel.PREFETCH_ROWS)
     stream: bool = False
+    # B's packed panels are too big to stay in L2 (they come from L3 or memory) and M is more
+    # than one tile: each K chunk's next slice is fetched while the group's tiles run the one
+    # before it (microkernel._next_slices)
+    fetch_ahead: bool = False
 
     @property
     def pair_size(self) -> int:

@@ -107,6 +107,11 @@ CASES = {
     "conv1x1_add_per_row": lambda: conv_add_case(8, 20, 6, 1, (1, 1, 6, 1)),
     "conv_depthwise": lambda: conv_case(8, 8, 8, 3, group=8),
     "matmul_ragged": lambda: matmul_case(13, 77, 41),
+    # B past L2 (1.2 MB), K in chunks and a ragged last one, three groups of rows: each
+    # chunk's next slice fetched ahead (microkernel._next_slices); a 3x3 convolution's K in
+    # three loops the same
+    "matmul_weights_past_l2": lambda: matmul_case(130, 700, 420, bias=True),
+    "conv3x3_weights_past_l2": lambda: conv_case(192, 192, 12, 3),
     "matmul_bias_big_n": lambda: matmul_case(7, 33, 200, bias=True),
     "matmul_batched_const": lambda: matmul_case(5, 19, 23, batch=3),
     # one K chunk: each tile's epilogue runs after its K loop, over its rows and columns or
@@ -140,6 +145,10 @@ def test_read_modes_and_unit_order():
     assert in_place.b_direct is not None
     assert gemm("conv1x1_big_weights").n_inner
     assert not in_place.n_inner
+    # packed weights past L2 are fetched a K chunk ahead; in L2 they are not
+    assert gemm("matmul_weights_past_l2").fetch_ahead
+    assert gemm("conv3x3_weights_past_l2").fetch_ahead
+    assert not gemm("conv1x1_13x13").fetch_ahead and not gemm("matmul_bias_big_n").fetch_ahead
 
 
 def test_operands_both_past_l2_walk_n_fastest_when_b_is_the_smaller():

@@ -64,3 +64,23 @@ def test_a_wide_tiles_k_loop_keeps_its_accumulators_in_registers(cin, cout, size
     assert fmas >= 24   # (a 6x4 or 9x3 tile of 16-lane vectors)
     spills = [line.strip() for line in loop if _VECTOR_ON_STACK.search(line)]
     assert not spills, spills
+
+
+def _matmul(m: int, k: int, n: int):
+    w = helper.make_tensor("w", F, [k, n], rand(k, n).ravel().tolist())
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "m",
+                          [helper.make_tensor_value_info("x", F, [m, k])],
+                          [helper.make_tensor_value_info("y", F, None)], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("k, fetched", [(768, True), (256, False)])
+def test_weights_past_l2_are_fetched_a_chunk_ahead_in_the_k_loop(k, fetched, monkeypatch):
+    """GPT-2's 768 x 768 weights (2.4 MB, past a core's L2) come from memory once per group of
+    rows: the K loop fetches a line of the next chunk's panel into L2 (prefetcht1) beside its
+    multiply-adds, still with its whole tile in registers; 256 x 768 (768 KiB) stays in L2
+    and is not fetched."""
+    loop = _k_loop("x86_64-v4", _matmul(128, k, 768), monkeypatch)
+    assert sum("vfmadd231ps" in line for line in loop) >= 24
+    assert any("prefetcht1" in line for line in loop) == fetched
+    assert not [line for line in loop if _VECTOR_ON_STACK.search(line)]
