@@ -56,6 +56,12 @@ def markdown(doc: dict) -> str:
     peaks = ", ".join(f"{p:.1f} GFLOP/s at {t} thread{'s' * (t != '1')}"
                       for t, p in doc["matmul_peak_gflops"].items() if p)
     lines.append(f"- matmul peak (ONNX Runtime sgemm 2048^3, best of the runs): {peaks}")
+    crossing = m.get("cross_core_round_trip_ns") or {}
+    if any(crossing.values()):
+        ns = lambda x: "-" if x is None else f"{x:.0f} ns"  # noqa: E731
+        lines.append(f"- cross-core round trip (one cache line, benchmarks/crosscore.py): "
+                     f"{ns(crossing.get('start'))} at the start, {ns(crossing.get('end'))} at "
+                     f"the end")
     lines += ["", "| model | T | mlpack ms | ORT ms | ORT/mlpack | mlpack GFLOP/s | % peak | "
               "ORT GFLOP/s | % peak | runs (mlpack/ORT) | steal % | build s | "
               "peak RSS mlpack MiB | peak RSS ORT MiB | outputs | load |",

@@ -24,6 +24,10 @@ one model share its export and its container, built once per run. An entry whose
 transformers, torchvision) is not installed is reported as skipped, not failed. ``--set heldout``
 runs the real models outside that set the same way (``real_models.HELD_OUT``: no schedule was
 tuned on them).
+
+With 2 threads or more the run also measures, at its start and at its end, how long a cache
+line takes between two of the machine's CPUs (``crosscore.py``): the 2-thread rows of a virtual
+machine depend on whether its vCPUs share an L3 at the time, and the report prints both.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # python benchmarks/run.py: make the checkout importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import crosscore  # noqa: E402
 from benchmarks import models as bench_models  # noqa: E402
 from benchmarks import real_models  # noqa: E402
 from benchmarks import report  # noqa: E402
@@ -209,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     _say("measuring the matmul peak")
     for t in threads:
         bench.matmul_peak(t)
+    crossing = {"start": crosscore.round_trip_ns()} if max(threads) > 1 else {}
     skipped = []
     results, failures = run(names, threads, folder=folder, seed=args.seed,
                             repeat=args.repeat, min_seconds=args.min_seconds,
@@ -219,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         bench.matmul_peak(t, refresh=True)
     command = "python -m benchmarks.run" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     doc = bench.document(results, command)
+    if crossing:   # (the 2-thread rows depend on it: crosscore.py)
+        crossing["end"] = crosscore.round_trip_ns()
+        doc["machine"]["cross_core_round_trip_ns"] = crossing
     doc["failures"] = failures
     if real:
         doc["set"], doc["skipped"] = args.set_, skipped

@@ -1,0 +1,35 @@
+"""benchmarks/crosscore.py: the cross-core round trip a benchmark run records beside its
+2-thread rows (the probe is built with zig's C compiler and run on two CPUs of the process)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from benchmarks import crosscore, report
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to cross")
+def test_a_round_trip_between_two_cpus_is_measured():
+    ns = crosscore.round_trip_ns(rounds=20_000, batches=3)
+    # a cache line's round trip between two cores: tens of ns (one L3) to a few microseconds
+    # (sockets, a busy hypervisor); the probe's own loop adds nanoseconds
+    assert ns is not None and 5 < ns < 100_000
+
+
+def test_one_cpu_measures_nothing(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert crosscore.round_trip_ns() is None
+
+
+def test_the_report_prints_the_round_trips_of_a_run():
+    doc = {"date": "2026-12-01", "command": "python -m benchmarks.run",
+           "machine": {"cpu": "AMD EPYC", "cores": 2, "system": "Linux",
+                       "architecture": "x86_64", "versions": {},
+                       "cross_core_round_trip_ns": {"start": 380.2, "end": None}},
+           "matmul_peak_gflops": {"1": 240.0}, "models": [], "geomean_ratio": {}}
+    assert "cross-core round trip (one cache line, benchmarks/crosscore.py): 380 ns at the " \
+           "start, - at the end" in report.markdown(doc)
+    doc["machine"].pop("cross_core_round_trip_ns")
+    assert "cross-core" not in report.markdown(doc)
