@@ -408,7 +408,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                              stream=direct is None and m_size.is_const
                              and m_size.value <= group * mr)
         # (one tile of rows reads each chunk once: ``stream``'s fetches serve it)
-        k.gemm.fetch_ahead = direct is None and plain and _passes_l2(bufs[name], ob, info, one) \
+        k.gemm.fetch_ahead = direct is None and _passes_l2(bufs[name], ob, info, one) \
             and not (m_size.is_const and m_size.value <= mr)
         if k_runs:   # chunks count steps of the outermost K loop
             k.gemm.kc = _k_chunk(tb, {**info, "k": [r for run in k.gemm.k_loops[1:]

@@ -126,9 +126,9 @@ class Contraction:
     # B's panels are read once per run (one M group at the batch size the model is built for):
     # each is fetched ahead (microkernel.PREFETCH_ROWS)
     stream: bool = False
-    # B's packed panels are too big to stay in L2 (they come from L3 or memory) and M is more
-    # than one tile: each K chunk's next slice is fetched while the group's tiles run the one
-    # before it (microkernel._next_slices)
+    # B's packed panels (f32, 16-bit, bf16 pairs or int8 quads) are too big to stay in L2
+    # (they come from L3 or memory) and M is more than one tile: each K chunk's next slice is
+    # fetched while the group's tiles run the one before it (microkernel._next_slices)
     fetch_ahead: bool = False
 
     @property

@@ -15,6 +15,8 @@ workgroup's contiguous range of units reuses one packed B panel from cache.
 
 from __future__ import annotations
 
+from functools import reduce
+
 from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
@@ -58,6 +60,7 @@ class GemmEmitter:
         self.adt = L.E.buffers[self.c.a.arg[0]].dtype
         self.aety = {"bf16": I16, "u16": I16, "u8": I8}.get(self.adt, F32)
         self.slice = None   # the next K chunk's panel slice a tile fetches (_tile_slice)
+        self.fetch_base = None   # ... where a step's panel offset is taken from (_prefetch)
 
     # small integer helpers (operands i64)
     def add(self, x, y):
@@ -267,7 +270,11 @@ class GemmEmitter:
                 hi = self.umin(b.add(lo, i64(c.kc)), k0)
                 ahead = self._next_slices(panels, ch, nchunks, lo, hi, panel_size)
                 with L.loops.loop(i64(0), ng, "mtile") as g:
-                    self.slice = None if ahead is None else self._tile_slice(ahead, g, panels)
+                    # tile g fetches panel g's slice as it reads its own (those past the
+                    # panels their own first panel again, from L1)
+                    self.slice = self.fetch_base = None if ahead is None else reduce(
+                        lambda p, j: b.select(b.icmp_unsigned("==", g, i64(j)), ahead[j], p),
+                        range(len(ahead)), panels[0])
                     m0 = b.mul(b.add(t0, g), i64(c.mr))
                     at = self.row_offset(base, m0, S, osz) if run_step is not None else None
                     offs = [self.add(at, self.mul(run_step, i64(r))) if at is not None else
@@ -299,13 +306,12 @@ class GemmEmitter:
 
     def _next_slices(self, panels, ch, nchunks, lo, hi, panel_size):
         """Where B's panels come from beyond L2 (``c.fetch_ahead``), where each panel's slice
-        for the next K chunk begins (the next N tile's first chunk after the last), each moved
-        back by this chunk's first step (the K loop's offsets count from the panel's start);
-        else None. A chunk's slice came from memory while the group's first tile waited on
-        it, a line for every step of a dozen or two multiply-adds: GPT-2 small's 768 x 3072
-        and 3072 x 768 layers at 128 tokens, 2.75 -> 2.52 and 2.69 -> 2.38 ms at 1 thread."""
+        for the next K chunk begins (the next N tile's first chunk after the last), moved back
+        by this chunk's first step (a step's offsets count from the panel's start); else None.
+        The group's first tile waited on each chunk's slice from memory: GPT-2 small's FFN
+        GEMMs at 128 tokens 2.75 -> 2.52 and 2.69 -> 2.38 ms at 1 thread with these fetches."""
         c, b = self.c, self.b
-        if not c.fetch_ahead or self.SB is not None or self.int or c.pair is not None:
+        if not c.fetch_ahead or self.SB is not None:
             return None
         inner = self.dims_product([r for run in self.loops[1:] for r in run])
         more = b.icmp_unsigned("<", b.add(ch, i64(1)), nchunks)
@@ -313,15 +319,6 @@ class GemmEmitter:
                       self.mul(panel_size, i64(c.tb)))
         at = b.sub(at, self.mul(self.mul(lo, inner), i64(PACK)))
         return [b.gep(p, [at], source_etype=self.bety) for p in panels]
-
-    def _tile_slice(self, slices, g, panels):
-        """The slice tile ``g`` of the group fetches, step by step as it reads its own panels:
-        panel g's (the tiles past the panels fetch their own first panel again, from L1)."""
-        b = self.b
-        p = panels[0]
-        for j, s in enumerate(slices):
-            p = b.select(b.icmp_unsigned("==", g, i64(j)), s, p)
-        return p
 
     def _single_chunk(self) -> bool:
         """Whether the outermost K loop fits one chunk, known at build time."""
@@ -394,12 +391,13 @@ class GemmEmitter:
         rows = [b.gep(row, [a0], inbounds=True, source_etype=self.aety) for row in rows]
         panels = [b.gep(p, [b0], inbounds=True, source_etype=self.bety) for p in panels]
         ahead = self._next_rows(rows, S, a_step, ext)
+        # (the step's offsets count from b0 here: so does the next chunk's slice it fetches)
+        self.fetch_base = None if self.slice is None else b.gep(self.slice, [b0],
+                                                                source_etype=self.bety)
         with self.L.loops.carrying(lo, hi, f"k.{label}", [(i64(0), a_step),
                                                           (i64(0), b_step)]) as (_, (ao, bo)):
             if ahead is not None:   # a line of the next tile's rows per step
                 self._fetch(b.gep(ahead, [self.mul(ao, i64(A_LINE))], source_etype=self.aety))
-            if self.slice is not None:   # a line of the next K chunk's panel per step, to L2
-                self._fetch(b.gep(self.slice, [b.add(b0, bo)], source_etype=self.bety), 2)
             self._fma_step(bo, ao, rows, panels, accs)
 
     def _next_rows(self, rows, S, a_step, ext):
@@ -557,11 +555,15 @@ class GemmEmitter:
                     b.store(b.add(b.load(acc), b.call(dot, [pairs, bv[h][q]])), acc)
 
     def _prefetch(self, panels, kp, step: int, etype) -> None:
-        """Where B is read once (``stream_b``), fetch each panel PREFETCH_ROWS K steps of
-        ``step`` elements (``etype``) ahead of ``kp``."""
+        """The fetches of a K step at ``kp`` (``etype`` elements from the panel's start, or
+        from the innermost loop's first step): a line of the next K chunk's slice into L2
+        (``fetch_base``, _next_slices), and where B is read once (``stream_b``) each panel
+        PREFETCH_ROWS K steps of ``step`` elements ahead."""
+        b = self.b
+        if self.fetch_base is not None:   # (a step reads a line of each panel or less)
+            self._fetch(b.gep(self.fetch_base, [kp], source_etype=etype), 2)
         if not self.stream_b:
             return
-        b = self.b
         for j in range(self.c.tb):   # (no inbounds: the last steps' addresses pass the panel)
             self._fetch(b.gep(panels[j], [self.add(kp, i64(PREFETCH_ROWS * step))],
                               source_etype=etype))

@@ -36,13 +36,14 @@ def _conv(cin: int, cout: int, size: int):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def _k_loop(target: str, model, monkeypatch) -> list[str]:
-    """The instructions of the loop block with the most multiply-adds, up to its branch."""
+def _k_loop(target: str, model, monkeypatch, graph=None, product: str = "vfmadd") -> list[str]:
+    """The instructions of the loop block with the most ``product`` instructions (multiply-
+    adds), up to its branch; ``graph``: the model's graph to build instead (a precision's)."""
     texts = []
     build = module.build_module
     monkeypatch.setattr(cpu_compile, "build_module",
                         lambda *a, **k: texts.extend(build(*a, **{**k, "parts": 1})) or texts)
-    cpu_compile.compile_cpu(compile_onnx(model), target)
+    cpu_compile.compile_cpu(graph or compile_onnx(model), target)
     t = get_target(target)
     tm = objects.machine(t.triple, t.cpu, t.feature_string)
     asm = tm.emit_assembly(objects.optimize(texts[0], tm))
@@ -54,7 +55,7 @@ def _k_loop(target: str, model, monkeypatch) -> list[str]:
                 break
             lines.append(line)
         bodies.append(lines)
-    return max(bodies, key=lambda lines: sum("vfmadd" in line for line in lines))
+    return max(bodies, key=lambda lines: sum(product in line for line in lines))
 
 
 @pytest.mark.parametrize("cin, cout, size", [(64, 192, 28), (96, 96, 14)])
@@ -84,3 +85,20 @@ def test_weights_past_l2_are_fetched_a_chunk_ahead_in_the_k_loop(k, fetched, mon
     assert sum("vfmadd231ps" in line for line in loop) >= 24
     assert any("prefetcht1" in line for line in loop) == fetched
     assert not [line for line in loop if _VECTOR_ON_STACK.search(line)]
+
+
+@pytest.mark.parametrize("precision, target, product", [
+    ("bf16", "x86_64-v4-bf16", "vdpbf16ps"), ("int8", "x86_64-v4-vnni", "vpdpbusd")])
+def test_a_precisions_products_fetch_the_next_chunk_too(precision, target, product,
+                                                        monkeypatch):
+    """bf16 pairs and int8 quads read 64 bytes of each panel a step, as f32 does: their K loop
+    fetches the next chunk's slice of 768 x 3072 weights (4.7 and 2.4 MB) the same way."""
+    from mlpack.codegen import precisions
+
+    g = compile_onnx(_matmul(128, 768, 3072))
+    calib = [{"x": rand(128, 768, seed=s)} for s in (1, 2)] if precision == "int8" else None
+    g = precisions.apply(precision, g, precisions.calibrate(precision, g, calib)
+                         if calib else None)
+    loop = _k_loop(target, None, monkeypatch, graph=g, product=product)
+    assert sum(product in line for line in loop) >= 12
+    assert any("prefetcht1" in line for line in loop)
