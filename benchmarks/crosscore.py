@@ -109,7 +109,7 @@ def round_trip_ns(rounds: int = ROUNDS, batches: int = BATCHES) -> float | None:
         exe = _probe()
         got = [float(subprocess.run([str(exe), str(cpus[0]), str(cpus[1]), str(rounds)],
                                     check=True, capture_output=True, text=True,
-                                    timeout=60).stdout) for _ in range(batches)]
+                                    timeout=10).stdout) for _ in range(batches)]
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
     return round(statistics.median(got), 1)

@@ -9,17 +9,19 @@ import pytest
 
 from benchmarks import crosscore, report
 
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to cross")
+
+@pytest.mark.skipif(CPUS < 2, reason="one CPU (or no affinity to read): nothing to cross")
 def test_a_round_trip_between_two_cpus_is_measured():
-    ns = crosscore.round_trip_ns(rounds=20_000, batches=3)
+    ns = crosscore.round_trip_ns(rounds=500, batches=1)   # (fast even if a CPU is busy)
     # a cache line's round trip between two cores: tens of ns (one L3) to a few microseconds
     # (sockets, a busy hypervisor); the probe's own loop adds nanoseconds
     assert ns is not None and 5 < ns < 100_000
 
 
 def test_one_cpu_measures_nothing(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert crosscore.round_trip_ns() is None
 
 

@@ -59,7 +59,7 @@ class GemmEmitter:
         # c.pair, else widened per element
         self.adt = L.E.buffers[self.c.a.arg[0]].dtype
         self.aety = {"bf16": I16, "u16": I16, "u8": I8}.get(self.adt, F32)
-        self.slice = None   # the next K chunk's panel slice a tile fetches (_tile_slice)
+        self.slice = None   # the next K chunk's panel slice this tile fetches (_next_slices)
         self.fetch_base = None   # ... where a step's panel offset is taken from (_prefetch)
 
     # small integer helpers (operands i64)
