@@ -18,6 +18,7 @@ one measurement.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import subprocess
@@ -83,19 +84,16 @@ int main(int argc, char **argv) {
 }
 """
 
-_BINARY: list[Path] = []   # the compiled probe, once per process
-
-
+@functools.cache
 def _probe() -> Path:
-    if not _BINARY:
-        folder = Path(tempfile.mkdtemp(prefix="mlpack-crosscore-"))
-        src = folder / "crosscore.c"
-        src.write_text(_SOURCE)
-        exe = folder / "crosscore"
-        subprocess.run([sys.executable, "-m", "ziglang", "cc", "-O2", "-o", str(exe), str(src),
-                        "-lpthread"], check=True, capture_output=True, timeout=120)
-        _BINARY.append(exe)
-    return _BINARY[0]
+    """The compiled probe, once per process."""
+    folder = Path(tempfile.mkdtemp(prefix="mlpack-crosscore-"))
+    src = folder / "crosscore.c"
+    src.write_text(_SOURCE)
+    exe = folder / "crosscore"
+    subprocess.run([sys.executable, "-m", "ziglang", "cc", "-O2", "-o", str(exe), str(src),
+                    "-lpthread"], check=True, capture_output=True, timeout=120)
+    return exe
 
 
 def round_trip_ns(rounds: int = ROUNDS, batches: int = BATCHES) -> float | None:

@@ -3,7 +3,8 @@ the running value, and when a term replaces an argmax/argmin's running best.
 
 Max and min propagate NaN (``oprules.float_minmax``; into a scalar accumulator, the NaN test
 beside a vmaxps step, ``extreme_step``, as ``oprules.float_extreme_chain`` does over a pooling
-window's terms); argmax and argmin keep the first NaN, as NumPy does; sums and products may reassociate (``FAST_SUM``), which the fp32 tolerance allows.
+window's terms); argmax and argmin keep the first NaN, as NumPy does; sums and products may
+reassociate (``FAST_SUM``), which the fp32 tolerance allows.
 A target's schedule decides where the running value lives (a register, an output row).
 """
 
@@ -93,4 +94,3 @@ def extreme_step(b: ir.IRBuilder, kind: str, acc, x, nan):
 def extreme_result(b: ir.IRBuilder, acc, nan):
     """The reduction's value: NaN where any term was, else the running extreme."""
     return b.select(nan, ir.Constant(acc.type, float("nan")), acc)
-

@@ -521,13 +521,10 @@ def _n_inner(a: Buffer, b: Buffer, out: Buffer, info: dict, one: dict[str, Expr]
     17.0 -> 14.4 ms; its second fully connected layers, A 9.2 MB and B 2.4 MB: 17.2 -> 16.4
     ms, at 1 thread on AVX-512). With B the bigger it is not (ViT-B/16's second fully
     connected layers, B 9.4 MB: the model 3-4% slower)."""
-    points = _batch_points(out, info, one)
-    if not points.is_const or points.value < 1:
+    sizes = _point_bytes(out, info, one, a, b, out)
+    if sizes is None:
         return False
-    sa, sb, so = (typical(exact_bytes(x), one) for x in (a, b, out))
-    if not (sa.is_const and sb.is_const and so.is_const):
-        return False
-    sa, sb, so = (x.value // points.value for x in (sa, sb, so))
+    sa, sb, so = sizes
     if sb > CACHE_REUSE_BYTES:
         return sa > CACHE_REUSE_BYTES and sb < sa
     return (sa > SMALL_L2_BYTES and sb < sa) or so > SMALL_L2_BYTES
@@ -537,10 +534,18 @@ def _passes_l2(b: Buffer, out: Buffer, info: dict, one: dict[str, Expr]) -> bool
     """Whether a batch point's packed B is bigger than an L2 keeps (CACHE_REUSE_BYTES), so
     that its panels come from L3 or memory each time an M group reads them: a transformer's
     weights (GPT-2's 768 x 3072, 9.4 MB), a late convolution's (ResNeXt-50's 1024 x 2048)."""
+    sizes = _point_bytes(out, info, one, b)
+    return sizes is not None and sizes[0] > CACHE_REUSE_BYTES
+
+
+def _point_bytes(out: Buffer, info: dict, one: dict[str, Expr], *bufs: Buffer) -> list | None:
+    """The bytes of each of ``bufs`` a batch point takes at a batch of one, or None where
+    that is not known at build time."""
     points = _batch_points(out, info, one)
-    sb = typical(exact_bytes(b), one)
-    return points.is_const and points.value >= 1 and sb.is_const \
-        and sb.value // points.value > CACHE_REUSE_BYTES
+    sizes = [typical(exact_bytes(x), one) for x in bufs]
+    if not points.is_const or points.value < 1 or not all(x.is_const for x in sizes):
+        return None
+    return [x.value // points.value for x in sizes]
 
 
 def _gemm_reads(k: Kernel, ra: Expr, b_name: str) -> list[str]:
