@@ -30,7 +30,7 @@ from mlpack.codegen.llvm.oprules import CONTRACT
 from mlpack.codegen.llvm.scalar import ScalarEmitter
 from mlpack.codegen.llvm.types import I32, I64, NARROW_FLOATS, PTR, llvm_type, storage_type
 from mlpack.codegen.targets.cpu import checks as chk
-from mlpack.codegen.targets.cpu import depthwise, groupwise, hoist, narrowconv, rowvector
+from mlpack.codegen.targets.cpu import depthwise, groupwise, hoist, narrowconv, rowvector, transpose
 from mlpack.codegen.targets.cpu.abi import DISPATCH, KERNEL_FN
 from mlpack.codegen.targets.cpu.amxkernel import AmxGemm
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, share
@@ -109,7 +109,7 @@ class KernelLowering:
         # whole before the vectorizer saw them, SLP packed them across rows, with gathers, and
         # took LLVM a quarter second a kernel; its row reductions still unroll the row of each
         # step, which LLVM then vectorizes along it)
-        self.loops = Loops(b, self.module, unroll=self.k.strategy != "gemm" and not (
+        self.loops = Loops(b, self.module, unroll=self.k.strategy not in ("gemm", "transpose") and not (
             self.k.points and self.k.strategy in ("map", "inner")))
         n = len(self.bound)
         bases = {t: f.args[j] for j, t in enumerate(self.bound)}
@@ -120,8 +120,11 @@ class KernelLowering:
         wg, count, err, status = f.args[n + len(self.symbols):]
         self._sizes()
         self.allocas = self._allocas()
-        if self.k.strategy == "gemm":   # packed, register-blocked tiles: contraction.py
-            self._emit_gemm(wg, count)
+        if self.k.strategy in ("gemm", "transpose"):   # contraction.py, transpose.py
+            if self.k.strategy == "gemm":   # packed, register-blocked tiles
+                self._emit_gemm(wg, count)
+            else:
+                transpose.emit(self, wg, count)
             self._finish_checks(err, status)
             return
         outer, row = row_dim(self.out, self.k.blocked, self.k.points)

@@ -11,6 +11,7 @@ from mlpack.spec.ir import dtypes
 from mlpack.spec.ir import expr as ex
 from mlpack.codegen.targets.cpu.gemm import PACK
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel
+from mlpack.codegen.targets.cpu import transpose
 from mlpack.codegen.targets.cpu.kernels import schedule
 
 
@@ -65,6 +66,9 @@ def pack_kernel(k: Kernel, info: dict, bufs: dict[str, Buffer], name: str, dtype
     pk = Kernel(f"{k.name}_packb", name, body, None, {}, dtype, reads=[rb.arg[0]],
                 fused=list(k.fused))
     schedule(pk, buf, bufs)
+    how = transpose.plan(pk, info, bufs, k.rdims)
+    if how is not None:   # B runs along K in memory: blocks transposed in registers
+        pk.strategy, pk.gemm = "transpose", how
     return pk
 
 

@@ -25,7 +25,7 @@ from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Graph, Procedure
 from mlpack.spec.ir.program import encode_expr
 from mlpack.codegen.errors import UnsupportedTargetError
-from mlpack.codegen.targets.cpu import contraction, procedure, tiles
+from mlpack.codegen.targets.cpu import contraction, procedure, tiles, transpose
 from mlpack.codegen.targets.cpu.concat import root
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.kernels import copy_kernel, row_dim, shared_units
@@ -266,6 +266,8 @@ def workgroups(k: Kernel, out: Buffer, bufs: dict[str, Buffer] | None = None) ->
     row_chunks units a row kernel shares out."""
     if isinstance(k, procedure.ProcedureKernel):   # sequential code: one workgroup
         return ex.const(1)
+    if k.strategy == "transpose":   # a pack of B's N blocks (transpose.py)
+        return transpose.workgroups(k, out)
     if k.gemm is not None:   # a gemm kernel shares out tiles (contraction.py)
         return contraction.workgroups(k, out)
     if isinstance(k, tiles.TileKernel):

@@ -388,7 +388,7 @@ static void mp_profile_print(const mp_native *n) {
     uint32_t k = n->plan.dispatches[i].kernel;
     const char *name = n->table->names && k < n->table->kernel_count && n->table->names[k]
                            ? n->table->names[k] : "?";
-    fprintf(stderr, "%9.3f %6.1f %8lld  %zu: %s\n", 1e3 * n->prof_seconds[i] / (double)n->prof_runs,
+    fprintf(stderr, "%9.4f %6.1f %8lld  %zu: %s\n", 1e3 * n->prof_seconds[i] / (double)n->prof_runs,
             total > 0 ? 100.0 * n->prof_seconds[i] / total : 0.0, (long long)n->prof_groups[i], i, name);
   }
   free(order);
