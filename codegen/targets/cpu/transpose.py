@@ -101,7 +101,8 @@ def transpose_rows(b: ir.IRBuilder, rows: list) -> list:
 
 def emit(low, wg, count) -> None:
     """The kernel's body into ``low`` (a lower.KernelLowering): the units of workgroup ``wg``
-    of ``count``, each a batch point's N block, 16 K steps at a time."""
+    of ``count``, each a batch point's N block, 16 K steps at a time in a loop (a weight's K
+    of thousands would be thousands of shuffles written out), the last steps masked."""
     k, b, E, t = low.k, low.b, low.E, low.k.gemm
     out = low.out
     outer = [d for d in out.layout if d not in (t.k, LANE)]
@@ -109,8 +110,6 @@ def emit(low, wg, count) -> None:
     for d in outer:
         units = b.mul(units, E.sizes[out.name][d], flags=("nsw",))
     start, end = share(b, k, units, wg, count)
-    vty = ir.VectorType(F32, PACK)
-    zero = ir.Constant(vty, [0.0] * PACK)
     src = t.read.arg[0]
     index = dict(zip(t.read.arg[1], t.read.args))
     layout = low.buffers[src].layout
@@ -119,23 +118,38 @@ def emit(low, wg, count) -> None:
             low.bind_unit(u, outer)
             n_size = E(t.n_size)
             first = b.mul(E.lookup(NB), ir.Constant(I64, PACK), flags=("nsw",))
-            for k0 in range(0, t.k_size, PACK):
-                width = min(PACK, t.k_size - k0)
-                rows = []
-                for j in range(PACK):
-                    col = b.add(first, ir.Constant(I64, j), flags=("nsw",))
-                    inside = b.icmp_signed("<", col, n_size)
-                    # (a column past N reads column 0, in bounds, and is zeroed)
-                    with E.scope(**{t.k: ir.Constant(I64, k0),
-                                    t.n: b.select(inside, col, ir.Constant(I64, 0))}):
-                        ptr = E.address(src, [E.cast(E(index[d]), index[d].dtype, "i64")
-                                              for d in layout])
-                    rows.append(b.select(inside, _load(b, ptr, vty, width), zero))
-                for i, row in enumerate(transpose_rows(b, rows)[:width]):
-                    with E.scope(**{t.k: ir.Constant(I64, k0 + i), LANE: ir.Constant(I64, 0)}):
-                        b.store(row, low._out_ptr(), align=4)
+            columns = []   # (inside N, the column's first K step) per lane
+            for j in range(PACK):
+                col = b.add(first, ir.Constant(I64, j), flags=("nsw",))
+                inside = b.icmp_signed("<", col, n_size)
+                # (a column past N reads column 0, in bounds, and is zeroed)
+                with E.scope(**{t.k: ir.Constant(I64, 0),
+                                t.n: b.select(inside, col, ir.Constant(I64, 0))}):
+                    columns.append((inside, E.address(src, [E.cast(E(index[d]), index[d].dtype,
+                                                                   "i64") for d in layout])))
+            with E.scope(**{t.k: ir.Constant(I64, 0), LANE: ir.Constant(I64, 0)}):
+                panel = low._out_ptr()   # (a K step is PACK floats further)
+            full, rest = divmod(t.k_size, PACK)
+            if full:
+                with low.loops.loop(ir.Constant(I64, 0), ir.Constant(I64, full), "kb",
+                                    unroll=False) as kb:
+                    _block(b, columns, panel, b.mul(kb, ir.Constant(I64, PACK)), PACK)
+            if rest:
+                _block(b, columns, panel, ir.Constant(I64, full * PACK), rest)
     b.ret_void()
     low.loops_md(low.loops.latches, low.loops.unroll)
+
+
+def _block(b: ir.IRBuilder, columns: list, panel, k0, width: int) -> None:
+    """K steps ``k0`` to ``k0 + width`` of every column, transposed into the panel's rows."""
+    vty = ir.VectorType(F32, PACK)
+    zero = ir.Constant(vty, [0.0] * PACK)
+    rows = [b.select(inside, _load(b, b.gep(ptr, [k0], source_etype=F32), vty, width), zero)
+            for inside, ptr in columns]
+    at = b.mul(k0, ir.Constant(I64, PACK))
+    for i, row in enumerate(transpose_rows(b, rows)[:width]):
+        step = b.add(at, ir.Constant(I64, i * PACK))
+        b.store(row, b.gep(panel, [step], source_etype=F32), align=4)
 
 
 def _load(b: ir.IRBuilder, ptr, vty: ir.VectorType, width: int):

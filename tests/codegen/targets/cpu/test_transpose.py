@@ -119,3 +119,21 @@ def test_a_b_contiguous_along_n_is_packed_by_the_map_kernel():
                           [helper.make_tensor_value_info("y", F, None)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     assert _transposing(compile_onnx(m), "x86_64-v4") == []
+
+
+def test_a_long_k_is_a_loop_of_blocks_not_written_out(monkeypatch):
+    """A classifier's weight stored [N, K] with K = 2048: one block's shuffles in a loop and the
+    last steps' once, not 128 blocks' (written out, a riscv64 build took LLVM 15 minutes)."""
+    from mlpack.codegen.targets.cpu import compile as cpu_compile
+    from mlpack.codegen.targets.cpu import module
+
+    texts = []
+    build = module.build_module
+    monkeypatch.setattr(cpu_compile, "build_module",
+                        lambda *a, **k: texts.extend(build(*a, **{**k, "parts": 1})) or texts)
+    cpu_compile.compile_cpu(compile_onnx(gemm_trans_b_model(3, 2043, 20)), "x86_64-v3")
+    (text,) = texts
+    panel = text[text.index("_panel.impl"):]
+    panel = panel[:panel.index("\n}\n")]
+    rounds = 4 * (PACK // 2)   # shuffle pairs per block: 4 rounds of 8
+    assert panel.count("shufflevector") == 2 * 2 * rounds, "not one block in a loop plus the rest"
