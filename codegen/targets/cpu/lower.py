@@ -109,8 +109,8 @@ class KernelLowering:
         # whole before the vectorizer saw them, SLP packed them across rows, with gathers, and
         # took LLVM a quarter second a kernel; its row reductions still unroll the row of each
         # step, which LLVM then vectorizes along it)
-        self.loops = Loops(b, self.module, unroll=self.k.strategy not in ("gemm", "transpose") and not (
-            self.k.points and self.k.strategy in ("map", "inner")))
+        self.loops = Loops(b, self.module, unroll=self.k.strategy not in (
+            "gemm", "transpose") and not (self.k.points and self.k.strategy in ("map", "inner")))
         n = len(self.bound)
         bases = {t: f.args[j] for j, t in enumerate(self.bound)}
         E = ScalarEmitter(b, bases, self.buffers, self.k.name, self.native_f16, target="cpu")

@@ -5,10 +5,9 @@ A panel holds B as ``[batch dims][N block][K][lane]`` (panels.py): 16 columns of
 side by side. Attention's scores read the keys as B (``sum{k} Q[m, k] * K[n, k]``): along
 memory a key's K values follow each other and its N neighbours are a row apart (2304 floats in
 GPT-2's fused projection), so the map kernel that packs it gathered each lane of every panel
-row from another row of the keys, and divided its unit index per 16 floats: 3.4 GB/s, 0.68 ms a
-layer of Whisper-tiny's encoder and 0.37 of GPT-2 small's at 512 tokens, a third of the time
-of the GEMM it feeds. A weight stored ``[N, K]`` (a Gemm with transB, a 1x1 convolution's
-``[out, in]``) packed at load went the same way.
+row from another row of the keys, and divided its unit index per 16 floats: about 4 GB/s, 0.72
+ms a layer of Whisper-tiny's encoder and 0.37 of GPT-2 small's at 512 tokens. A weight stored
+``[N, K]`` with one K dim (a Gemm with transB, a classifier) packed at load went the same way.
 
 Here (``plan``: B f32 and read unguarded, one K dim of constant size along which the read
 steps one element, one N dim along which it does not) each unit is one N block of a batch
