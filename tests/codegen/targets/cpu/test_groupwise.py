@@ -68,6 +68,10 @@ CASES = {   # grouped_case's arguments
     "8_per_group_dynamic_batch": (48, 8, 7, (3, 3), 1, 2, True),
     "4_per_group_silu": (32, 4, 12, (3, 3), 1, 1, False, True),
     "16_per_group_stride2": (64, 16, 9, (3, 3), 2),
+    # ResNeXt-50's third stage: every unit of a 14-wide row touches an edge (broadcast loads
+    # of a column outside the input masked off)
+    "16_per_group_14x14": (32, 16, 14),
+    "8_per_group_14x14": (32, 8, 14),
 }
 LANES = {"x86_64-v2": 4, "x86_64-v3": 8, "x86_64-v4": 16, "aarch64": 4}
 
@@ -153,6 +157,17 @@ def test_which_grouped_convolutions_run_here():
     assert d.rows * -(-8 // d.rows) - 8 < d.rows   # 8 columns in units of even width
     [d] = grouped(grouped_case(64, 8, 15), "x86_64-v3")
     assert d.vl == 8 and d.rows < 8   # 16 registers: fewer columns a unit
+
+
+def test_a_group_of_a_whole_vector_broadcasts_its_channels():
+    """16 channels a group on AVX-512 and 8 on AVX2 broadcast each input channel (no
+    rotation, the weights as they are); 4 on SSE and 8 on AVX-512 rotate."""
+    def kinds(case, target):
+        return [(d.c, d.broadcast) for d in _grouped(compile_onnx(case[0]), target)]
+    assert kinds(grouped_case(32, 16, 14), "x86_64-v4") == [(16, True)]
+    assert kinds(grouped_case(32, 8, 14), "x86_64-v3") == [(8, True)]
+    assert kinds(grouped_case(32, 8, 14), "x86_64-v4") == [(8, False)]
+    assert kinds(grouped_case(32, 4, 14), "x86_64-v2") == [(4, False)]
 
 
 def test_the_rotated_weights_take_each_lane_from_its_group():
