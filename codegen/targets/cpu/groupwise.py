@@ -361,7 +361,6 @@ class _Input:
             v = b.select(ok, v, ir.Constant(self.vty, [0.0] * self.d.vl))
         return v
 
-
     def channel(self, j: int, s: int, inside: bool):
         """(input channel ``s`` of the tile at column ``j`` of the unit in every lane, and
         None or, for a column that may lie outside the input, whether it is inside): a
