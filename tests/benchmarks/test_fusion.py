@@ -39,9 +39,12 @@ def test_a_band_holds_the_rows_whose_expanded_tensor_fits(width, cexp, stride, k
 
 
 def test_a_small_block_is_measured_and_reported():
-    target = best_host_target("x86_64-v2", "x86_64-v3", "x86_64-v4")
+    try:   # (the host's x86-64 level alone; elsewhere every default target, the engine picks)
+        targets = [best_host_target("x86_64-v2", "x86_64-v3", "x86_64-v4")]
+    except AssertionError:
+        targets = None
     results = fusion.measure([("10x8-24-8", 10, 8, 24, 8, 1)], runs=50, band_kib=2, repeat=1,
-                             targets=[target])
+                             targets=targets)
     (r,) = results
     assert r["band_rows"] == 2
     for label in ("full", "band"):
