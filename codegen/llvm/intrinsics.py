@@ -36,6 +36,13 @@ def masked_load(module: ir.Module, vty: ir.VectorType) -> ir.Function:
         vty, [ir.PointerType(), I32, ir.VectorType(ir.IntType(1), vty.count), vty]))
 
 
+def load_masked_f32(b: ir.IRBuilder, ptr, vty: ir.VectorType, mask):
+    """The f32 lanes of ``vty`` at ``ptr`` where ``mask`` holds, zero where it does not (a
+    masked-off lane is not read: it may lie past the buffer)."""
+    return b.call(masked_load(b.module, vty), [ptr, ir.Constant(I32, 4), mask,
+                                               ir.Constant(vty, [0.0] * vty.count)])
+
+
 def splat(b: ir.IRBuilder, value, vty: ir.VectorType):
     """A vector of ``vty`` with ``value`` in every lane (an insert and a shuffle, which every
     backend matches to its broadcast)."""

@@ -47,7 +47,7 @@ from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.llvm.intrinsics import intrinsic, line_alloca, masked_load, splat
+from mlpack.codegen.llvm.intrinsics import intrinsic, line_alloca, load_masked_f32, splat
 from mlpack.codegen.llvm.types import F32, I1, I32, I64, i64
 from mlpack.codegen.targets.cpu.indexing import coeff
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, share
@@ -315,7 +315,6 @@ def emit_direct(L, wg, count) -> None:
     vty = ir.VectorType(F32, d.vl)
     ity = ir.VectorType(I64, d.vl)
     mty = ir.VectorType(I1, d.vl)
-    mload = masked_load(b.module, vty)
     fma = intrinsic(b.module, "llvm.fma", vty, 3) if d.fma else None
     zero = ir.Constant(vty, [0.0] * d.vl)
     tile = d.nvec * d.vl
@@ -382,7 +381,7 @@ def emit_direct(L, wg, count) -> None:
             # (no inbounds: masked-off lanes may lie outside the buffer)
             ptr = b.gep(E.bases[x.arg[0]], [b.add(flat, i64(i * d.vl * d.step + t * d.vl))],
                         source_etype=F32)
-            parts.append(b.call(mload, [ptr, ir.Constant(I32, 4), m, zero]))
+            parts.append(load_masked_f32(b, ptr, vty, m))
         if d.step == 1:
             return parts[0]
         if d.step == 2:   # every other lane of the two loads
@@ -411,7 +410,7 @@ def emit_direct(L, wg, count) -> None:
         first = b.add(E.lookup(d.row), i64(i * d.vl))
         lane = b.add(splat(b, first, ity), lane_ix[0])
         m = b.icmp_signed("<", lane, splat(b, wrow, ity))
-        return b.call(mload, [ptr, ir.Constant(I32, 4), m, zero])
+        return load_masked_f32(b, ptr, vty, m)
 
     # inside X, a point's and a row's X offset is one anchor (the window's first point, the
     # unit's first row) plus a constant: the rows are output columns side by side, the points

@@ -21,7 +21,7 @@ from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.llvm.intrinsics import declare, intrinsic, line_alloca, masked_load, splat
+from mlpack.codegen.llvm.intrinsics import declare, intrinsic, line_alloca, load_masked_f32, splat
 from mlpack.codegen.llvm.loops import delinearize
 from mlpack.codegen.llvm import halfconv
 from mlpack.codegen.llvm.types import BF16, F32, I8, I16, I32, I64, i64
@@ -439,7 +439,7 @@ class GemmEmitter:
                 p = b.gep(panels[j], [self.add(kp, i64(q * c.vl))], inbounds=True,
                           source_etype=self.bety)
                 if self.bmasks is not None:
-                    bv.append(self._masked_load(p, self.bmasks[j * per_block + q]))
+                    bv.append(load_masked_f32(b, p, self.vty, self.bmasks[j * per_block + q]))
                 elif self.bdt == "f32":
                     bv.append(b.load(p, typ=self.vty, align=4))
                 else:
@@ -575,12 +575,6 @@ class GemmEmitter:
             return b.fpext(v, self.vty)
         wide = b.zext(v, ir.VectorType(I32, n))
         return b.bitcast(b.shl(wide, ir.Constant(ir.VectorType(I32, n), [16] * n)), self.vty)
-
-    def _masked_load(self, ptr, mask):
-        vty = self.vty
-        fn = masked_load(self.b.module, vty)
-        return self.b.call(fn, [ptr, ir.Constant(ir.IntType(32), 4), mask,
-                                ir.Constant(vty, [0.0] * self.c.vl)])
 
     def epilogue(self, tile, m0, m_size, nt, osz, rows: int) -> None:
         """The epilogue of the tile buffer's ``rows`` rows from row ``m0`` (tileepilogue.py)."""

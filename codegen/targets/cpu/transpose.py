@@ -25,7 +25,7 @@ from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.llvm.intrinsics import masked_load
+from mlpack.codegen.llvm.intrinsics import load_masked_f32
 from mlpack.codegen.llvm.types import F32, I1, I32, I64
 from mlpack.codegen.targets.cpu.gemm import PACK
 from mlpack.codegen.targets.cpu.indexing import affine, read_step
@@ -155,9 +155,8 @@ def _load(b: ir.IRBuilder, ptr, vty: ir.VectorType, width: int):
     """``width`` floats from ``ptr`` as a vector, the lanes past them zero."""
     if width == vty.count:
         return b.load(ptr, typ=vty, align=4)
-    mask = ir.Constant(ir.VectorType(I1, vty.count), [i < width for i in range(vty.count)])
-    return b.call(masked_load(b.module, vty), [ptr, ir.Constant(I32, 4), mask,
-                                               ir.Constant(vty, [0.0] * vty.count)])
+    return load_masked_f32(b, ptr, vty, ir.Constant(ir.VectorType(I1, vty.count),
+                                                    [i < width for i in range(vty.count)]))
 
 
 __all__ = ["Transpose", "emit", "plan", "transpose_rows", "workgroups"]
