@@ -64,6 +64,9 @@ class Kernel:
     # a row block's member (rowblocks.py): its body's (wg, count) arguments are the [start,
     # end) of the units it runs, not a share of them
     ranged: bool = False
+    # (a dim or rdim, an upper bound on its extent read at run time): a causal row block's
+    # member loops over the keys up to its block's last query only (causal.py)
+    bounded: tuple[str, Expr] | None = None
 
     @property
     def blocked(self) -> tuple[str, ...]:

@@ -143,9 +143,11 @@ class KernelLowering:
                 r = u
                 self.j_range = None
                 if row is not None:
-                    self.j_range = (ir.Constant(I64, 0), E.sizes[self.out.name][row])
+                    self.j_range = (ir.Constant(I64, 0), self._bounded(
+                        row, E.sizes[self.out.name][row]))
                     size = self.out.sizes[row]   # the row's bounds, known at build time
-                    self.row_bounds = (0, size.value if size.is_const else None)
+                    self.row_bounds = (0, size.value if size.is_const and not
+                                       self.k.bounded else None)
                 if self.k.row_chunks > 1:
                     r, c = b.udiv(u, chunks), b.urem(u, chunks)
                     n = E.sizes[self.out.name][row]
@@ -195,7 +197,14 @@ class KernelLowering:
                 else:
                     acc = size if _const_one(acc) else self.b.mul(acc, size, flags=("nsw",))
             E.strides[t] = strides[::-1]
-        self.extents = {r: E(s) for r, s in self.k.rdims.items()}
+        self.extents = {r: self._bounded(r, E(s)) for r, s in self.k.rdims.items()}
+
+    def _bounded(self, d: str, extent):
+        """``extent``, or less where the kernel bounds the loop over ``d`` (Kernel.bounded)."""
+        if self.k.bounded is None or self.k.bounded[0] != d:
+            return extent
+        bound = self.E(self.k.bounded[1])
+        return self.b.select(self.b.icmp_unsigned("<", bound, extent), bound, extent)
 
     def _allocas(self) -> dict:
         k, b = self.k, self.b

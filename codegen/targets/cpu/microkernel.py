@@ -190,6 +190,8 @@ class GemmEmitter:
         A = L.E.bases[a_name]
         last = b.sub(m_size, i64(1))
         k0 = self.kext[self._key(self.loops[0])]
+        if L.k.bounded is not None:   # (a causal block's P.V: its keys up to its last query)
+            k0 = self.umin(k0, E(L.k.bounded[1]))
         nchunks = b.udiv(self.add(k0, i64(c.kc - 1)), i64(c.kc))
         panel_size = self.mul(k_size, i64(PACK))
         # no tile straddles two runs of M's fastest dim of a multiple of its height: its rows

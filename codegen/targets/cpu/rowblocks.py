@@ -28,10 +28,14 @@ arithmetic lands in the slice (as tiles.py does for one point). The tensors read
 span (attention's output) are written in place.
 
 A sequence of symbolic length (a decoder built for any length) counts as LONG tokens when
-the span is sought, and the slices' sizes are expressions of it. What it does not do: a span
-with an op that does not depend on it, AMX or depthwise members, and a softmax over blocks of
-keys (a block's whole rows of scores fit in L2 at these lengths; at 32K tokens they would
-not). ``MLPACK_DISABLE_PASSES=row_blocks`` runs each op whole.
+the span is sought, and the slices' sizes are expressions of it. A decoder's block whose
+mask hides every key after its query (causal.py proves it from the graph) runs the keys up to
+its last query only: Q.K^T's N tiles that hold them, the maps and reductions over the keys
+and P.V's K loop bounded by the block's key count, passed to each member as the size symbol
+causal.KEYS. What it does not do: a span with an op that does not depend on it, AMX or
+depthwise members, and a softmax over blocks of keys (a block's whole rows of scores fit in
+L2 at these lengths; at 32K tokens they would not). ``MLPACK_DISABLE_PASSES=row_blocks`` runs
+each op whole.
 """
 
 from __future__ import annotations
@@ -48,9 +52,9 @@ from mlpack.codegen.passes.points import (CACHE_BYTES, POINTS_IN_FLIGHT, contrac
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
 from mlpack.spec.ir.graph import Comprehension, Graph
-from mlpack.codegen.targets.cpu import narrowconv
+from mlpack.codegen.targets.cpu import causal, narrowconv
 from mlpack.codegen.targets.cpu.contraction import batch_symbols
-from mlpack.codegen.targets.cpu.gemm import Contraction
+from mlpack.codegen.targets.cpu.gemm import PACK, Contraction
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, exact_bytes
 from mlpack.codegen.targets.cpu.kernels import row_dim
 from mlpack.codegen.targets.cpu.rows import reordered
@@ -67,10 +71,13 @@ MIN_BYTES = CACHE_BYTES
 @dataclass(frozen=True)
 class RowBlock:
     """A span as the target runs it: its ops (outputs, in graph order), its rows R (batch
-    dims, then block dims) and the block dims."""
+    dims, then block dims) and the block dims; ``keys``: (tensor, its key dim) of a causal
+    block's tensors along the keys, whose readers stop at the block's last query
+    (causal.py)."""
     ops: tuple[str, ...]
     dims: tuple[str, ...]
     block: tuple[str, ...]
+    keys: tuple[tuple[str, str], ...] = ()
 
 
 # ---------------------------------------------------------------- the graph pass
@@ -196,9 +203,15 @@ def row_blocks(g: Graph, found: list) -> Graph:
                 break   # (a graph output keeps its layout)
             orders[t] = order
         else:
+            # (a graph's own size symbol of that name would be shadowed in the members)
+            keys = None if causal.KEYS in g.symbols() else causal.causal_keys(
+                g, blk.ops, blk.dims, blk.block, read_after | {p.name for p in g.outputs})
+            if keys:
+                blk = replace(blk, keys=tuple(keys.items()))
             found.append(blk)
             debug.log(f"row blocks: {', '.join(blk.ops)} a block of ({', '.join(blk.block)}) "
-                      f"at a time, rows ({', '.join(blk.dims)})")
+                      f"at a time, rows ({', '.join(blk.dims)})"
+                      + (", keys up to its last query" if keys else ""))
     return reordered(g, {t: o for t, o in orders.items()
                          if any(t in blk.ops for blk in found)})
 
@@ -230,6 +243,11 @@ class BlockTileKernel(TileKernel):
     block_dims: tuple[str, ...] = ()
     height: int = 1                 # rows per block: the GEMM members' M group
     gemm_members: list[int] = field(default_factory=list)   # which members are GEMMs
+    # a causal block (causal.py): its members take the block's key count as the symbol
+    # causal.KEYS, and these GEMM members (member -> columns per N tile) run the N tiles
+    # that hold those keys only
+    causal: bool = False
+    key_tiles: dict[int, int] = field(default_factory=dict)
 
     def workgroups(self, bufs: dict[str, Buffer]) -> Expr:
         return ex.binary("min", _blocks(self, bufs), ex.const(self.slices))
@@ -326,12 +344,14 @@ def _tile_kernel(members: list[Kernel], blk: RowBlock, after: list[Kernel],
         offsets[t] = (offset, row)
         offset = ex.simplify_size(offset + ex.ceildiv(row * ex.const(height), ex.const(ALIGN))
                                   * ex.const(ALIGN))
+    key_tiles = _bound_keys(members, blk, bufs)
     name = f"{members[0].name}.rows"
     scratch = f"{name}#scratch"
     k = BlockTileKernel(name, written[0], ex.const(0.0), None, {}, "f32", strategy="rowblock",
                         members=members, dims=blk.dims, locals=offsets, scratch=scratch,
                         slice_bytes=offset, block_dims=blk.block, height=height,
-                        gemm_members=gemms)
+                        gemm_members=gemms, causal=key_tiles is not None,
+                        key_tiles=key_tiles or {})
     # as many slices as a batch of one has blocks, or POINTS_IN_FLIGHT (a symbolic M)
     blocks = ex.value_at_one(_blocks(k, bufs)) if all(
         bufs[k.out].sizes[d].is_const for d in blk.block) else POINTS_IN_FLIGHT
@@ -346,15 +366,60 @@ def _tile_kernel(members: list[Kernel], blk: RowBlock, after: list[Kernel],
     for j, m in enumerate(members):
         m.name, m.ranged = f"{name}.{j}", True
     debug.log(f"row blocks: {name}: {len(members)} kernels, {height} rows a block, "
-              f"{offset} bytes of scratch a block")
+              f"{offset} bytes of scratch a block"
+              + (", keys up to the block's last query" if k.causal else ""))
     return k
+
+
+def _bound_keys(members: list[Kernel], blk: RowBlock, bufs: dict[str, Buffer],
+                ) -> dict[int, int] | None:
+    """A causal block's members (RowBlock.keys) told to stop at the block's keys (their
+    ``bounded``); returns the GEMM members that write N tiles of keys (member -> columns per
+    tile), or None (none told) where some member that reads or writes keys cannot stop (a
+    member past the bound would read keys no member wrote)."""
+    keys = dict(blk.keys)
+    if not keys:
+        return None
+    told, tiles = {}, {}
+    for j, m in enumerate(members):
+        read = [causal.key_var(e, keys) for e in (m.body, m.epilogue) if e is not None]
+        if False in read or len({v for v in read if v}) > 1:
+            return None
+        v = next((v for v in read if v), None)
+        if v is None and m.out not in keys:
+            continue   # (neither reads nor writes keys: P.V's division by the sums)
+        c, out_key = m.gemm, keys.get(m.out)
+        if out_key is not None and v not in (None, out_key):
+            return None
+        if m.strategy == "gemm" and v is None and list(c.n) == [out_key]:
+            tiles[j] = c.tb * PACK   # (Q.K^T: its units are the N tiles of one M group)
+        elif m.strategy == "gemm" and out_key is None and list(c.k) == [v] and c.pair is None:
+            told[j] = v              # (P.V: its K loop, microkernel.py)
+        elif m.strategy == "map" and row_dim(bufs[m.out], m.blocked, m.points)[1] == (
+                v or out_key) and out_key is not None:
+            told[j] = out_key
+        elif m.strategy == "inner" and out_key is None and v in m.rdims:
+            told[j] = v
+        else:
+            debug.log(f"row blocks: {m.name} cannot stop at a block's keys")
+            return None
+    for j, v in told.items():
+        members[j].bounded = (v, ex.sym(causal.KEYS))
+    return tiles
 
 
 # ---------------------------------------------------------------- lowering
 
 
 class BlockTileLowering(TileLowering):
-    """A BlockTileKernel's body: its members called block by block, each for its units."""
+    """A BlockTileKernel's body: its members called block by block, each for its units (a
+    causal block's: its keys up to the block's last query)."""
+
+    def __init__(self, module, k: BlockTileKernel, buffers, symbols, loops_md,
+                 native_f16=(True, True)):
+        super().__init__(module, k, buffers, symbols, loops_md, native_f16)
+        if k.causal:
+            self.member_symbols = [*symbols, causal.KEYS]
 
     def _emit_impl(self, f: ir.Function) -> None:
         k = self.k
@@ -373,14 +438,21 @@ class BlockTileLowering(TileLowering):
             rows = b.sub(m_size, m0)
             rows = b.select(b.icmp_unsigned("<", rows, height), rows, height)
             r0 = b.add(b.mul(bi, m_size), m0)
+            keys = b.add(m0, rows)   # (a causal block's: up to its last query)
             for j, (lowering, impl) in enumerate(members):
                 if j in ntiles:
                     lo = b.mul(blk, ntiles[j])
-                    hi = b.add(lo, ntiles[j])
+                    run = ntiles[j]
+                    if j in k.key_tiles:
+                        width = ir.Constant(I64, k.key_tiles[j])
+                        run = b.udiv(b.add(keys, ir.Constant(I64, k.key_tiles[j] - 1)), width)
+                        run = b.select(b.icmp_unsigned("<", run, ntiles[j]), run, ntiles[j])
+                    hi = b.add(lo, run)
                 else:
                     lo, hi = r0, b.add(r0, rows)
                 # (the slices moved back by the block's first row)
-                self._call(lowering, impl, bases, base, r0, locals_, syms,
+                self._call(lowering, impl, bases, base, r0, locals_,
+                           [*syms, keys] if k.causal else syms,
                            [b.trunc(lo, I32), b.trunc(hi, I32), err, status])
         b.ret_void()
         self.loops_md(self.loops.latches, self.loops.unroll)

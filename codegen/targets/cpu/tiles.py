@@ -223,6 +223,7 @@ class TileLowering(KernelLowering):
         super().__init__(module, k, buffers, symbols, loops_md, native_f16)
         self.bound = [*k.writes, *k.reads]
         self.impls = []
+        self.member_symbols = symbols   # what the members' functions take after the tensors
 
     def _member_impls(self) -> list[tuple[KernelLowering, ir.Function]]:
         """Each member's lowering and its function (members equal under a renaming of
@@ -231,8 +232,8 @@ class TileLowering(KernelLowering):
         members = []
         first: dict[tuple, ir.Function] = {}   # a member's key (sharing.py) -> its function
         for m in k.members:
-            lowering = KernelLowering(self.module, m, self.buffers, self.symbols, self.loops_md,
-                                      self.native_f16)
+            lowering = KernelLowering(self.module, m, self.buffers, self.member_symbols,
+                                      self.loops_md, self.native_f16)
             # an iteration repeated (EM routing's second and third) is the same code on other
             # tensors: called with its own, it is lowered and optimized once
             keyed = kernel_key(m, self.buffers)
