@@ -6,8 +6,10 @@
 The Markdown is what benchmarks/RESULTS.md holds for a run: when, the exact command, the
 machine (with its load average: other work on it skews every number), the matmul peak, the
 table (a row per model and thread count; ``steal %``: the share of the machine's CPU time its
-hypervisor gave other guests while that row was timed; ``load``: the 1-minute load average as
-the model's timing began), the geometric means, mismatches and failures.
+hypervisor gave other guests while that row was timed; ``cross-core ns``: a 2-thread row's
+cache-line round trip between the two CPUs right before and after its timing, crosscore.py;
+``load``: the 1-minute load average as the model's timing began), the geometric means,
+mismatches and failures.
 """
 
 from __future__ import annotations
@@ -63,9 +65,9 @@ def markdown(doc: dict) -> str:
                      f"{ns(crossing.get('start'))} at the start, {ns(crossing.get('end'))} at "
                      f"the end")
     lines += ["", "| model | T | mlpack ms | ORT ms | ORT/mlpack | mlpack GFLOP/s | % peak | "
-              "ORT GFLOP/s | % peak | runs (mlpack/ORT) | steal % | build s | "
+              "ORT GFLOP/s | % peak | runs (mlpack/ORT) | steal % | cross-core ns | build s | "
               "peak RSS mlpack MiB | peak RSS ORT MiB | outputs | load |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in doc["models"]:
         out = r.get("outputs")
         verdict = "-" if out is None else "ok" if out["match"] else "**MISMATCH**"
@@ -77,7 +79,7 @@ def markdown(doc: dict) -> str:
                 _ms(o.get("median_s")), _f(row["ratio"], ".3f"), _f(mp["gflops"], ".2f"),
                 _f(mp["percent_of_peak"], ".1f"), _f(o.get("gflops"), ".1f"),
                 _f(o.get("percent_of_peak"), ".1f"), f"{mp['runs']}/{o.get('runs', '-')}",
-                _f(row.get("steal_percent"), ".0f"),
+                _f(row.get("steal_percent"), ".0f"), _crossing(row),
                 _f(r.get("build_seconds"), ".1f") if first else "",
                 _mib(r, "mlpack") if first else "", _mib(r, "ort") if first else "",
                 verdict if first else "", _load(r) if first else ""]) + " |")
@@ -95,6 +97,12 @@ def markdown(doc: dict) -> str:
         lines.append(f"**FAILED** {f}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _crossing(row: dict) -> str:
+    """A 2-thread row's cross-core round trips before / after its timing (run.py)."""
+    ns = row.get("cross_core_ns") or []
+    return " / ".join("-" if x is None else f"{x:.0f}" for x in ns) or "-"
 
 
 def chart(doc: dict, out) -> None:

@@ -127,7 +127,8 @@ def run(names, threads, *, folder: Path, seed: int, repeat: int, min_seconds: fl
             r = bench.bench_model(container, onnx_path=onnx_path, name=name, threads=threads,
                                   repeat=repeat, min_seconds=min_seconds,
                                   max_seconds=max_seconds, rss=rss, build_seconds=seconds,
-                                  refresh_peak=True, progress=_say, **timing)
+                                  refresh_peak=True, progress=_say, probe=_crossing,
+                                  **timing)
         except KeyboardInterrupt:
             raise
         except Exception as e:  # one model's failure is reported; the others still run
@@ -143,6 +144,12 @@ def run(names, threads, *, folder: Path, seed: int, repeat: int, min_seconds: fl
         if r["outputs"] and not r["outputs"]["match"]:
             print(f"MISMATCH {name}: {r['outputs']['detail']}", file=sys.stderr, flush=True)
     return results, failures
+
+
+def _crossing(threads: int) -> dict:
+    """A 2-thread row's cross-core round trips, before and after its timing (crosscore.py: a
+    hypervisor may move the two vCPUs apart for some minutes of a run)."""
+    return {"cross_core_ns": crosscore.round_trip_ns()} if threads > 1 else {}
 
 
 def main(argv: list[str] | None = None) -> int:

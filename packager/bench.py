@@ -389,7 +389,8 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
                 max_seconds: float = 30.0, dims: dict | None = None, seed: int = 0,
                 rss: bool = True, build_seconds: float | None = None, refresh_peak: bool = False,
                 precision: str | None = None,
-                progress: Callable[[str], None] | None = None) -> dict:
+                progress: Callable[[str], None] | None = None,
+                probe: Callable[[int], dict] | None = None) -> dict:
     """One model's numbers (see the module docstring) as a JSON-ready dict.
 
     ``container``: the .mlpack file; ``onnx_path``: the ONNX model to compare with (without it
@@ -399,7 +400,10 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
     memory in child processes; ``build_seconds``: recorded as given; ``refresh_peak``: measure
     the matmul peak again before each thread count (a suite does, so that the best of many
     measurements stands for the peak of a machine that other work keeps busy); ``precision``:
-    the artifact of that precision (None: the one ``mlpack.load`` picks)."""
+    the artifact of that precision (None: the one ``mlpack.load`` picks); ``probe``: called
+    with the thread count right before and right after its timing, each of its values
+    recorded in the row as [before, after] (benchmarks/run.py: the cross-core round trip,
+    which a 2-thread row depends on)."""
     say = progress or (lambda line: None)
     container = os.fspath(container)
     proto = None
@@ -437,12 +441,15 @@ def bench_model(container, *, onnx_path=None, name: str | None = None,
             if proto is not None:
                 session = ort_session(onnx_path, t)
                 fns["ort"] = lambda: session.run(None, full_feeds)
+            before = probe(t) if probe else {}
             ticks = cpu_ticks()
             timings, outs = time_alternating(fns, repeat=repeat, min_seconds=min_seconds,
                                              max_seconds=max_seconds)
             steal = steal_percent(ticks, cpu_ticks())
+            after = probe(t) if probe else {}
         row = {"threads": t, "matmul_peak_gflops": peak, "steal_percent": steal,
-               "mlpack": _per_runtime(timings["mlpack"], flops, peak), "ort": None, "ratio": None}
+               "mlpack": _per_runtime(timings["mlpack"], flops, peak), "ort": None, "ratio": None,
+               **{k: [v, after.get(k)] for k, v in before.items()}}
         if session is not None:
             row["ort"] = _per_runtime(timings["ort"], flops, peak)
             row["ratio"] = timings["ort"].median_s / timings["mlpack"].median_s

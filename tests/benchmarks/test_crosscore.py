@@ -34,4 +34,20 @@ def test_the_report_prints_the_round_trips_of_a_run():
     assert "cross-core round trip (one cache line, benchmarks/crosscore.py): 380 ns at the " \
            "start, - at the end" in report.markdown(doc)
     doc["machine"].pop("cross_core_round_trip_ns")
-    assert "cross-core" not in report.markdown(doc)
+    assert "cross-core round trip" not in report.markdown(doc)
+
+
+def test_the_report_prints_each_two_thread_rows_round_trips():
+    """benchmarks.run probes the round trip right before and after each 2-thread row's timing
+    (packager.bench's ``probe``): the report's column shows both, a 1-thread row none."""
+    row = lambda t, **kw: {"threads": t, "ratio": 1.1, "steal_percent": 0.0, "ort": None,  # noqa
+                           "mlpack": {"median_s": 0.002, "gflops": None, "percent_of_peak": None,
+                                      "runs": 10}, **kw}
+    doc = {"date": "2026-12-01", "command": "python -m benchmarks.run",
+           "machine": {"cpu": "AMD EPYC", "cores": 2, "system": "Linux",
+                       "architecture": "x86_64", "versions": {}},
+           "matmul_peak_gflops": {"1": 240.0}, "geomean_ratio": {},
+           "models": [{"model": "m", "threads": [row(1), row(2, cross_core_ns=[110.4, 431.0])]}]}
+    text = report.markdown(doc)
+    assert "| steal % | cross-core ns |" in text
+    assert "| 0 | 110 / 431 |" in text and "| 0 | - |" in text
