@@ -67,7 +67,7 @@ def markdown(doc: dict) -> str:
     lines += ["", "| model | T | mlpack ms | ORT ms | ORT/mlpack | mlpack GFLOP/s | % peak | "
               "ORT GFLOP/s | % peak | runs (mlpack/ORT) | steal % | cross-core ns | build s | "
               "peak RSS mlpack MiB | peak RSS ORT MiB | outputs | load |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+              "|---|" + "---:|" * 14 + "---|---:|"]
     for r in doc["models"]:
         out = r.get("outputs")
         verdict = "-" if out is None else "ok" if out["match"] else "**MISMATCH**"

@@ -2,21 +2,22 @@
 
 A decoder's attention adds a mask to its scores that is hugely negative wherever a key comes
 after its query (GPT-2: ``where(key <= query, 0, finfo(float32).min)``, built from two Ranges).
-Past the query, a score plus the mask is at most about -1e9, its exponential exactly 0: it changes
-neither the row max (the key equal to the query is kept, finite), nor the row sum, nor P.V.
+Past the query, a score plus the mask is at most about -1e9, its exponential exactly 0: it
+changes neither the row max (the key equal to the query is kept, finite), nor the row sum, nor P.V.
 So a row block (rowblocks.py) of queries [m0, m1) needs the keys [0, m1) only: its Q.K^T
 computes the N tiles up to m1, its maps and reductions over the keys stop there, and P.V's K
 loop too; about half of the attention's work is skipped, at any sequence length.
 
 ``causal_keys`` proves it from the span's ops, as the reference would compute them: every
-tensor of the span along its key dim is classed, for the keys past the query, as "neg" (at most
-MASKED plus a finite value), "zero" or "any" (some finite value), by its op's body
-(``_Classes``). A read of a tensor outside the span (the mask, or what computes it) is inlined
-through the maps that produce it and folded with the key put past the query
-(``key = $q + 1 + $t``, ``query = $q`` for size symbols ``$q, $t >= 0``: comparisons of sizes
-fold) and then up to it (``key = $q - $t``): a constant each way, or "any". Then the skipped keys change
-nothing where each reduction over the keys is a max of "neg" values whose kept keys are not
-"neg" (the row's max is a kept score), or a sum (a P.V contraction, too) of "zero" terms,
+tensor of the span along its key dim is classed, for the keys past the query and for those up
+to it, as "neg" (at most MASKED plus a finite value), "zero", "any" (a finite value of the
+computation) or "wild" (data that may be a mask of its own), by its op's body (``_Classes``).
+A read of a tensor outside the span (the mask, or what computes it) is inlined through the
+maps that produce it and folded with the key put past the query (``key = $q + 1 + $t``,
+``query = $q`` for size symbols ``$q, $t >= 0``: comparisons of sizes fold) and then up to it
+(``key = $q - $t``): a constant each way, else "any" or "wild". Then the skipped keys change
+nothing where each reduction over the keys is a max of "neg" values whose kept keys are "any"
+or "zero" (the row's max is a kept score), or a sum (a P.V contraction, too) of "zero" terms,
 and no tensor with a key dim is read after the span. Anything else, a mask that depends on the
 inputs (padding, which may mask a whole row) included, keeps the block whole.
 """
@@ -144,12 +145,18 @@ class _Classes:
         return None
 
     def _row_sum(self, e: Expr) -> bool:
-        """Whether ``e`` reads a row's sum over the keys of the span's exponentials."""
+        """Whether ``e`` reads a row's sum over the keys of the span's ``exp(s - max)`` (at
+        least 1: the max's own term), by which a zero divides to zero."""
         if e.op != "read" or e.arg[0] not in self.span:
             return False
-        op = self.producers[e.arg[0]]
-        return op.reduce == "sum" and op.body.op == "read" and \
-            self.producers[op.body.arg[0]].body.op == "exp"
+        total = self.producers[e.arg[0]]
+        if total.reduce != "sum" or total.body.op != "read" or total.body.arg[0] not in self.span:
+            return False
+        x = self.producers[total.body.arg[0]].body
+        if x.op != "exp" or x.args[0].op != "sub" or x.args[0].args[1].op != "read":
+            return False
+        top = x.args[0].args[1].arg[0]
+        return top in self.span and self.producers[top].reduce == "max"
 
     def _read(self, e: Expr, region: str) -> str | None:
         t = e.arg[0]
