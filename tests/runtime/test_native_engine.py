@@ -184,6 +184,51 @@ def test_a_signature_call_is_reused_with_each_runs_data(tmp_path, tiny):
             m.run({"x": a.astype(np.float64)})
 
 
+def _squeeze_excite():
+    """conv -> relu -> global pool -> 1x1 down, relu, 1x1 up, sigmoid -> scale -> 1x1, over a
+    dynamic batch: arena buffers whose offsets are sums of aligned sizes of $batch."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(5)
+    w = lambda name, *shape: helper.make_tensor(  # noqa: E731
+        name, TensorProto.FLOAT, shape, (0.3 * rng.standard_normal(shape)).astype(np.float32).ravel())
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("GlobalAveragePool", ["r1"], ["p"]),
+             helper.make_node("Conv", ["p", "w2"], ["c2"]), helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Conv", ["r2", "w3"], ["c3"]), helper.make_node("Sigmoid", ["c3"], ["s"]),
+             helper.make_node("Mul", ["r1", "s"], ["scaled"]),
+             helper.make_node("Conv", ["scaled", "w4"], ["y"])]
+    g = helper.make_graph(
+        nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 9, 9])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 9, 9])],
+        [w("w1", 16, 3, 3, 3), w("w2", 4, 16, 1, 1), w("w3", 16, 4, 1, 1), w("w4", 8, 16, 1, 1)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_runs_at_the_same_and_at_other_batches_each_get_their_sizes(tmp_path, threads):
+    """A run at the last run's symbols keeps its workgroup counts and arena bases (native.c);
+    a run at another batch evaluates them again: every run, on new data, matches ONNX Runtime,
+    whichever batch came before (a run sized for the last batch would read or write past the
+    arena of a bigger one, or leave a smaller one's rows undone)."""
+    from support import best_host_target, oracle_outputs
+
+    from mlpack.packager.build import build
+
+    model = _squeeze_excite()
+    src = tmp_path / "se.onnx"
+    src.write_bytes(model.SerializeToString())
+    out = tmp_path / "se.mlpack"
+    build(str(src), str(out), targets=[best_host_target("x86_64-v3", "x86_64-v4")], cache=False)
+    rng = np.random.default_rng(0)
+    with native.open_model(out, device="cpu", threads=threads) as m:
+        for batch in (2, 2, 5, 5, 2, 1, 1, 7, 2):
+            x = rng.standard_normal((batch, 3, 9, 9)).astype(np.float32)
+            np.testing.assert_allclose(m(x=x)["y"], oracle_outputs(model, {"x": x})[0],
+                                       rtol=1e-4, atol=1e-5)
+
+
 def test_bad_options_are_errors(full):
     with pytest.raises(errors.Error, match="device 'tpu'"):
         native.open_model(full, device="tpu")
