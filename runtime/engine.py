@@ -41,6 +41,11 @@ def describe_engine() -> str:
     return f"libmlpack {native.version()}" if available() else "python (libmlpack is not built)"
 
 
+def unavailable_reason() -> str | None:
+    """Why the C engine is not used here (native.unavailable_reason), or None."""
+    return native.unavailable_reason()
+
+
 def _open(container: Container, threads, trusted_keys=None, **policy) -> native.NativeModel:
     # the caller's strict is applied by model.py, so the message is the same with or without C.
     # The engine reads the file the Python reader opened (its descriptor, never the path again),

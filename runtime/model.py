@@ -390,8 +390,10 @@ class Model:
         native = any(v.artifact.device != "portable" for v in self.verdicts)
         why = None
         if not explicit_host and native:
-            why = ("libmlpack is not built (pip install -e . or make -C runtime/c), so native "
-                   "artifacts cannot run")
+            reason = engine.unavailable_reason() or "libmlpack is not built"
+            if reason.startswith("libmlpack is not built"):
+                reason = "libmlpack is not built (pip install -e . or make -C runtime/c)"
+            why = f"{reason}, so native artifacts cannot run"
         return art, why
 
     def _fall_back(self, strict: bool, why: str | None) -> None:

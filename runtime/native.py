@@ -73,7 +73,7 @@ class _ArtifactInfo(ctypes.Structure):
 def library_path() -> str | None:
     """Where libmlpack is: $MLPACK_LIBRARY, the packaged build, or the checkout's make build."""
     env = environment.get("MLPACK_LIBRARY")
-    if env:
+    if env:   # (taken as given: a file that does not load is an error naming it, library())
         return env
     found = [p for p in (os.path.join(_HERE, "libmlpack.so"), os.path.join(_HERE, "c", "build", "libmlpack.so"))
              if os.path.exists(p)]
@@ -131,17 +131,24 @@ def library() -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
-        raise errors.Error(f"cannot load libmlpack from {path}: {e}") from None
+        named = " ($MLPACK_LIBRARY)" if path == environment.get("MLPACK_LIBRARY") else ""
+        raise errors.Error(f"cannot load libmlpack from {path}{named}: {e}") from None
     _declare(lib)
     return lib
 
 
 def available() -> bool:
+    return unavailable_reason() is None
+
+
+def unavailable_reason() -> str | None:
+    """Why libmlpack cannot be used in this process (not built, or $MLPACK_LIBRARY naming
+    what does not load), or None where it can."""
     try:
         library()
-    except errors.Error:
-        return False
-    return True
+    except errors.Error as e:
+        return str(e)
+    return None
 
 
 def version() -> str:

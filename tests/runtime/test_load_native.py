@@ -249,6 +249,26 @@ def test_without_libmlpack_python_selects_and_runs_portable(mlp, monkeypatch):
     assert result.exit_code == 0 and "python (libmlpack is not built)" in result.stdout
 
 
+def test_a_library_named_that_does_not_load_is_the_reason_given(mlp, tmp_path, monkeypatch):
+    """$MLPACK_LIBRARY naming a file that is not there: the fallback's warning names it and
+    the variable, not "not built" (a developer's A/B of two builds ran the interpreter)."""
+    from mlpack.runtime import native
+
+    missing = tmp_path / "libmlpack.so"
+    monkeypatch.setenv("MLPACK_LIBRARY", str(missing))
+    native.library.cache_clear()
+    try:
+        with pytest.warns(PortableFallbackWarning,
+                          match=r"cannot load libmlpack from .*libmlpack\.so \(\$MLPACK_LIBRARY\)"):
+            m = mlpack.load(mlp)
+        with m:
+            assert m.artifact.device == "portable"
+    finally:
+        monkeypatch.delenv("MLPACK_LIBRARY")
+        native.library.cache_clear()
+    assert native.available()
+
+
 def test_native_code_that_cannot_load_falls_back_loudly(tmp_path):
     corpus = os.path.join(os.path.dirname(mlpack.spec.errors.__file__), "conformance")
     with pytest.warns(PortableFallbackWarning, match="could not load the native artifact"):
