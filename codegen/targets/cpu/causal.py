@@ -47,7 +47,8 @@ def causal_keys(g: Graph, ops: tuple[str, ...], rows: tuple[str, ...], block: tu
     """{tensor: its key dim} of the span's tensors along the keys, for the row block of ``ops``
     (in graph order, the first the scores' contraction) whose rows are ``rows``, ``block``
     among them (one query dim), where its keys past each block's last query can be skipped
-    (module docstring); else None. ``read_after``: the tensors read outside the span."""
+    (module docstring); else None. ``read_after``: the tensors read outside the span, by any
+    op (a procedure's too) or as a graph output."""
     if len(block) != 1:
         return None
     producers = g.producers()
@@ -81,9 +82,7 @@ def causal_keys(g: Graph, ops: tuple[str, ...], rows: tuple[str, ...], block: tu
             return None
         if op.reduce not in ("max", "sum"):
             return None
-    # (a procedure's statements name what they read: any mention counts)
-    procedures = [repr(op) for op in g.ops if not isinstance(op, Comprehension)]
-    if any(t in read_after or any(t in p for p in procedures) for t in key_dim):
+    if any(t in read_after for t in key_dim):
         return None
     if not any(c[0] != "any" for c in classes.values()):
         return None
@@ -116,6 +115,7 @@ class _Classes:
     def __init__(self, g, producers, span: set[str], key_dim, classes, kv: str, query: str):
         self.g, self.producers, self.span = g, producers, span
         self.key_dim, self.classes, self.kv, self.query = key_dim, classes, kv, query
+        self.inputs = {p.name for p in g.inputs}
 
     def of(self, e: Expr, region: str) -> str | None:
         op = e.op
@@ -173,9 +173,8 @@ class _Classes:
             return _const_class(folded.value)
         # a value of the computation: "any", unless it may be a mask of its own (a graph
         # input's padding, or a hugely negative constant chosen by data): "wild"
-        inputs = {p.name for p in self.g.inputs}
         for n in ex.walk(folded):
-            if n.op == "read" and n.arg[0] in inputs or n.op == "const" and \
+            if n.op == "read" and n.arg[0] in self.inputs or n.op == "const" and \
                     _const_class(n.value) == "neg":
                 return "wild"
         return "any"

@@ -51,7 +51,7 @@ from mlpack.codegen.passes.points import (CACHE_BYTES, POINTS_IN_FLIGHT, contrac
                                           dims_bytes, kept_dims, op_reads)
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.spec.ir.graph import Comprehension, Graph
+from mlpack.spec.ir.graph import Comprehension, Graph, tensors_read
 from mlpack.codegen.targets.cpu import causal, narrowconv
 from mlpack.codegen.targets.cpu.contraction import batch_symbols
 from mlpack.codegen.targets.cpu.gemm import PACK, Contraction
@@ -205,7 +205,8 @@ def row_blocks(g: Graph, found: list) -> Graph:
         else:
             # (a graph's own size symbol of that name would be shadowed in the members)
             keys = None if causal.KEYS in g.symbols() else causal.causal_keys(
-                g, blk.ops, blk.dims, blk.block, read_after | {p.name for p in g.outputs})
+                g, blk.ops, blk.dims, blk.block, outputs.union(*(
+                    tensors_read(op) for op in g.ops if not inside & set(op.outs))))
             if keys:
                 blk = replace(blk, keys=tuple(keys.items()))
             found.append(blk)
