@@ -68,6 +68,8 @@ typedef struct mp_native {
   uint8_t *packed;                 /* ABI 1.4: the region the prepare dispatches wrote */
   double prepare_seconds;          /* (MLPACK_PROFILE) */
   mp_plan plan;
+  int keeps_sizes;                 /* no symbol a dispatch computes: a run's sizes hold for the
+                                      next run at the same symbols (mp_scratch.last_push) */
   pthread_mutex_t mu;              /* guards idle and the profile totals */
   struct mp_scratch *idle;         /* scratch contexts no run holds */
   _Atomic(struct mp_scratch *) spare;  /* one more, taken and given back without the lock */
@@ -372,10 +374,9 @@ mlpack_status mp_native_run(mp_executor *x, const mp_run *run, mlpack_error **er
   if (st != MLPACK_OK) return st;
   s->prof_runs++;
   st = mp_read_symbols(s, run, err);
-  int computed = 0;   /* (a symbol a dispatch computes: no size is kept from run to run) */
-  for (size_t k = 0; k < n->plan.symbol_count; k++) computed |= n->plan.src_dispatch[k] != SIZE_MAX;
   size_t push_bytes = n->plan.symbol_count * sizeof *s->push;
-  int same = st == MLPACK_OK && !computed && s->have_last && !memcmp(s->push, s->last_push, push_bytes);
+  int same = st == MLPACK_OK && n->keeps_sizes && s->have_last &&
+             !memcmp(s->push, s->last_push, push_bytes);
   s->have_last = 0;
   if (st == MLPACK_OK && !same) st = mp_grow_arena(s, err);
   for (size_t i = 0; st == MLPACK_OK && i < n->plan.buffer_count; i++)
@@ -386,7 +387,7 @@ mlpack_status mp_native_run(mp_executor *x, const mp_run *run, mlpack_error **er
   for (size_t i = 0; st == MLPACK_OK && i < n->plan.buffer_count; i++)
     if (!s->bases[i] && n->plan.buffers[i].kind == MP_BUF_OUTPUT && n->plan.buffers[i].shape)
       st = mp_fail(err, MLPACK_ERR_FORMAT, "%s: no dispatch writes output %zu", n->what, n->plan.buffers[i].index);
-  if (st == MLPACK_OK && !computed) {
+  if (st == MLPACK_OK && n->keeps_sizes) {
     memcpy(s->last_push, s->push, push_bytes);
     s->have_last = 1;
   }
@@ -538,6 +539,9 @@ mlpack_status mp_native_open(mlpack_model *m, const mp_artifact *a, mp_executor 
   if (st == MLPACK_OK)
     st = mp_plan_parse(mp_json_get(a->config, "plan"), m, n->table,
                        n->have_weights ? &n->weights : NULL, n->what, &n->plan, err);
+  n->keeps_sizes = st == MLPACK_OK;   /* (as cuda.c's graphable) */
+  for (size_t i = 0; n->keeps_sizes && i < n->plan.symbol_count; i++)
+    n->keeps_sizes = n->plan.src_dispatch[i] == SIZE_MAX;
   const char *prof = getenv("MLPACK_PROFILE");
   if (st == MLPACK_OK && prof && *prof && strcmp(prof, "0") != 0 && n->plan.dispatch_count > 0) {
     n->prof_seconds = calloc(n->plan.dispatch_count, sizeof *n->prof_seconds);
