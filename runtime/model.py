@@ -390,9 +390,8 @@ class Model:
         native = any(v.artifact.device != "portable" for v in self.verdicts)
         why = None
         if not explicit_host and native:
-            reason = engine.unavailable_reason() or "libmlpack is not built"
-            if reason.startswith("libmlpack is not built"):
-                reason = "libmlpack is not built (pip install -e . or make -C runtime/c)"
+            reason = engine.unavailable_reason() or \
+                "libmlpack is not built (pip install -e . or make -C runtime/c)"
             why = f"{reason}, so native artifacts cannot run"
         return art, why
 
