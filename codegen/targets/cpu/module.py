@@ -223,9 +223,16 @@ def build_module(kernels: list[Kernel], buffers: dict[str, Buffer], symbols: lis
     _table(module, distinct, [k.name for k in kernels], [binding_kinds(k) for k in kernels])
     table = set(module.globals) - before
     # a point tile's members are functions of their own (tiles.py), dealt into parts as
-    # kernels are: the tile's part declares those another part defines
-    members = {name: lowering.k.name for lowering in lowerings
-               for name in getattr(lowering, "impls", ())}
+    # kernels are: the tile's part declares those another part defines. Those of a tile whose
+    # code repeats an earlier one's go with it (_share_identical): defined hidden in a part,
+    # LLVM would keep and compile them, unused (GPT-2's 12 layers: 79 functions, not 24)
+    members = {}
+    for lowering, f, kept in zip(lowerings, fns, distinct):
+        for name in getattr(lowering, "impls", ()):
+            if f is kept:
+                members[name] = lowering.k.name
+            else:
+                del module.globals[name]
     for name in members:
         printed[name] = str(module.globals[name])
     split = distinct + [module.globals[name] for name in members]

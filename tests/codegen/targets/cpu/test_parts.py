@@ -17,6 +17,7 @@ from onnx import helper
 from mlpack.codegen.compile import compile_onnx
 from mlpack.codegen.targets.cpu import compile as cpu_compile
 from mlpack.codegen.targets.cpu import module
+from mlpack.spec.ir import parse_graph
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from plan_runner import NARROW_AND_WIDE, Library, rand, run_plan  # noqa: E402
@@ -87,3 +88,38 @@ def test_x86_kernels_realign_their_frame_to_a_cache_line(target, realigned, monk
     tiles = [line for t in texts for line in t.splitlines()
              if '%"cbuf" = alloca' in line or '%"tile" = alloca' in line]
     assert tiles and all(line.endswith("align 64") for line in tiles), tiles
+
+
+def _attention_twice():
+    """Two attentions of the same shapes on other inputs: two row-block tiles whose code is
+    the same (module._share_identical keeps one)."""
+    one = """
+  in %q{i}: f32{{h=4, s=512, d=64}} (h, s, d)
+  in %k{i}: f32{{h=4, t=512, d=64}} (h, t, d)
+  in %v{i}: f32{{h=4, t=512, d=64}} (h, t, d)
+  %qk{i}: f32{{h=4, s=512, t=512}} = sum{{e=64}} %q{i}[h=h, s=s, d=e] * %k{i}[h=h, t=t, d=e]
+  %m{i}: f32{{h=4, s=512, t=1}} = max{{u=512}} %qk{i}[h=h, s=s, t=u]
+  %e{i}: f32{{h=4, s=512, t=512}} = exp(%qk{i}[h=h, s=s, t=t] - %m{i}[h=h, s=s, t=0])
+  %z{i}: f32{{h=4, s=512, t=1}} = sum{{u=512}} %e{i}[h=h, s=s, t=u]
+  %pv{i}: f32{{h=4, s=512, d=64}} = sum{{u=512}} %e{i}[h=h, s=s, t=u] * %v{i}[h=h, t=u, d=d]
+  %o{i}: f32{{s=512, h=4, d=64}} = div(%pv{i}[h=h, s=s, d=d], %z{i}[h=h, s=s, t=0])
+  out %o{i} (s, h, d)"""
+    return parse_graph('graph "twice" {' + one.format(i=1) + one.format(i=2) + "\n}")
+
+
+def test_a_tile_whose_code_repeats_leaves_no_members_behind(monkeypatch):
+    """A row-block tile dropped for an identical earlier one takes its member functions with it:
+    in a library of several parts they were defined hidden, so LLVM kept and compiled them
+    (GPT-2's 12 attention layers: 79 functions instead of 24)."""
+    texts = []
+    build = module.build_module
+
+    def recorded(*a, **k):
+        texts.append(build(*a, **{**k, "parts": 2}))
+        return texts[-1]
+    monkeypatch.setattr(cpu_compile, "build_module", recorded)
+    cpu_compile.compile_cpu(_attention_twice(), "x86_64-v2")
+    defined = [line for text in texts[-1] for line in text.splitlines()
+               if line.startswith("define") and ".rows." in line and ".impl" in line]
+    tiles = {line.split("@")[1].split(".rows.")[0] for line in defined}
+    assert len(tiles) == 1 and defined, defined
