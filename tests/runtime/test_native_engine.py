@@ -220,7 +220,7 @@ def test_runs_at_the_same_and_at_other_batches_each_get_their_sizes(tmp_path, th
     src = tmp_path / "se.onnx"
     src.write_bytes(model.SerializeToString())
     out = tmp_path / "se.mlpack"
-    build(str(src), str(out), targets=[best_host_target("x86_64-v3", "x86_64-v4")], cache=False)
+    build(str(src), str(out), targets=[best_host_target("x86_64-v2", "x86_64-v3", "x86_64-v4")], cache=False)
     rng = np.random.default_rng(0)
     with native.open_model(out, device="cpu", threads=threads) as m:
         for batch in (2, 2, 5, 5, 2, 1, 1, 7, 2):
