@@ -54,7 +54,8 @@ from mlpack.codegen.targets.cpu.target import CpuTarget
 from mlpack.codegen.targets.cpu.tileshape import narrow, row_runs, tile_shape
 
 MIN_M = 4                    # a run-time B needs rows enough to repay its pack (or strided loads)
-L1_PANEL_BYTES = 24 << 10    # a K chunk's slice of the packed B panel stays in L1
+L1_PANEL_BYTES = 24 << 10    # a K chunk's slice of B read in place stays in L1
+L2_PANEL_BYTES = 256 << 10   # ... of packed B panels, in L2 (``_k_chunk``)
 L1_SETS, L1_WAYS = 64, 8     # a 32 KiB L1 data cache of 64-byte lines (Zen; Intel's has more ways)
 GROUP_ROWS = 48              # rows of M (over several tiles) that share one K chunk
 MAX_GROUP_ROWS = 96          # ... or all of M, up to this many rows
@@ -275,13 +276,18 @@ def _pack_cache(g) -> dict:
     return _PACKED[key]
 
 
-def _k_chunk(t_tb: int, info: dict, rdims: dict, first: int = 1) -> int:
-    """Steps of the outermost K loop (its ``first`` K dims) per chunk: a chunk's slice of the
-    B panel fits L1 (even when that dim is paired, bf16dot.py). An int8 panel takes a byte per
-    element, so its chunks are four times as deep (fewer trips of the accumulators through the
-    tile buffer)."""
+def _k_chunk(t_tb: int, info: dict, rdims: dict, packed: bool, first: int = 1) -> int:
+    """Steps of the outermost K loop (its ``first`` K dims) per chunk (even when that dim is
+    paired, bf16dot.py). A chunk's slice of ``packed`` panels (contiguous) stays in L2, so
+    that a transformer's K of 768 or 1024 is one chunk: each tile then keeps its accumulators
+    in registers from its first step to its store, where L1-sized chunks (96 steps of a
+    64-column tile) took each tile's 24 accumulators through the tile buffer eight times and
+    stored the group's outputs in one burst after its last (GPT-2's, ViT's, DistilBERT's GEMMs
+    2-4% slower; docs/decisions.md, "A K chunk is an L2's worth of panel"). A B read in place
+    (rows strided, ``_set_bound``) keeps a slice that fits L1. An int8 panel takes a byte per
+    element, so its chunks are four times as deep."""
     width = 1 if info["b"].dtype == "i8" else 4
-    steps = max(1, L1_PANEL_BYTES // (t_tb * PACK * width))
+    steps = max(1, (L2_PANEL_BYTES if packed else L1_PANEL_BYTES) // (t_tb * PACK * width))
     inner = ex.product([rdims[r] for r in info["k"][first:]])
     kc = 1 if not inner.is_const else max(1, steps // max(1, inner.value))
     if info.get("pair") is not None and info["pair"] == info["k"][0]:
@@ -399,7 +405,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
         # (B's data is the AMX tiles' alone, amx.gemm: every other panel is packed at load)
         k.gemm = Contraction(ra, name, None, info["batch"], info["m"], info["n"], info["k"],
                              info["n_size"], info["k_size"], blocks, vl, tb, mr,
-                             t.fma, group, _k_chunk(tb, info, k.rdims),
+                             t.fma, group, _k_chunk(tb, info, k.rdims, direct is None),
                              direct, direct is not None and info["n_size"].value % PACK != 0,
                              _n_inner(bufs[ra.arg[0]], bufs[name], ob, info, one),
                              pair=info.get("pair"),
@@ -412,7 +418,8 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
             and not (m_size.is_const and m_size.value <= mr)
         if k_runs:   # chunks count steps of the outermost K loop
             k.gemm.kc = _k_chunk(tb, {**info, "k": [r for run in k.gemm.k_loops[1:]
-                                                   for r in run]}, k.rdims, first=k_runs[0])
+                                                   for r in run]}, k.rdims, direct is None,
+                                 first=k_runs[0])
         k.strategy = "gemm"
         k.reads = _gemm_reads(k, ra, name) + ([init] if init else [])
         out.extend(pre)
@@ -467,7 +474,7 @@ def _dot_of(info: dict, t: CpuTarget) -> str | None:
 
 
 def _group(m_size: Expr, mr: int) -> int:
-    """M tiles per workgroup unit (they share each K chunk of the B panel from L1): about
+    """M tiles per workgroup unit (they share each K chunk of the B panel from cache): about
     GROUP_ROWS rows, or all of M when it is at most MAX_GROUP_ROWS rows. A late convolution's
     7x7 = 49 rows would otherwise be 48 + 1, and the 1-row group would stream the whole panel
     again (resnet50's 3x3 512-channel convolution on 7x7: 0.87 -> 0.95 of ONNX Runtime)."""

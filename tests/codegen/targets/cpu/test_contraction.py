@@ -107,10 +107,11 @@ CASES = {
     "conv1x1_add_per_row": lambda: conv_add_case(8, 20, 6, 1, (1, 1, 6, 1)),
     "conv_depthwise": lambda: conv_case(8, 8, 8, 3, group=8),
     "matmul_ragged": lambda: matmul_case(13, 77, 41),
-    # B past L2 (1.2 MB), K in chunks and a ragged last one, three groups of rows: each
-    # chunk's next slice fetched ahead (microkernel._next_slices); a 3x3 convolution's K in
-    # three loops the same
-    "matmul_weights_past_l2": lambda: matmul_case(130, 700, 420, bias=True),
+    # B past L2 (1.2 MB), K in chunks of an L2's worth of panel and a ragged last one (on
+    # every level), three groups of rows: each chunk's next slice fetched ahead
+    # (microkernel._next_slices); a 3x3 convolution's K in three loops the same (chunked
+    # on AVX-512)
+    "matmul_weights_past_l2": lambda: matmul_case(130, 4500, 64, bias=True),
     "conv3x3_weights_past_l2": lambda: conv_case(192, 192, 12, 3),
     "matmul_bias_big_n": lambda: matmul_case(7, 33, 200, bias=True),
     "matmul_batched_const": lambda: matmul_case(5, 19, 23, batch=3),
@@ -148,6 +149,11 @@ def test_read_modes_and_unit_order():
     # packed weights past L2 are fetched a K chunk ahead; in L2 they are not
     assert gemm("matmul_weights_past_l2").fetch_ahead
     assert gemm("conv3x3_weights_past_l2").fetch_ahead
+    # K chunks hold 256 KiB of packed panels (a 64-column tile's 1024 K steps), so that a
+    # transformer's K of 768 is one chunk
+    deep = gemm("matmul_weights_past_l2")
+    assert deep.fetch_ahead and deep.tb == 4 and deep.kc == 1024
+    assert gemm("conv3x3_weights_past_l2").kc < 192
     assert not gemm("conv1x1_13x13").fetch_ahead and not gemm("matmul_bias_big_n").fetch_ahead
 
 

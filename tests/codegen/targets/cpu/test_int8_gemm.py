@@ -118,15 +118,20 @@ def test_int8_kernels_give_the_interpreters_outputs(case, target):
     assert np.mean(np.abs(got - want) <= 1e-6 * scale) > 0.98
 
 
-def test_every_level_computes_the_same_integers_chunked_k_included(tmp_path, patient_emulation):
-    """A convolution deep enough that K runs in several chunks (the accumulators go through
-    the tile buffer, SDOT's correction starting them), built for every int8 level: each one this
-    host runs, natively or under qemu, validates with the same error as the others."""
+def test_every_level_computes_the_same_integers_chunked_k_included(tmp_path, patient_emulation,
+                                                                   monkeypatch):
+    """A convolution whose K runs in several chunks (the accumulators go through the tile
+    buffer, SDOT's correction starting them), built for every int8 level: each one this host
+    runs, natively or under qemu, validates with the same error as the others. (A packed
+    panel's chunk is an L2's worth, hundreds of KB: the chunks are made L1-sized here so that a
+    small model has several; it compiles in this process, where the patch holds.)"""
     import onnx
 
+    from mlpack.codegen.targets.cpu import contraction
     from mlpack.packager.build import build
     from support import emulated
 
+    monkeypatch.setattr(contraction, "L2_PANEL_BYTES", contraction.L1_PANEL_BYTES)
     m, _ = _conv(cin=64, mid=256, size=6)
     onnx.save(m, tmp_path / "conv.onnx")
     targets = [*X86, "aarch64", "aarch64-dotprod", "aarch64-i8mm"]
