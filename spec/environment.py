@@ -26,7 +26,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "target's LLVM IR before optimization and its assembly after"),
     Variable("MLPACK_DISABLE_PASSES", "compiler",
              "passes to leave out, by name, comma-separated: the graph's (dce, cse, affine_gather, "
-             "fuse, divide_after, fold_scale, sums, absorb, recompute, split_dims, unflatten), the "
+             "fuse, divide_after, scale_after, fold_scale, sums, absorb, recompute, split_dims, "
+             "unflatten), the "
              "cpu target's (channels_last, rows_first, gather_operands, split_concats, winograd, "
              "point_tiles, row_blocks, "
              "and bf16_products on x86_64-v4-bf16) and the cuda target's (split_k; tiled, "

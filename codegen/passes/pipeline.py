@@ -20,7 +20,7 @@ from mlpack.spec.ir.verify import verify
 from mlpack.codegen.passes.cse import eliminate_common_subexpressions
 from mlpack.codegen.passes.dce import eliminate_dead_code
 from mlpack.codegen.passes.fuse import fuse_elementwise
-from mlpack.codegen.passes.divide_after import divide_after
+from mlpack.codegen.passes.divide_after import divide_after, scale_after
 from mlpack.codegen.passes.absorb import absorb_reductions
 from mlpack.codegen.passes.affine_gather import fold_affine_gathers
 from mlpack.codegen.passes.fold_scale import fold_scales
@@ -35,6 +35,7 @@ PASSES = [
     ("affine_gather", fold_affine_gathers),
     ("fuse", fuse_elementwise),
     ("divide_after", divide_after),
+    ("scale_after", scale_after),
     ("fold_scale", fold_scales),
     ("sums", merge_sums),
     ("absorb", absorb_reductions),

@@ -314,6 +314,62 @@ def test_divide_after_leaves_a_divisor_that_moves_with_the_sum():
                                       "v": rng.standard_normal((4, 5)).astype(np.float32)})
 
 
+def test_scale_after_moves_both_scaled_operands_of_a_shared_projection():
+    # torch's exported attention: Q and K^T each scaled, both slices of one projection that
+    # the values' product reads too; the product reads the slices and scales once after
+    from mlpack.codegen.passes.divide_after import scale_after
+
+    rng = np.random.default_rng(8)
+    _check("""\
+        graph "g" {
+          in %p: f32{t=4, c=6} (t, c)
+          %q: f32{t=4, d=2} = %p[t=t, c=d] * 0.5
+          %k: f32{t=4, d=2} = %p[t=t, c=2 + d] * 0.25
+          %s: f32{x=4, j=4} = sum{r=2} %q[t=x, d=r] * %k[t=j, d=r]
+          %o: f32{x=4, n=2} = sum{r=4} %s[x=x, j=r] * %p[t=r, c=4 + n]
+          out %o (x, n)
+        }
+        """, scale_after, """\
+        graph "g" {
+          in %p: f32{t=4, c=6} (t, c)
+          %q: f32{t=4, d=2} = %p[t=t, c=d] * 0.5
+          %k: f32{t=4, d=2} = %p[t=t, c=2 + d] * 0.25
+          %s_unscaled: f32{x=4, j=4} = sum{r=2} %p[t=x, c=r] * %p[t=j, c=2 + r]
+          %s: f32{x=4, j=4} = %s_unscaled[x=x, j=j] * 0.5 * 0.25
+          %o: f32{x=4, n=2} = sum{r=4} %s[x=x, j=r] * %p[t=r, c=4 + n]
+          out %o (x, n)
+        }
+        """, {"p": rng.standard_normal((4, 6)).astype(np.float32)})
+
+
+def test_scale_after_leaves_a_scale_its_producer_takes_and_one_along_the_sum():
+    # a scaled tensor read by the map alone (fused into its producer for nothing), and a
+    # scale that varies along the summed dim, stay where they are
+    from mlpack.codegen.passes.divide_after import scale_after
+
+    rng = np.random.default_rng(9)
+    text = """\
+        graph "g" {
+          in %a: f32{x=3, j=4} (x, j)
+          in %b: f32{x=3, j=4} (x, j)
+          in %w: f32{j=4} (j)
+          in %v: f32{k=4, n=5} (k, n)
+          %q: f32{x=3, j=4} = %a[x=x, j=j] * 0.5
+          %o: f32{x=3, n=5} = sum{k=4} %q[x=x, j=k] * %v[k=k, n=n]
+          %p: f32{x=3, j=4} = %b[x=x, j=j] * %w[j=j]
+          %u: f32{x=3, n=5} = sum{k=4} %p[x=x, j=k] * %v[k=k, n=n]
+          %z: f32{x=3, j=4} = %b[x=x, j=j] + 1.0
+          out %o (x, n)
+          out %u (x, n)
+          out %z (x, j)
+        }
+        """
+    _check(text, scale_after, text, {"a": rng.standard_normal((3, 4)).astype(np.float32),
+                                     "b": rng.standard_normal((3, 4)).astype(np.float32),
+                                     "w": rng.standard_normal(4).astype(np.float32),
+                                     "v": rng.standard_normal((4, 5)).astype(np.float32)})
+
+
 def test_fuse_keeps_a_map_that_a_reused_copy_reads():
     # softmax -> Cast -> P.V: the copy is inlined into the matmul, which reads it for every
     # output column, so the exp below it must stay a tensor (else it runs once per column)

@@ -101,6 +101,50 @@ def test_attention_scores_pack_transposed_and_match_float64(target, dh, seq):
     np.testing.assert_allclose(got, np.einsum("bmhk,bnhk->bhmn", q4, k4), rtol=RTOL, atol=ATOL)
 
 
+def sdpa_model(dh: int, heads: int = 2):
+    """Attention as torch exports scaled_dot_product_attention: q, k and v slices of one fused
+    projection p[b, s, 3*h*dh], q and k^T each multiplied by dh ** -0.25, softmax, P.V."""
+    c = helper.make_tensor("c", F, [], [dh ** -0.25])
+    split = helper.make_tensor("split", TP.INT64, [4], [0, 0, heads, dh])
+    nodes = [helper.make_node("Split", ["p"], ["q", "k", "v"], axis=2, num_outputs=3)]
+    nodes += [helper.make_node("Reshape", [t, "split"], [t + "4"]) for t in "qkv"]
+    nodes += [helper.make_node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
+              helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+              helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
+              helper.make_node("Mul", ["qt", "c"], ["qs"]),
+              helper.make_node("Mul", ["kt", "c"], ["ks"]),
+              helper.make_node("MatMul", ["qs", "ks"], ["s"]),
+              helper.make_node("Softmax", ["s"], ["a"], axis=-1),
+              helper.make_node("MatMul", ["a", "vt"], ["y"])]
+    g = helper.make_graph(nodes, "sdpa", [helper.make_tensor_value_info("p", F, ["B", "S", 3 * heads * dh])],
+                          [helper.make_tensor_value_info("y", F, None)], [c, split])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+@pytest.mark.parametrize("target", HOST_TARGETS)
+def test_scaled_attention_reads_the_projection_and_scales_its_scores(target):
+    """Q and K^T scaled by maps of their own (scale_after, passes/divide_after.py): the scores'
+    product reads both slices of the projection in place, its keys packed transposed, and no
+    kernel writes a scaled copy of either; outputs match float64 at 37 tokens."""
+    from mlpack.codegen.targets.cpu.compile import schedule_kernels
+    from mlpack.codegen.targets.cpu.target import get_target
+
+    dh, seq = 16, 37
+    g = compile_onnx(sdpa_model(dh))
+    assert _transposing(g, target), "the keys' pack did not take the transposed kernel"
+    _, kernels, _, _, _ = schedule_kernels(g, get_target(target))
+    gemm_reads = {r for k in kernels if k.strategy == "gemm" for r in k.reads}
+    assert g.inputs[0].name in gemm_reads   # (the projection, read in place as A)
+    p = rand(2, seq, 6 * dh, seed=5)
+    got = run_plan(compile_cpu(g, target), g, {"p": p})[g.outputs[0].name]
+    q, k, v = (t.reshape(2, seq, 2, dh).transpose(0, 2, 1, 3)
+               for t in np.split(p.astype(np.float64), 3, axis=2))
+    s = np.einsum("bhmk,bhnk->bhmn", q, k) / np.sqrt(dh)
+    a = np.exp(s - s.max(-1, keepdims=True))
+    want = (a / a.sum(-1, keepdims=True)) @ v
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("target", HOST_TARGETS)
 def test_a_weight_stored_n_by_k_is_packed_transposed_at_load(target):
     m = gemm_trans_b_model(9, 21, 35)
