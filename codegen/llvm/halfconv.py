@@ -27,6 +27,15 @@ def bf16_to_f32(b: ir.IRBuilder, h):
     return b.bitcast(b.shl(b.zext(h, I32), _c(16)), F32)
 
 
+def widen_vector(b: ir.IRBuilder, v, dtype: str, vty: ir.VectorType):
+    """A vector of bf16 bits (i16 lanes) or of f16 as the f32 vector ``vty``."""
+    if dtype == "f16":
+        return b.fpext(v, vty)
+    n = vty.count
+    return b.bitcast(b.shl(b.zext(v, ir.VectorType(I32, n)), ir.Constant(ir.VectorType(I32, n),
+                                                                          [16] * n)), vty)
+
+
 def f32_to_bf16(b: ir.IRBuilder, x):
     """f32 -> bf16 bits (i16), rounding to nearest even; nan stays a (quiet) nan."""
     u = b.bitcast(x, I32)

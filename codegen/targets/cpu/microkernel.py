@@ -294,7 +294,17 @@ class GemmEmitter:
                         for q in range(nv):
                             b.store(starts[q] if single else b.load(cvec(g, r, q), align=4),
                                     accs[r * nv + q])
-                    self._k_loop(0, i64(0), i64(0), i64(0), rows, panels, accs, S, (lo, hi))
+                    def k_loop(rows, accs):
+                        self._k_loop(0, i64(0), i64(0), i64(0), rows, panels, accs, S, (lo, hi))
+                    if c.row_one:   # a batch of one's single row: a K loop of that row alone
+                        last_one = b.icmp_unsigned("==", b.sub(m_size, m0), i64(1))
+                        with b.if_else(last_one) as (one, more):
+                            with one:
+                                k_loop(rows[:1], accs[:nv])
+                            with more:
+                                k_loop(rows, accs)
+                    else:
+                        k_loop(rows, accs)
                     slot = i64(0) if per_tile else g   # (one tile's buffer, kept in L1)
                     for r in range(c.mr):
                         for q in range(nv):
@@ -445,7 +455,8 @@ class GemmEmitter:
                 elif self.bdt == "f32":
                     bv.append(b.load(p, typ=self.vty, align=4))
                 else:
-                    bv.append(self._widen(b.load(p, typ=ir.VectorType(self.bety, c.vl), align=2)))
+                    bv.append(halfconv.widen_vector(b, b.load(p, typ=ir.VectorType(
+                        self.bety, c.vl), align=2), self.bdt, self.vty))
         bv = bv[:self.nv]   # (a narrow N's zero columns are not multiplied)
         self._prefetch(panels, kp, PACK, self.bety)
         fma = intrinsic(b.module, "llvm.fma", self.vty, 3) if c.fma else None
@@ -569,14 +580,6 @@ class GemmEmitter:
         for j in range(self.c.tb):   # (no inbounds: the last steps' addresses pass the panel)
             self._fetch(b.gep(panels[j], [self.add(kp, i64(PREFETCH_ROWS * step))],
                               source_etype=etype))
-
-    def _widen(self, v):
-        """A vector of bf16 (i16 bits) or f16 panel values as f32: bf16 is f32's top half."""
-        b, n = self.b, self.c.vl
-        if self.bdt == "f16":
-            return b.fpext(v, self.vty)
-        wide = b.zext(v, ir.VectorType(I32, n))
-        return b.bitcast(b.shl(wide, ir.Constant(ir.VectorType(I32, n), [16] * n)), self.vty)
 
     def epilogue(self, tile, m0, m_size, nt, osz, rows: int) -> None:
         """The epilogue of the tile buffer's ``rows`` rows from row ``m0`` (tileepilogue.py)."""

@@ -310,6 +310,29 @@ def test_dynamic_batch_one_library():
                                    rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("target", HOST_TARGETS)
+def test_a_batch_of_ones_last_row_runs_a_one_row_k_loop(target):
+    """A fully connected layer at a dynamic batch is one row at a batch of one (gemm's
+    row_one): a tile with one row left runs a K loop of that row alone. Batches of 1, 2, 5
+    and 13 (on AVX-512 13 rows are two 6-row tiles and one of a row, which takes the one-row
+    loop; 5 rows one tile of five) against float64, with a bias and a relu after."""
+    k, n = 200, 70
+    w, bias = rand(k, n, seed=1, scale=1 / np.sqrt(k)), rand(n, seed=2)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["t"]),
+             helper.make_node("Relu", ["t"], ["y"])]
+    m = model(nodes, [("x", F, ["N", k])], [("w", w), ("b", bias)])
+    g = compile_onnx(m)
+    (c,) = _gemms(g, target)
+    assert c.row_one and c.mr > 1
+    art = compile_cpu(g, target)
+    for rows in (1, 2, 5, 13):
+        x = rand(rows, k, seed=rows)
+        want = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + bias, 0)
+        got = run_plan(art, g, {"x": x})[g.outputs[0].name]
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    assert not _gemms(compile_onnx(matmul_case(7, 33, 20)[0]), target)[0].row_one
+
+
 # ---------------------------------------------------------------- B read at run time
 
 
