@@ -31,7 +31,7 @@ generic pack of it. After, Q.K^T reads both slices of the projection in place an
 its output by the two constants in its epilogue. A map whose A only it reads is left alone:
 it is fused into A's producer for nothing (Whisper's query scale, in its projection's
 epilogue), where after the sum it would cost a multiply per score (1500 x 1500 a head).
-A sum with several such factors has each moved, one after the other.
+A sum with several such factors has each moved, into one map after it.
 """
 
 from __future__ import annotations
