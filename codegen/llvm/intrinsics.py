@@ -43,6 +43,11 @@ def load_masked_f32(b: ir.IRBuilder, ptr, vty: ir.VectorType, mask):
                                                ir.Constant(vty, [0.0] * vty.count)])
 
 
+def umin(b: ir.IRBuilder, x, y):
+    """The smaller of two unsigned integers, as a compare and a select (LLVM's umin)."""
+    return b.select(b.icmp_unsigned("<", x, y), x, y)
+
+
 def splat(b: ir.IRBuilder, value, vty: ir.VectorType):
     """A vector of ``vty`` with ``value`` in every lane (an insert and a shuffle, which every
     backend matches to its broadcast)."""

@@ -47,7 +47,7 @@ from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.llvm.intrinsics import intrinsic, line_alloca, load_masked_f32, splat
+from mlpack.codegen.llvm.intrinsics import intrinsic, line_alloca, load_masked_f32, splat, umin
 from mlpack.codegen.llvm.types import F32, I1, I32, I64, i64
 from mlpack.codegen.targets.cpu.indexing import coeff
 from mlpack.codegen.targets.cpu.kernel import Buffer, Kernel, share
@@ -475,7 +475,7 @@ def emit_direct(L, wg, count) -> None:
             # separate addresses: twice the loads, and their addresses spilled)
             h0 = b.mul(E.lookup(hdim), i64(d.rows))
             top = b.sub(osz[hdim], i64(d.rows))
-            first = b.select(b.icmp_unsigned("<", h0, top), h0, top)
+            first = umin(b, h0, top)
         hs = [None if first is None else b.add(first, i64(r), flags=("nsw",))
               for r in range(d.rows)]
         with L.loops.loop(i64(0), ntiles, "tile") as ti, E.scope():
@@ -499,7 +499,7 @@ def emit_direct(L, wg, count) -> None:
                     b.branch(done)
                 b.position_at_end(done)
             n = b.sub(rowlen, w0)
-            n = b.select(b.icmp_unsigned("<", n, i64(tile)), n, i64(tile))
+            n = umin(b, n, i64(tile))
             for r, h in enumerate(hs):
                 after = None
                 if h is not None:

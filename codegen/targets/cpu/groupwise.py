@@ -44,7 +44,7 @@ from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.llvm.intrinsics import intrinsic, line_alloca, load_masked_f32, splat
+from mlpack.codegen.llvm.intrinsics import intrinsic, line_alloca, load_masked_f32, splat, umin
 from mlpack.codegen.llvm.types import F32, I1, I32, I64, i64
 from mlpack.codegen.targets.cpu import depthwise
 from mlpack.codegen.targets.cpu.indexing import coeff, is_one
@@ -226,7 +226,7 @@ def emit_grouped(L, wg, count) -> None:
         L.bind_unit(u, d.outer, sizes)
         c0 = b.mul(E.lookup(col), i64(d.rows))
         top = i64(osz[col].constant - d.rows)
-        first = b.select(b.icmp_unsigned("<", c0, top), c0, top)
+        first = umin(b, c0, top)
         E.bind(col, first)
         with L.loops.loop(i64(0), i64(d.padded // d.vl), "tile") as ti, E.scope():
             pos = b.mul(ti, i64(d.vl))
@@ -241,7 +241,7 @@ def emit_grouped(L, wg, count) -> None:
             n = i64(d.vl)   # (whole vectors: a loop LLVM unrolls into one vector)
             if nchan % d.vl:
                 n = b.sub(i64(nchan), pos)
-                n = b.select(b.icmp_unsigned("<", n, i64(d.vl)), n, i64(d.vl))
+                n = umin(b, n, i64(d.vl))
             for r, acc in enumerate(accs):
                 here = b.add(first, i64(r), flags=("nsw",))
                 fn = b.block.function

@@ -23,6 +23,7 @@ from llvmlite import ir
 
 from mlpack.spec.ir.expr import Expr, replace_node
 from mlpack.codegen.errors import UnsupportedTargetError
+from mlpack.codegen.llvm.intrinsics import umin
 from mlpack.codegen.llvm.loops import Loops, delinearize
 from mlpack.codegen.llvm.reduce import (arg_better, combine, extreme_result, extreme_step,
                                         identity, is_float_extreme)
@@ -203,8 +204,7 @@ class KernelLowering:
         """``extent``, or less where the kernel bounds the loop over ``d`` (Kernel.bounded)."""
         if self.k.bounded is None or self.k.bounded[0] != d:
             return extent
-        bound = self.E(self.k.bounded[1])
-        return self.b.select(self.b.icmp_unsigned("<", bound, extent), bound, extent)
+        return umin(self.b, self.E(self.k.bounded[1]), extent)
 
     def _allocas(self) -> dict:
         k, b = self.k, self.b

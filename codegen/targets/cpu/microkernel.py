@@ -21,7 +21,8 @@ from llvmlite import ir
 
 from mlpack.spec.ir import expr as ex
 from mlpack.spec.ir.expr import Expr
-from mlpack.codegen.llvm.intrinsics import declare, intrinsic, line_alloca, load_masked_f32, splat
+from mlpack.codegen.llvm.intrinsics import (declare, intrinsic, line_alloca, load_masked_f32, splat,
+                                            umin)
 from mlpack.codegen.llvm.loops import delinearize
 from mlpack.codegen.llvm import halfconv
 from mlpack.codegen.llvm.types import BF16, F32, I8, I16, I32, I64, i64
@@ -82,7 +83,7 @@ class GemmEmitter:
         return self.b.mul(x, y, flags=("nsw",))
 
     def umin(self, x, y):
-        return self.b.select(self.b.icmp_unsigned("<", x, y), x, y)
+        return umin(self.b, x, y)
 
     def share(self, units):
         """This workgroup's [start, end) of ``units`` (the count shared out evenly)."""

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from llvmlite import ir
 
 from mlpack.codegen import debug
+from mlpack.codegen.llvm.intrinsics import umin
 from mlpack.codegen.llvm.types import I32, I64
 from mlpack.codegen.passes.points import (CACHE_BYTES, POINTS_IN_FLIGHT, contraction,
                                           dims_bytes, kept_dims, op_reads)
@@ -437,7 +438,7 @@ class BlockTileLowering(TileLowering):
             bi, mg = b.udiv(blk, mgroups), b.urem(blk, mgroups)
             m0 = b.mul(mg, height)
             rows = b.sub(m_size, m0)
-            rows = b.select(b.icmp_unsigned("<", rows, height), rows, height)
+            rows = umin(b, rows, height)
             r0 = b.add(b.mul(bi, m_size), m0)
             keys = b.add(m0, rows)   # (a causal block's: up to its last query)
             for j, (lowering, impl) in enumerate(members):
@@ -446,8 +447,8 @@ class BlockTileLowering(TileLowering):
                     run = ntiles[j]
                     if j in k.key_tiles:
                         width = ir.Constant(I64, k.key_tiles[j])
-                        run = b.udiv(b.add(keys, ir.Constant(I64, k.key_tiles[j] - 1)), width)
-                        run = b.select(b.icmp_unsigned("<", run, ntiles[j]), run, ntiles[j])
+                        run = umin(b, b.udiv(b.add(keys, ir.Constant(I64, k.key_tiles[j] - 1)),
+                                             width), ntiles[j])
                     hi = b.add(lo, run)
                 else:
                     lo, hi = r0, b.add(r0, rows)
