@@ -1,5 +1,6 @@
 """gather.py: a projection that reads windows of an image (Swin's window partition, folded into
-its read as divisions and remainders) reads them from a gathered tensor, and the artifact still
+its read as divisions and remainders) reads them from a gathered tensor, as does a 1x1
+convolution with columns enough that reads an NCHW image (column-major), and the artifact still
 matches ONNX Runtime (fp32 tolerance, rtol 1e-4, atol 1e-5) on x86_64-v2/v3/v4.
 
 The model partitions a 14 x 14 image of 32 channels (a Relu of the input, so that a comprehension
@@ -79,4 +80,40 @@ def test_an_affine_read_is_left_to_the_gemm():
 @pytest.mark.parametrize("shift, dynamic", [(False, False), (True, False), (True, True)])
 def test_gathered_windows_match_ort(shift, dynamic, target):
     m, feeds = windows(shift, dynamic)
+    assert_matches_ort(m, feeds, target)
+
+
+def pointwise(cin=96, cout=384, size=7, dynamic=False):
+    """An NCHW image (the graph's input, whose port keeps its order) -> 1x1 Conv -> Relu ->
+    GlobalAveragePool: the convolution's output goes channels last, its input is read with each
+    K step a plane apart."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["y"])]
+    inits = [("w", rand(cout, cin, 1, 1, seed=2, scale=1 / np.sqrt(cin))),
+             ("b", rand(cout, seed=3))]
+    b = 2 if dynamic else 1
+    m = one_output_model(nodes, [("x", TP.FLOAT, ["batch" if dynamic else b, cin, size, size])],
+                         inits)
+    return m, {"x": rand(b, cin, size, size, seed=1)}
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_column_major_image_is_gathered_rows_first(dynamic):
+    g = gather.gathered_operands(compile_onnx(pointwise(dynamic=dynamic)[0]))
+    rows = [op for op in g.ops if op.out.endswith("#rows")]
+    assert len(rows) == 1
+    sizes = [s.value for s in rows[0].type.dims.values() if s.is_const and s.value > 1]
+    assert sizes == [7, 7, 96]   # the rows (pixels), then K (the input channels)
+
+
+@pytest.mark.parametrize("cout", [64, 255])
+def test_too_few_columns_leave_the_image_in_place(cout):
+    assert _gathered(pointwise(cout=cout)[0]) == []
+
+
+@pytest.mark.parametrize("target", HOST_TARGETS)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_gathered_columns_match_ort(dynamic, target):
+    m, feeds = pointwise(dynamic=dynamic)
     assert_matches_ort(m, feeds, target)

@@ -155,8 +155,12 @@ def test_which_grouped_convolutions_run_here():
     [d] = grouped(grouped_case(64, 8, 15, stride=2), "x86_64-v4")
     assert (d.vl, d.stride, d.kws, d.khs) == (16, 2, 3, 3)
     assert d.rows * -(-8 // d.rows) - 8 < d.rows   # 8 columns in units of even width
-    [d] = grouped(grouped_case(64, 8, 15), "x86_64-v3")
+    [d] = grouped(grouped_case(64, 4, 15), "x86_64-v3")
     assert d.vl == 8 and d.rows < 8   # 16 registers: fewer columns a unit
+    # a whole-vector group holds no input vectors, only an accumulator a column: at stride 2
+    # (three input vectors a column when rotating) still 15 columns in two units
+    [d] = grouped(grouped_case(64, 8, 15, stride=2), "x86_64-v3")
+    assert d.broadcast and d.rows == 8
 
 
 def test_a_group_of_a_whole_vector_broadcasts_its_channels():
