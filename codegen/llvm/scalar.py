@@ -79,6 +79,10 @@ class ScalarEmitter:
         # read that does not move with it, or only indexes by it a dim of that extent, loads
         # under a select, not a branch (_read)
         self.lane: tuple[str, ir.Value] | None = None
+        # (the least and one past the greatest value the lane var takes there, when known at
+        # build time): a dim indexed by the lane var plus a constant that stays in range over
+        # it needs no guard (a padded copy's interior, lower.py's _split_guarded)
+        self.lane_range: tuple[int, int] | None = None
 
     # -- scopes
 
@@ -181,6 +185,8 @@ class ScalarEmitter:
             if pad is not None and uniform and ix.op == "var" and ix.arg == self.lane[0] \
                     and _same(n, self.lane[1]):
                 lanes.append(d)   # in range: the loop runs over this very extent
+            elif pad is not None and uniform and self._lane_inside(ix, buf.sizes[d]):
+                lanes.append(d)   # in range: the lane's values keep it there
             elif pad is not None:
                 uniform = uniform and self.lane[0] not in free_vars(ix)
                 inb = b.icmp_unsigned("<", v, n)
@@ -220,6 +226,15 @@ class ScalarEmitter:
         phi.add_incoming(val, then_end)
         phi.add_incoming(const(buf.dtype, pad), pre)
         return phi
+
+    def _lane_inside(self, ix: Expr, size: Expr) -> bool:
+        """Whether ``ix``, the lane var plus a constant, stays in ``[0, size)`` over the lane
+        var's known range (``lane_range``)."""
+        if self.lane_range is None or not size.is_const:
+            return False
+        shift = lane_shift(ix, self.lane[0])
+        lo, hi = self.lane_range
+        return shift is not None and lo < hi and lo + shift >= 0 and hi + shift <= size.value
 
     def _clamp(self, v, n):
         b = self.b
@@ -417,3 +432,17 @@ def _same(n, m) -> bool:
     if n is m:
         return True
     return isinstance(n, ir.Constant) and isinstance(m, ir.Constant) and n.constant == m.constant
+
+
+def lane_shift(ix: Expr, var: str) -> int | None:
+    """``c`` where ``ix`` is ``var + c`` (or ``var - c``, ``c + var``), c a constant; else None."""
+    if ix.op == "var":
+        return 0 if ix.arg == var else None
+    if ix.op in ("add", "sub") and len(ix.args) == 2:
+        a, c = ix.args
+        if ix.op == "add" and a.is_const:
+            a, c = c, a
+        if a.op == "var" and a.arg == var and c.is_const and isinstance(c.value, int):
+            return c.value if ix.op == "add" else -c.value
+    return None
+

@@ -413,7 +413,7 @@ def apply(g, kernels: list[Kernel], bufs: dict[str, Buffer], t: CpuTarget,
                              nvec=nvec, k_runs=k_runs, batch_inner=_batch_inside(ob, info),
                              stream=direct is None and m_size.is_const
                              and m_size.value <= group * mr)
-        k.gemm.row_one = m_size.is_const and m_size.value == 1 and mr > 1
+        k.gemm.tail_rows = m_size.value % mr if m_size.is_const else 0
         # (one tile of rows reads each chunk once: ``stream``'s fetches serve it)
         k.gemm.fetch_ahead = direct is None and _passes_l2(bufs[name], ob, info, one) \
             and not (m_size.is_const and m_size.value <= mr)

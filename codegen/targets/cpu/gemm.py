@@ -130,11 +130,11 @@ class Contraction:
     # (they come from L3 or memory) and M is more than one tile: each K chunk's next slice is
     # fetched while the group's tiles run the one before it (microkernel._next_slices)
     fetch_ahead: bool = False
-    # M is one row at a batch of one (a fully connected layer, a squeeze-excitation's): a
-    # tile with one row left runs a K loop of that row alone, not of mr rows (the rows past M
-    # are computed all the same otherwise, and at one row the FMAs, not the weights' reads,
-    # bound the loop)
-    row_one: bool = False
+    # M's rows past its last whole tile at the batch the schedule sees (M % mr; 0: none): the
+    # tile with that many rows left runs a K loop of those rows alone, not of mr rows (the
+    # rows past M are computed all the same otherwise). A batch of one's single row (a fully
+    # connected layer, a squeeze-excitation's) and 128 tokens' last 2 rows of 6 take it.
+    tail_rows: int = 0
 
     @property
     def pair_size(self) -> int:

@@ -270,10 +270,15 @@ class KernelLowering:
             split = hoist.row_select([k.body, k.epilogue], row) if (
                 k.strategy in ("map", "row") and row is not None and depth < hoist.MAX_HOISTED) \
                 else None
-            if split is None:
-                self._row_body(row)
-            else:
+            cuts = hoist.guard_cuts([k.body, k.epilogue], row, self.E.buffers) if (
+                split is None and k.strategy == "map" and row is not None
+                and self.row_bounds[1] is not None and depth < hoist.MAX_HOISTED) else None
+            if split is not None:
                 self._split_row(row, split, depth)
+            elif cuts is not None:
+                self._split_guarded(row, cuts)
+            else:
+                self._row_body(row)
             return
         cond = self.E(sel.args[0])
         fn = b.block.function
@@ -310,14 +315,39 @@ class KernelLowering:
                 self._row(row, depth + 1)
         self.k, self.j_range, self.row_bounds = k, (j0, j1), (lo, hi)
 
+    def _split_guarded(self, row: str, cuts: tuple[int, int]) -> None:
+        """The row as up to three loops: where a guarded read's index along some dim, the row
+        plus a constant, leaves that dim before its interior, the interior, and after it (a
+        padded copy's left pad, its image, its right pad: hoist.guard_cuts). In the interior
+        the dim needs no guard, so the read is a plain vector load (scalar.py's lane_range)."""
+        b = self.b
+        j0, j1 = self.j_range
+        lo, hi = self.row_bounds
+        a = max(lo, min(cuts[0], hi))
+        c = max(a, min(cuts[1], hi))
+
+        def at(cut):   # (the part's first index, within this unit's share of the row)
+            v = ir.Constant(I64, cut)
+            return b.select(b.icmp_signed("<", v, j0), j0, b.select(b.icmp_signed(">", v, j1),
+                                                                    j1, v))
+        ma, mc = at(a), at(c)
+        for start, end, bounds in ((j0, ma, (lo, a)), (ma, mc, (a, c)), (mc, j1, (c, hi))):
+            if bounds[0] >= bounds[1]:
+                continue
+            self.j_range, self.row_bounds = (start, end), bounds
+            with self.E.scope():
+                self._row_body(row)
+        self.j_range, self.row_bounds = (j0, j1), (lo, hi)
+
     def _row_body(self, row: str | None) -> None:
         k = self.k
         if k.strategy == "map":
             with self._row_loop(row):
                 if row is not None:
                     self.E.lane = (row, self.E.sizes[self.out.name][row])
+                    self.E.lane_range = None if self.row_bounds[1] is None else self.row_bounds
                 self.store(self.finish(self.E(k.body)))
-                self.E.lane = None
+                self.E.lane = self.E.lane_range = None
         elif k.strategy == "row":
             self._row_accumulate(row)
         else:

@@ -297,11 +297,11 @@ class GemmEmitter:
                                     accs[r * nv + q])
                     def k_loop(rows, accs):
                         self._k_loop(0, i64(0), i64(0), i64(0), rows, panels, accs, S, (lo, hi))
-                    if c.row_one:   # a batch of one's single row: a K loop of that row alone
-                        last_one = b.icmp_unsigned("==", b.sub(m_size, m0), i64(1))
-                        with b.if_else(last_one) as (one, more):
-                            with one:
-                                k_loop(rows[:1], accs[:nv])
+                    if c.tail_rows:   # M's last rows: a K loop of those rows alone
+                        tail = b.icmp_unsigned("==", b.sub(m_size, m0), i64(c.tail_rows))
+                        with b.if_else(tail) as (few, more):
+                            with few:
+                                k_loop(rows[:c.tail_rows], accs[:c.tail_rows * nv])
                             with more:
                                 k_loop(rows, accs)
                     else:

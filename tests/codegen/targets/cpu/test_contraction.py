@@ -313,7 +313,7 @@ def test_dynamic_batch_one_library():
 @pytest.mark.parametrize("target", HOST_TARGETS)
 def test_a_batch_of_ones_last_row_runs_a_one_row_k_loop(target):
     """A fully connected layer at a dynamic batch is one row at a batch of one (gemm's
-    row_one): a tile with one row left runs a K loop of that row alone. Batches of 1, 2, 5
+    tail_rows, 1): a tile with one row left runs a K loop of that row alone. Batches of 1, 2, 5
     and 13 (on AVX-512 13 rows are two 6-row tiles and one of a row, which takes the one-row
     loop; 5 rows one tile of five) against float64, with a bias and a relu after."""
     k, n = 200, 70
@@ -323,14 +323,33 @@ def test_a_batch_of_ones_last_row_runs_a_one_row_k_loop(target):
     m = model(nodes, [("x", F, ["N", k])], [("w", w), ("b", bias)])
     g = compile_onnx(m)
     (c,) = _gemms(g, target)
-    assert c.row_one and c.mr > 1
+    assert c.tail_rows == 1 and c.mr > 1
     art = compile_cpu(g, target)
     for rows in (1, 2, 5, 13):
         x = rand(rows, k, seed=rows)
         want = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + bias, 0)
         got = run_plan(art, g, {"x": x})[g.outputs[0].name]
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
-    assert not _gemms(compile_onnx(matmul_case(7, 33, 20)[0]), target)[0].row_one
+
+
+@pytest.mark.parametrize("target", HOST_TARGETS)
+def test_the_last_rows_of_m_run_a_k_loop_of_their_own(target):
+    """128 tokens (a dynamic batch of sequences of 128) in tiles of 6 rows leave 2 (gemm's
+    tail_rows): that tile runs a K loop of 2 rows. At batches 1, 2 and 3 (M = 128, 256, 384:
+    the last tile 2, 4 and 6 rows) against float64."""
+    k, n = 96, 40
+    w = rand(k, n, seed=1, scale=1 / np.sqrt(k))
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", F, ["N", 128, k])],
+              [("w", w)])
+    g = compile_onnx(m)
+    (c,) = _gemms(g, target)
+    assert c.mr > 1 and c.tail_rows == 128 % c.mr
+    art = compile_cpu(g, target)
+    for batch in (1, 2, 3):
+        x = rand(batch, 128, k, seed=batch)
+        got = run_plan(art, g, {"x": x})[g.outputs[0].name]
+        np.testing.assert_allclose(got, x.astype(np.float64) @ w.astype(np.float64),
+                                   rtol=RTOL, atol=ATOL)
 
 
 # ---------------------------------------------------------------- B read at run time

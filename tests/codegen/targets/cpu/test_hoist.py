@@ -153,3 +153,47 @@ def test_a_concatenation_along_the_row_runs_a_loop_per_part(monkeypatch, capsys)
     assert len(re.findall(r"^j\.co\.head(\.\d+)?:", kernel, re.M)) == 3
     # each part loads at its own channel, unclamped: the two relus are the only float selects
     assert len(re.findall(r"select\s+i1 %\S+, float", kernel)) == 2, kernel
+
+
+def pad_case(pads, width=13, batch=1):
+    """Pad (zeros) of a Relu'd image along its rows and columns: a map whose read is guarded
+    along its row (the column) by ``w - left``."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Pad", ["r", "p"], ["y"], mode="constant")]
+    m = model(nodes, [("x", F, ["N", 3, 9, width])],
+              [("p", np.array([0, 0, pads[0], pads[1], 0, 0, pads[2], pads[3]], np.int64))])
+    return m, {"x": rand(batch, 3, 9, width, seed=5)}
+
+
+def test_guard_cuts_find_a_guarded_reads_interior():
+    w, h = ex.var("w"), ex.var("h")
+
+    class Buf:
+        sizes = {"h": ex.const(9), "w": ex.const(13)}
+    read = ex.read("A", {"h": h - ex.const(1), "w": w - ex.const(2)}, "f32", 0.0)
+    assert hoist.guard_cuts([read], "w", {"A": Buf}) == (2, 15)
+    assert hoist.guard_cuts([read], "h", {"A": Buf}) == (1, 10)
+    plain = ex.read("A", {"h": h, "w": w - ex.const(2)}, "f32")
+    assert hoist.guard_cuts([plain], "w", {"A": Buf}) is None
+
+
+@pytest.mark.parametrize("target", HOST_TARGETS)
+@pytest.mark.parametrize("pads,width,batch", [((1, 1, 1, 1), 13, 1), ((0, 2, 3, 0), 13, 2),
+                                              ((2, 0, 0, 5), 40, 1), ((1, 0, 1, 0), 224, 1)])
+def test_padded_copies_match_ort(target, pads, width, batch):
+    m, feeds = pad_case(pads, width, batch)
+    check(m, feeds, target)
+
+
+def test_a_padded_copy_loads_its_interior_unguarded(monkeypatch, capsys):
+    """The copy's row splits into its left pad, its image and its right pad
+    (``guard_cuts``): three loops, and the image's loads are plain, under no branch or masked
+    load (a stem's padded input took a masked load per vector on AVX2)."""
+    monkeypatch.setenv("MLPACK_DEBUG", "3")
+    compile_cpu(compile_onnx(pad_case((1, 1, 1, 1), 224)[0]), "x86_64-v3")
+    err = capsys.readouterr().err
+    llvm = err.split("LLVM IR before optimization:")[1]
+    kernel = re.search(r'@"k\d+_y\.impl".*?\n}\n', llvm, re.S).group(0)
+    assert len(re.findall(r"^j\.\w+\.head(\.\d+)?:", kernel, re.M)) == 3
+    asm = err.split("assembly after")[-1] if "assembly after" in err else err
+    assert "vmaskmovps" not in re.search(r"k\d+_y:.*?\.Lfunc_end", asm, re.S).group(0)
